@@ -1,0 +1,51 @@
+# The two quickstart commands are `make demo` and `make test`; everything else is a helper.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+PEERS := .peers
+export TRUSS_PEERS := $(CURDIR)/$(PEERS)
+
+.PHONY: demo test lint typecheck pytest peers bench clean
+
+$(BIN)/truss: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,dev]'
+	touch $(BIN)/truss
+
+venv: $(BIN)/truss
+
+# Third-party MCP servers used by the demo and the integration tests, each in its own place.
+$(PEERS)/py/bin/mcp-server-time:
+	$(PYTHON) -m venv $(PEERS)/py
+	$(PEERS)/py/bin/pip install -q 'mcp-server-time==2026.10.19' 'mcp-server-git==2026.10.19'
+
+$(PEERS)/node/node_modules/@modelcontextprotocol/server-everything/package.json:
+	mkdir -p $(PEERS)/node
+	cd $(PEERS)/node && npm install --silent --no-audit --no-fund --prefix . '@modelcontextprotocol/server-everything@2026.8.31'
+
+peers: $(PEERS)/py/bin/mcp-server-time
+	@command -v npm >/dev/null && $(MAKE) -s $(PEERS)/node/node_modules/@modelcontextprotocol/server-everything/package.json || echo "npm not found: tests that need server-everything will be skipped"
+
+demo: venv peers
+	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss init
+	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss contract show contracts/hello.toml
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/pyright
+
+pytest: venv peers
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+bench: venv peers
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) $(PEERS) .truss .truss-demo build *.egg-info

@@ -1,0 +1,64 @@
+"""What every command handler receives: resolved global options and output helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from truss._clock import Clock, SystemClock
+
+
+@dataclass
+class Ctx:
+    """Global options, resolved once. ``home`` is ``--home``, else ``$TRUSS_HOME``, else ``./.truss``."""
+
+    home: Path
+    db: Path
+    key: Path
+    verbose: bool = False
+    json: bool = False
+    clock: Clock = field(default_factory=SystemClock)
+    out: TextIO = field(default_factory=lambda: sys.stdout)
+    err: TextIO = field(default_factory=lambda: sys.stderr)
+
+    @classmethod
+    def from_options(cls, home: str | None, db: str | None, key: str | None, *, verbose: bool, json_out: bool) -> Ctx:
+        home_path = Path(home or os.environ.get("TRUSS_HOME") or ".truss")
+        return cls(
+            home=home_path,
+            db=Path(db) if db else home_path / "ledger.db",
+            key=Path(key) if key else home_path / "identity.key",
+            verbose=verbose,
+            json=json_out,
+        )
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / "config.toml"
+
+    def emit(self, data: Any, human: str | None = None) -> None:
+        """Print ``data`` as one JSON document with ``--json``, else the human text."""
+        if self.json:
+            self.out.write(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+        elif human is not None:
+            self.out.write(human if human.endswith("\n") else human + "\n")
+        self.out.flush()
+
+    def progress(self, line: str) -> None:
+        """One progress line on stderr (never stdout, which carries results)."""
+        self.err.write(line + "\n")
+        self.err.flush()
+
+
+def table(rows: list[list[str]], header: list[str] | None = None) -> str:
+    """Short, aligned columns for human output."""
+    all_rows = ([header] if header else []) + rows
+    if not all_rows:
+        return ""
+    widths = [max(len(r[i]) for r in all_rows) for i in range(len(all_rows[0]))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in all_rows]
+    return "\n".join(lines)

@@ -1,0 +1,63 @@
+"""Truss: an MCP client-tier harness with one gate for every tool call and a signed, verifiable ledger.
+
+The public API is what ``__all__`` names; everything else may change without notice.
+"""
+
+from __future__ import annotations
+
+from truss._clock import Clock, SystemClock
+from truss._errors import (
+    BundleFormatError,
+    ContractError,
+    InDoubtError,
+    InputError,
+    KeyFileError,
+    McpError,
+    NotFoundError,
+    PinMismatchError,
+    ProviderError,
+    ReplayDivergenceError,
+    RunSuspended,
+    RuntimeFailure,
+    ServerStartError,
+    StoreBusyError,
+    StoreConflictError,
+    StoreError,
+    ToolCallError,
+    ToolNotAdvertisedError,
+    TrussError,
+    UsageError,
+    VerificationError,
+)
+from truss.contract import Contract, contract_hash
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BundleFormatError",
+    "Clock",
+    "Contract",
+    "ContractError",
+    "InDoubtError",
+    "InputError",
+    "KeyFileError",
+    "McpError",
+    "NotFoundError",
+    "PinMismatchError",
+    "ProviderError",
+    "ReplayDivergenceError",
+    "RunSuspended",
+    "RuntimeFailure",
+    "ServerStartError",
+    "StoreBusyError",
+    "StoreConflictError",
+    "StoreError",
+    "SystemClock",
+    "ToolCallError",
+    "ToolNotAdvertisedError",
+    "TrussError",
+    "UsageError",
+    "VerificationError",
+    "__version__",
+    "contract_hash",
+]

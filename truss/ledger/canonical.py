@@ -1,0 +1,142 @@
+"""RFC 8785 (JSON Canonicalization Scheme) bytes: the one encoder for everything hashed or signed.
+
+``canonical(value)`` takes JSON-shaped Python values (dict with str keys, list, str, int, float,
+bool, None) and returns UTF-8 bytes:
+
+- object members sorted by the UTF-16 code units of their names, no whitespace;
+- strings escaped as ECMAScript ``JSON.stringify`` does (``\\"``, ``\\\\``, ``\\b\\f\\n\\r\\t``,
+  other controls as ``\\u00xx``), everything else literal UTF-8; lone surrogates are refused;
+- numbers formatted as ECMAScript ``Number.prototype.toString`` formats a double; NaN and the
+  infinities are refused, and so are integers beyond +/-2**53 (they have no exact double; I-JSON,
+  RFC 7493), rather than being rounded silently.
+
+It does no I/O. ``CanonicalError`` (a ``ValueError``) names the JSON pointer of the bad value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from decimal import Decimal
+from typing import Any
+
+__all__ = ["CanonicalError", "canonical", "sha256_ref", "value_ref"]
+
+_MAX_SAFE_INT = 2**53
+_MAX_DEPTH = 128
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+class CanonicalError(ValueError):
+    """A value that has no RFC 8785 form; ``pointer`` is where it is."""
+
+    def __init__(self, message: str, pointer: str) -> None:
+        super().__init__(f"{message} at {pointer or '/'}")
+        self.pointer = pointer
+
+
+def canonical(value: Any) -> bytes:
+    """The RFC 8785 canonical UTF-8 bytes of ``value``."""
+    parts: list[str] = []
+    _encode(value, parts, "", 0)
+    text = "".join(parts)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # only lone surrogates get here
+        raise CanonicalError("lone surrogate in a string", "") from exc
+
+
+def sha256_ref(data: bytes) -> str:
+    """``sha256:<hex>``, the form every hash takes in entries and blobs."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def value_ref(value: Any) -> str:
+    """``sha256_ref(canonical(value))``."""
+    return sha256_ref(canonical(value))
+
+
+def _encode(value: Any, out: list[str], pointer: str, depth: int) -> None:
+    if depth > _MAX_DEPTH:
+        raise CanonicalError(f"nesting deeper than {_MAX_DEPTH}", pointer)
+    if value is None:
+        out.append("null")
+    elif value is True:
+        out.append("true")
+    elif value is False:
+        out.append("false")
+    elif isinstance(value, str):
+        out.append(_string(value, pointer))
+    elif isinstance(value, int):
+        if abs(value) > _MAX_SAFE_INT:
+            raise CanonicalError("integer beyond +/-2**53 has no exact JSON number form", pointer)
+        out.append(str(value))
+    elif isinstance(value, float):
+        out.append(_number(value, pointer))
+    elif isinstance(value, dict):
+        items: list[tuple[str, Any]] = []
+        for key, item in value.items():  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+            if not isinstance(key, str):
+                raise CanonicalError(f"object key {key!r} is not a string", pointer)
+            items.append((key, item))  # pyright: ignore[reportUnknownArgumentType]
+        items.sort(key=lambda kv: kv[0].encode("utf-16-be", "surrogatepass"))
+        out.append("{")
+        for i, (key, item) in enumerate(items):
+            if i:
+                out.append(",")
+            child = pointer + "/" + key.replace("~", "~0").replace("/", "~1")
+            out.append(_string(key, child))
+            out.append(":")
+            _encode(item, out, child, depth + 1)
+        out.append("}")
+    elif isinstance(value, list | tuple):
+        out.append("[")
+        for i, item in enumerate(value):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+            if i:
+                out.append(",")
+            _encode(item, out, f"{pointer}/{i}", depth + 1)
+        out.append("]")
+    else:
+        raise CanonicalError(f"{type(value).__name__} is not a JSON value", pointer)
+
+
+def _string(text: str, pointer: str) -> str:
+    out = ['"']
+    for ch in text:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif code < 0x20:
+            out.append(f"\\u{code:04x}")
+        elif 0xD800 <= code <= 0xDFFF:
+            raise CanonicalError("lone surrogate in a string", pointer)
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _number(value: float, pointer: str) -> str:
+    if math.isnan(value) or math.isinf(value):
+        raise CanonicalError("NaN and Infinity are not JSON numbers", pointer)
+    if value == 0:
+        return "0"
+    if value < 0:
+        return "-" + _number(-value, pointer)
+    # repr() gives the shortest digits that round-trip; re-lay them out as ECMAScript does.
+    sign, digit_tuple, exponent = Decimal(repr(value)).as_tuple()
+    assert sign == 0 and isinstance(exponent, int)
+    digits = "".join(map(str, digit_tuple)).rstrip("0") or "0"
+    stripped = len("".join(map(str, digit_tuple))) - len(digits)
+    k = len(digits)
+    n = exponent + stripped + k  # value = 0.digits * 10**n
+    if k <= n <= 21:
+        return digits + "0" * (n - k)
+    if 0 < n <= 21:
+        return digits[:n] + "." + digits[n:]
+    if -6 < n <= 0:
+        return "0." + "0" * (-n) + digits
+    e = n - 1
+    mantissa = digits if k == 1 else digits[0] + "." + digits[1:]
+    return f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
