@@ -1,0 +1,316 @@
+"""The Merkle log: known answers, and every proof checked against the RFC 9162 text run naively."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from truss.ledger.merkle import (
+    EMPTY_ROOT,
+    Frontier,
+    MemoryTree,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    node_hash,
+    root_at,
+    verify_consistency,
+    verify_inclusion,
+)
+
+VECTORS = Path(__file__).parent / "vectors" / "merkle"
+
+
+# -- the reference: RFC 9162 section 2.1, recursive, over whole lists of leaf hashes ----------
+
+
+def _k(n: int) -> int:
+    k = 1
+    while k * 2 < n:
+        k *= 2
+    return k
+
+
+def ref_mth(leaves: list[bytes]) -> bytes:
+    n = len(leaves)
+    if n == 0:
+        return hashlib.sha256(b"").digest()
+    if n == 1:
+        return leaves[0]
+    k = _k(n)
+    return node_hash(ref_mth(leaves[:k]), ref_mth(leaves[k:]))
+
+
+def ref_path(m: int, leaves: list[bytes]) -> list[bytes]:
+    n = len(leaves)
+    if n == 1:
+        return []
+    k = _k(n)
+    if m < k:
+        return [*ref_path(m, leaves[:k]), ref_mth(leaves[k:])]
+    return [*ref_path(m - k, leaves[k:]), ref_mth(leaves[:k])]
+
+
+def ref_subproof(m: int, leaves: list[bytes], b: bool) -> list[bytes]:
+    n = len(leaves)
+    if m == n:
+        return [] if b else [ref_mth(leaves)]
+    k = _k(n)
+    if m <= k:
+        return [*ref_subproof(m, leaves[:k], b), ref_mth(leaves[k:])]
+    return [*ref_subproof(m - k, leaves[k:], False), ref_mth(leaves[:k])]
+
+
+def _leaves(n: int) -> list[bytes]:
+    return [leaf_hash(i.to_bytes(4, "big")) for i in range(n)]
+
+
+def _tree(n: int) -> MemoryTree:
+    tree = MemoryTree()
+    for i in range(n):
+        tree.append(i.to_bytes(4, "big"))
+    return tree
+
+
+def _flip(h: bytes) -> bytes:
+    return bytes([h[0] ^ 1]) + h[1:]
+
+
+# -- known answers --------------------------------------------------------------------------
+
+
+def _vectors() -> dict[str, Any]:
+    return json.loads((VECTORS / "rfc6962_ct_reference.json").read_text())
+
+
+def test_empty_tree_root_is_the_rfc6962_empty_hash() -> None:
+    data = _vectors()
+    assert EMPTY_ROOT.hex() == data["empty_root"]
+    assert Frontier().root() == EMPTY_ROOT
+    assert root_at(0, MemoryTree().get_node) == EMPTY_ROOT
+
+
+def test_roots_match_the_certificate_transparency_reference_tree() -> None:
+    data = _vectors()
+    tree = MemoryTree()
+    assert tree.root().hex() == data["roots"][0]
+    for n, leaf in enumerate(data["leaves"], start=1):
+        tree.append(bytes.fromhex(leaf))
+        assert tree.root().hex() == data["roots"][n]
+    for n in range(len(data["roots"])):
+        assert tree.root(n).hex() == data["roots"][n]
+
+
+def test_reference_proofs_are_produced_and_verified() -> None:
+    data = _vectors()
+    tree = MemoryTree()
+    for leaf in data["leaves"]:
+        tree.append(bytes.fromhex(leaf))
+    for case in data["inclusion"]:
+        proof = [bytes.fromhex(h) for h in case["proof"]]
+        assert tree.inclusion_proof(case["index"], case["size"]) == proof
+        leaf = leaf_hash(bytes.fromhex(data["leaves"][case["index"]]))
+        root = bytes.fromhex(data["roots"][case["size"]])
+        assert verify_inclusion(leaf, case["index"], case["size"], proof, root)
+    for case in data["consistency"]:
+        proof = [bytes.fromhex(h) for h in case["proof"]]
+        assert tree.consistency_proof(case["old"], case["new"]) == proof
+        old_root, new_root = bytes.fromhex(data["roots"][case["old"]]), bytes.fromhex(data["roots"][case["new"]])
+        assert verify_consistency(case["old"], case["new"], old_root, new_root, proof)
+
+
+# -- the incremental tree -------------------------------------------------------------------
+
+
+def test_frontier_root_equals_the_recursive_root_at_every_size() -> None:
+    leaves = _leaves(300)
+    frontier = Frontier()
+    for n, leaf in enumerate(leaves, start=1):
+        frontier.append(leaf)
+        assert frontier.size == n
+        assert frontier.root() == ref_mth(leaves[:n])
+
+
+def test_append_reports_the_leaf_first_then_each_completed_parent() -> None:
+    frontier = Frontier()
+    leaves = _leaves(8)
+    completed = [frontier.append(leaf) for leaf in leaves]
+    assert completed[0] == [(0, 0, leaves[0])]
+    assert [(level, index) for level, index, _ in completed[7]] == [(0, 7), (1, 3), (2, 1), (3, 0)]
+    assert completed[7][-1][2] == ref_mth(leaves)
+
+
+def test_frontier_state_round_trips_and_appending_continues() -> None:
+    leaves = _leaves(77)
+    frontier = Frontier()
+    for leaf in leaves[:50]:
+        frontier.append(leaf)
+    resumed = Frontier.from_state(frontier.to_state())
+    assert resumed.size == 50 and resumed.root() == frontier.root()
+    for leaf in leaves[50:]:
+        resumed.append(leaf)
+    assert resumed.root() == ref_mth(leaves)
+
+
+def test_frontier_rebuilt_from_stored_nodes_continues_the_same_tree() -> None:
+    tree = _tree(45)
+    rebuilt = Frontier.at(37, tree.get_node)
+    for leaf in _leaves(45)[37:]:
+        rebuilt.append(leaf)
+    assert rebuilt.root() == tree.root()
+
+
+@pytest.mark.parametrize(
+    "state",
+    [b"", b"\x02" + bytes(8), b"\x01" + (3).to_bytes(8, "big") + bytes(32), b"\x01" + (1).to_bytes(8, "big")],
+    ids=["empty", "unknown_version", "too_few_hashes", "missing_hash"],
+)
+def test_malformed_frontier_state_is_refused(state: bytes) -> None:
+    with pytest.raises(ValueError):
+        Frontier.from_state(state)
+
+
+def test_a_leaf_that_is_not_a_hash_is_refused() -> None:
+    with pytest.raises(ValueError):
+        Frontier().append(b"entry bytes, not their hash")
+
+
+def test_every_stored_node_is_the_hash_of_the_leaves_it_covers() -> None:
+    tree = _tree(100)
+    leaves = _leaves(100)
+    for (level, index), value in tree.nodes.items():
+        assert value == ref_mth(leaves[index << level : (index + 1) << level])
+    assert len(tree.nodes) == 2 * 100 - (100).bit_count()
+
+
+# -- inclusion -------------------------------------------------------------------------------
+
+
+def test_inclusion_proofs_verify_for_every_index_and_size_up_to_300() -> None:
+    tree = _tree(300)
+    leaves = _leaves(300)
+    roots = [tree.root(n) for n in range(301)]
+    for size in range(1, 301):
+        assert roots[size] == ref_mth(leaves[:size])
+        for index in range(size):
+            proof = inclusion_proof(index, size, tree.get_node)
+            assert verify_inclusion(leaves[index], index, size, proof, roots[size])
+            # Spot-check the naive recursion on a lattice; it is quadratic in the size.
+            if size % 37 == 0 or size < 40:
+                assert proof == ref_path(index, leaves[:size])
+
+
+def test_inclusion_fails_for_any_changed_hash_index_or_size() -> None:
+    tree = _tree(130)
+    leaves = _leaves(130)
+    roots = [tree.root(n) for n in range(131)]
+    for size in range(1, 130):
+        root = roots[size]
+        for index in range(size):
+            proof = inclusion_proof(index, size, tree.get_node)
+            leaf = leaves[index]
+            for i in range(len(proof)):
+                changed = [*proof[:i], _flip(proof[i]), *proof[i + 1 :]]
+                assert not verify_inclusion(leaf, index, size, changed, root)
+            assert not verify_inclusion(_flip(leaf), index, size, proof, root)
+            assert not verify_inclusion(leaf, index, size, proof, _flip(root))
+            for other in {index - 1, index + 1, index ^ 2} - {index}:
+                if 0 <= other < size:
+                    assert not verify_inclusion(leaf, other, size, proof, root)
+            # A size is only meaningful with its root: the checkpoint signs the two together.
+            for other_size in (size - 1, size + 1):
+                if other_size > index:
+                    assert not verify_inclusion(leaf, index, other_size, proof, roots[other_size])
+            assert not verify_inclusion(leaf, index, size, [*proof, proof[0] if proof else leaf], root)
+            if proof:
+                assert not verify_inclusion(leaf, index, size, proof[:-1], root)
+
+
+def test_inclusion_outside_the_tree_is_refused() -> None:
+    tree = _tree(5)
+    with pytest.raises(ValueError):
+        inclusion_proof(5, 5, tree.get_node)
+    assert not verify_inclusion(leaf_hash(b"x"), 5, 5, [], tree.root())
+    assert not verify_inclusion(leaf_hash(b"x"), 0, 0, [], EMPTY_ROOT)
+
+
+def test_malformed_proof_hashes_do_not_verify() -> None:
+    tree = _tree(8)
+    proof = tree.inclusion_proof(3)
+    short = [*proof[:-1], proof[-1][:31]]
+    assert not verify_inclusion(leaf_hash((3).to_bytes(4, "big")), 3, 8, short, tree.root())
+    assert not verify_inclusion(leaf_hash((3).to_bytes(4, "big")), 3, 8, [proof[0]] * 65, tree.root())
+
+
+# -- consistency -----------------------------------------------------------------------------
+
+
+def test_consistency_proofs_match_the_rfc_and_verify_for_every_pair_up_to_80() -> None:
+    tree = _tree(80)
+    leaves = _leaves(80)
+    roots = [tree.root(n) for n in range(81)]
+    for new in range(0, 81):
+        for old in range(0, new + 1):
+            proof = consistency_proof(old, new, tree.get_node)
+            expected = [] if old in (0, new) else ref_subproof(old, leaves[:new], True)
+            assert proof == expected, (old, new)
+            assert verify_consistency(old, new, roots[old], roots[new], proof)
+
+
+def test_consistency_fails_for_any_changed_hash_or_size() -> None:
+    tree = _tree(80)
+    roots = [tree.root(n) for n in range(81)]
+    for new in range(1, 81):
+        for old in range(1, new):
+            proof = consistency_proof(old, new, tree.get_node)
+            for i in range(len(proof)):
+                changed = [*proof[:i], _flip(proof[i]), *proof[i + 1 :]]
+                assert not verify_consistency(old, new, roots[old], roots[new], changed)
+            assert not verify_consistency(old, new, _flip(roots[old]), roots[new], proof)
+            assert not verify_consistency(old, new, roots[old], _flip(roots[new]), proof)
+            assert not verify_consistency(old, new, roots[old], roots[new], proof[:-1])
+            assert not verify_consistency(old, new, roots[old], roots[new], [*proof, proof[-1]])
+            for other_old in (old - 1, old + 1):
+                if 0 < other_old < new:
+                    assert not verify_consistency(other_old, new, roots[other_old], roots[new], proof)
+            for other_new in (new - 1, new + 1):
+                if old < other_new <= 80:
+                    assert not verify_consistency(old, other_new, roots[old], roots[other_new], proof)
+
+
+def test_a_fork_at_the_same_size_is_not_consistent() -> None:
+    tree = _tree(20)
+    fork = MemoryTree()
+    for i in range(20):
+        fork.append((i if i != 11 else 999).to_bytes(4, "big"))
+    assert not verify_consistency(20, 20, tree.root(), fork.root(), [])
+    proof = fork.consistency_proof(12, 20)
+    assert not verify_consistency(12, 20, tree.root(12), fork.root(), proof)
+
+
+def test_consistency_edge_sizes() -> None:
+    tree = _tree(9)
+    assert verify_consistency(0, 9, EMPTY_ROOT, tree.root(), [])
+    assert not verify_consistency(0, 9, tree.root(), tree.root(), [])
+    assert not verify_consistency(9, 5, tree.root(), tree.root(5), [])
+    assert not verify_consistency(5, 9, tree.root(5), tree.root(), [])
+    with pytest.raises(ValueError):
+        consistency_proof(9, 5, tree.get_node)
+
+
+@given(st.lists(st.binary(max_size=40), min_size=1, max_size=64), st.data())
+def test_any_entries_prove_inclusion_and_extend_every_earlier_tree(entries: list[bytes], data: st.DataObject) -> None:
+    tree = MemoryTree()
+    for entry in entries:
+        tree.append(entry)
+    size = tree.size
+    index = data.draw(st.integers(0, size - 1))
+    assert verify_inclusion(leaf_hash(entries[index]), index, size, tree.inclusion_proof(index), tree.root())
+    old = data.draw(st.integers(0, size))
+    assert verify_consistency(old, size, tree.root(old), tree.root(), tree.consistency_proof(old))

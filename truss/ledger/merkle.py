@@ -1,0 +1,323 @@
+"""RFC 6962 / RFC 9162 Merkle tree hashing: the incremental tree, roots, proofs and their checks.
+
+The ledger is one Merkle tree whose leaf ``i`` is the canonical bytes of the entry with
+``index == i``. This module is sans-IO: it never reads or writes storage. Instead:
+
+- ``Frontier`` is the compact right edge of the tree over ``[0, size)``: one hash per set bit of
+  ``size``. ``append`` costs O(log n) and returns every subtree it completes, so a store can keep
+  them (``(level, index) -> hash``, where the node covers leaves ``[index * 2**level,
+  (index + 1) * 2**level)``). A stored frontier (``to_state``) lets a store resume appending
+  without reading the tree.
+- ``root_at``, ``inclusion_proof`` and ``consistency_proof`` read only *complete* subtrees
+  through a ``GetNode`` callback, O(log n) lookups each, for any size up to the current one.
+- ``verify_inclusion`` and ``verify_consistency`` are the RFC 9162 section 2.1.3.2 / 2.1.4.2
+  algorithms over hashes alone; they return ``False`` on any malformed input rather than raising.
+
+Hashes: ``leaf_hash(b) = SHA-256(0x00 || b)``, ``node_hash(l, r) = SHA-256(0x01 || l || r)``,
+and the empty tree's root is ``SHA-256("")``. What this module does not do: decide which bytes are
+a leaf (the entry module does), sign anything (``note``), or persist nodes (``store``).
+
+Precondition violations by a caller (a proof for an index outside the tree, a malformed frontier
+state) raise ``ValueError``; they are programming errors, not untrusted input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+__all__ = [
+    "EMPTY_ROOT",
+    "HASH_SIZE",
+    "Frontier",
+    "GetNode",
+    "MemoryTree",
+    "consistency_proof",
+    "inclusion_proof",
+    "leaf_hash",
+    "node_hash",
+    "root_at",
+    "verify_consistency",
+    "verify_inclusion",
+]
+
+HASH_SIZE = 32
+EMPTY_ROOT: bytes = hashlib.sha256(b"").digest()
+
+# A proof longer than this cannot belong to a tree of at most 2**64 leaves.
+_MAX_PROOF_LEN = 64
+_STATE_VERSION = 1
+
+GetNode = Callable[[int, int], bytes]
+"""``(level, index)`` of a complete subtree -> its 32-byte hash."""
+
+
+def leaf_hash(entry_bytes: bytes) -> bytes:
+    """``SHA-256(0x00 || entry_bytes)``: the RFC 6962 leaf hash."""
+    return hashlib.sha256(b"\x00" + entry_bytes).digest()
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """``SHA-256(0x01 || left || right)``: the RFC 6962 interior node hash."""
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+class Frontier:
+    """The right edge of the tree over ``[0, size)``: the roots of its maximal perfect subtrees.
+
+    ``_hashes[i]`` is the subtree at ``_levels[i]``; levels strictly decrease left to right and
+    are exactly the set bits of ``size``.
+    """
+
+    __slots__ = ("_hashes", "_levels", "size")
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._levels: list[int] = []
+        self._hashes: list[bytes] = []
+
+    def append(self, leaf: bytes) -> list[tuple[int, int, bytes]]:
+        """Add the leaf *hash* ``leaf`` (see ``leaf_hash``) at index ``size``.
+
+        Returns the subtrees this append completes as ``(level, index, hash)``, the leaf itself
+        first, then each parent up to the largest; a store keeps them all for ``GetNode``.
+        """
+        if len(leaf) != HASH_SIZE:
+            raise ValueError(f"a leaf hash is {HASH_SIZE} bytes, got {len(leaf)}")
+        index = self.size
+        completed = [(0, index, leaf)]
+        level, current = 0, leaf
+        while self._levels and self._levels[-1] == level:
+            self._levels.pop()
+            left = self._hashes.pop()
+            current = node_hash(left, current)
+            level += 1
+            completed.append((level, index >> level, current))
+        self._levels.append(level)
+        self._hashes.append(current)
+        self.size += 1
+        return completed
+
+    def root(self) -> bytes:
+        """The Merkle tree hash of ``[0, size)``."""
+        if not self._hashes:
+            return EMPTY_ROOT
+        acc = self._hashes[-1]
+        for left in reversed(self._hashes[:-1]):
+            acc = node_hash(left, acc)
+        return acc
+
+    def to_state(self) -> bytes:
+        """Bytes a store keeps to resume appending: version, size (8 bytes BE), then the hashes."""
+        return bytes([_STATE_VERSION]) + self.size.to_bytes(8, "big") + b"".join(self._hashes)
+
+    @classmethod
+    def from_state(cls, data: bytes) -> Frontier:
+        """The inverse of ``to_state``; refuses bytes that do not describe a frontier."""
+        if len(data) < 9 or data[0] != _STATE_VERSION:
+            raise ValueError("not a Merkle frontier state (bad version or length)")
+        size = int.from_bytes(data[1:9], "big")
+        levels = [bit for bit in range(64, -1, -1) if size >> bit & 1]
+        body = data[9:]
+        if len(body) != HASH_SIZE * len(levels):
+            raise ValueError(f"a frontier of size {size} holds {len(levels)} hashes, the state has {len(body)} bytes")
+        frontier = cls()
+        frontier.size = size
+        frontier._levels = levels
+        frontier._hashes = [body[i * HASH_SIZE : (i + 1) * HASH_SIZE] for i in range(len(levels))]
+        return frontier
+
+    @classmethod
+    def at(cls, size: int, get_node: GetNode) -> Frontier:
+        """The frontier of the tree of ``size`` leaves, rebuilt from stored subtrees."""
+        if size < 0:
+            raise ValueError("a tree size is never negative")
+        frontier = cls()
+        frontier.size = size
+        for level, index in _perfect_cover(0, size):
+            frontier._levels.append(level)
+            frontier._hashes.append(get_node(level, index))
+        return frontier
+
+
+def _largest_power_of_two_below(n: int) -> int:
+    """The largest power of two strictly less than ``n`` (``n >= 2``): RFC 9162's ``k``."""
+    return 1 << ((n - 1).bit_length() - 1)
+
+
+def _perfect_cover(start: int, end: int) -> list[tuple[int, int]]:
+    """``[start, end)`` as perfect subtrees ``(level, index)``, left to right, largest first.
+
+    ``start`` is aligned to every subtree used (it is 0 or a multiple of a power of two at least
+    ``end - start``), which holds for every range the RFC 9162 recursions visit.
+    """
+    out: list[tuple[int, int]] = []
+    width = end - start
+    pos = start
+    for level in range(width.bit_length() - 1, -1, -1):
+        if width >> level & 1:
+            out.append((level, pos >> level))
+            pos += 1 << level
+    return out
+
+
+def _range_hash(start: int, end: int, get_node: GetNode) -> bytes:
+    """MTH(D[start:end]) from stored perfect subtrees (O(log n) lookups)."""
+    if start == end:
+        return EMPTY_ROOT
+    hashes = [get_node(level, index) for level, index in _perfect_cover(start, end)]
+    acc = hashes[-1]
+    for left in reversed(hashes[:-1]):
+        acc = node_hash(left, acc)
+    return acc
+
+
+def root_at(size: int, get_node: GetNode) -> bytes:
+    """The root of the tree over the first ``size`` leaves (any size up to the stored one)."""
+    if size < 0:
+        raise ValueError("a tree size is never negative")
+    return _range_hash(0, size, get_node)
+
+
+def inclusion_proof(index: int, size: int, get_node: GetNode) -> list[bytes]:
+    """RFC 9162 section 2.1.3.1 ``PATH(index, D[0:size])``, leaf side first."""
+    if not 0 <= index < size:
+        raise ValueError(f"leaf {index} is not in a tree of size {size}")
+    path: list[bytes] = []
+    start, end, m = 0, size, index
+    while end - start > 1:
+        k = _largest_power_of_two_below(end - start)
+        if m < k:
+            path.append(_range_hash(start + k, end, get_node))
+            end = start + k
+        else:
+            path.append(_range_hash(start, start + k, get_node))
+            start += k
+            m -= k
+    path.reverse()
+    return path
+
+
+def consistency_proof(old: int, new: int, get_node: GetNode) -> list[bytes]:
+    """RFC 9162 section 2.1.4.1 ``PROOF(old, D[0:new])``; empty when ``old`` is 0 or ``new``."""
+    if not 0 <= old <= new:
+        raise ValueError(f"no consistency proof from size {old} to size {new}")
+    if old in (0, new):
+        return []
+    proof: list[bytes] = []
+    start, end, m, complete = 0, new, old, True
+    while m != end - start:
+        k = _largest_power_of_two_below(end - start)
+        if m <= k:
+            proof.append(_range_hash(start + k, end, get_node))
+            end = start + k
+        else:
+            proof.append(_range_hash(start, start + k, get_node))
+            start += k
+            m -= k
+            complete = False
+    if not complete:
+        proof.append(_range_hash(start, end, get_node))
+    proof.reverse()
+    return proof
+
+
+def _well_formed(proof: Sequence[bytes], *hashes: bytes) -> bool:
+    if len(proof) > _MAX_PROOF_LEN:
+        return False
+    # Callers may hand over values decoded from untrusted JSON; anything but 32 bytes fails.
+    return all(isinstance(h, bytes) and len(h) == HASH_SIZE for h in (*proof, *hashes))  # pyright: ignore[reportUnnecessaryIsInstance]
+
+
+def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes) -> bool:
+    """RFC 9162 section 2.1.3.2: is the leaf *hash* ``leaf`` at ``index`` in the tree ``root``?"""
+    if not _well_formed(proof, leaf, root) or not 0 <= index < size:
+        return False
+    fn, sn, r = index, size - 1, leaf
+    for p in proof:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            while not fn & 1 and fn != 0:
+                fn >>= 1
+                sn >>= 1
+        else:
+            r = node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and r == root
+
+
+def verify_consistency(old: int, new: int, old_root: bytes, new_root: bytes, proof: Sequence[bytes]) -> bool:
+    """RFC 9162 section 2.1.4.2: does the tree ``new_root`` of ``new`` leaves extend ``old_root``?
+
+    ``old == new`` needs an empty proof and equal roots; ``old == 0`` needs an empty proof and
+    the empty-tree root (every tree extends the empty one).
+    """
+    if not _well_formed(proof, old_root, new_root) or not 0 <= old <= new:
+        return False
+    if old == new:
+        return not proof and old_root == new_root
+    if old == 0:
+        return not proof and old_root == EMPTY_ROOT
+    if not proof:
+        return False
+    path = list(proof)
+    if old & (old - 1) == 0:
+        path.insert(0, old_root)
+    fn, sn = old - 1, new - 1
+    while fn & 1:
+        fn >>= 1
+        sn >>= 1
+    fr = sr = path[0]
+    for c in path[1:]:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            fr = node_hash(c, fr)
+            sr = node_hash(c, sr)
+            while not fn & 1 and fn != 0:
+                fn >>= 1
+                sn >>= 1
+        else:
+            sr = node_hash(sr, c)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and fr == old_root and sr == new_root
+
+
+class MemoryTree:
+    """A whole tree in memory: a ``Frontier`` plus every completed node in a dict.
+
+    For tests, benchmarks and in-memory stores; a durable store keeps the same nodes in a table.
+    """
+
+    __slots__ = ("frontier", "nodes")
+
+    def __init__(self) -> None:
+        self.frontier = Frontier()
+        self.nodes: dict[tuple[int, int], bytes] = {}
+
+    @property
+    def size(self) -> int:
+        return self.frontier.size
+
+    def append(self, entry_bytes: bytes) -> int:
+        """Add one leaf (the entry's bytes, hashed here); returns its index."""
+        index = self.frontier.size
+        for level, node_index, value in self.frontier.append(leaf_hash(entry_bytes)):
+            self.nodes[(level, node_index)] = value
+        return index
+
+    def get_node(self, level: int, index: int) -> bytes:
+        return self.nodes[(level, index)]
+
+    def root(self, size: int | None = None) -> bytes:
+        return self.frontier.root() if size is None else root_at(size, self.get_node)
+
+    def inclusion_proof(self, index: int, size: int | None = None) -> list[bytes]:
+        return inclusion_proof(index, self.size if size is None else size, self.get_node)
+
+    def consistency_proof(self, old: int, new: int | None = None) -> list[bytes]:
+        return consistency_proof(old, self.size if new is None else new, self.get_node)
