@@ -1,0 +1,322 @@
+"""Policy: may this tool be called with these arguments? A pure decision over values.
+
+``decide(contract, tool, arguments, mounted)`` returns ``Allow``, ``Deny`` or ``Ask``. It reads
+nothing but its arguments: no I/O, no clock, no environment. The gate (``truss.gate``) calls it
+for every requested call, records the outcome and acts on it; this module never records,
+charges or calls anything. Budgets are ``truss.budget``'s business.
+
+Order (the first step that decides wins):
+
+1. **Mounted.** A tool that is not in ``mounted`` (the allowlisted tools of the connected
+   servers), whose server the contract does not declare, or that the server's ``allow_tools``
+   does not list, is denied ``not_mounted``. The last two checks repeat what the client tier
+   already did when it mounted the tools: an allowlist is enforced here too, so a stale or
+   forged mount set can never widen it.
+2. **Arguments are an object.** Anything else is denied ``bad_arguments``.
+3. **readonly_only.** When set, a tool whose definition does not carry ``readOnlyHint: true`` is
+   denied ``readonly_only``. Annotations come from an untrusted server, so they are only ever
+   used to refuse, never to grant.
+4. **Rules, in order, first match wins.** A rule matches when its ``tool`` glob matches the
+   namespaced name (``fnmatch.fnmatchcase``: case-sensitive, ``*`` also matches ``:`` and ``/``)
+   and every argument condition holds. Conditions are evaluated in three values (holds, fails,
+   unknown); an argument that is missing or of the wrong type for its condition is *unknown*.
+   A rule with a failing condition does not match. A rule whose conditions are otherwise all
+   unknown or holding matches if it is a ``deny`` or ``ask`` rule (the careful outcome) and does
+   not match if it is an ``allow`` rule: an untestable argument never grants anything.
+5. **Default.** No rule matched: ``policy.default`` (allow or deny).
+
+Arguments are untrusted model output. ``decide`` never raises on them: any JSON value (and any
+odd Python value) is handled. String conditions (``glob``, ``not_glob``, ``regex``) only run on
+strings up to ``MAX_MATCH_CHARS`` characters; a longer string tested by such a condition denies
+the call (``bad_arguments``) whatever the rule's effect, so no pattern is ever run over an
+unbounded input. Reasons name arguments and conditions, never argument values, so a secret
+argument can not leak into the ledger or the model's context through a denial.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Literal
+
+from truss.contract import ArgCondition, Contract, PolicyRule
+from truss.tools import MountedTool, split_namespaced
+
+__all__ = [
+    "MAX_MATCH_CHARS",
+    "Allow",
+    "Ask",
+    "Decision",
+    "Deny",
+    "DenyCode",
+    "decide",
+    "json_equal",
+]
+
+MAX_MATCH_CHARS = 65_536
+"""The longest string a ``glob``, ``not_glob`` or ``regex`` condition is run against."""
+
+_MAX_EQUAL_DEPTH = 64
+
+DenyCode = Literal["not_mounted", "rule", "default", "readonly_only", "missing_argument", "bad_arguments"]
+
+
+@dataclass(frozen=True)
+class Allow:
+    """The call may proceed. ``rule`` is the index of the matching rule; None means the default."""
+
+    rule: int | None
+
+
+@dataclass(frozen=True)
+class Deny:
+    """The call is refused. ``code`` says which step refused it; ``rule`` is the rule index, if any.
+
+    ``reason`` is safe to show the model and to record: it never holds argument values.
+    """
+
+    code: DenyCode
+    reason: str
+    rule: int | None
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A person must approve the call (``truss approve``) before it may proceed."""
+
+    rule: int
+    reason: str
+
+
+Decision = Allow | Deny | Ask
+
+
+def decide(
+    contract: Contract,
+    tool: str,
+    arguments: Mapping[str, Any],
+    mounted: Mapping[str, MountedTool],
+) -> Decision:
+    """The policy decision for calling namespaced ``tool`` with ``arguments``. Never raises on arguments."""
+    # 1. mounted, declared and allowlisted
+    refusal = _not_mounted(contract, tool, mounted)
+    if refusal is not None:
+        return Deny("not_mounted", refusal, None)
+    mounted_tool = mounted[tool]
+
+    # 2. the arguments are an object
+    if not isinstance(arguments, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance] - untrusted input
+        return Deny("bad_arguments", f"the arguments of {tool} must be a JSON object", None)
+
+    # 3. readonly_only: annotations may only restrict
+    if contract.policy.readonly_only and not mounted_tool.read_only:
+        return Deny(
+            "readonly_only",
+            f"policy.readonly_only is set and {tool} does not declare readOnlyHint: true",
+            None,
+        )
+
+    # 4. rules, first match wins
+    for index, rule in enumerate(contract.policy.rules):
+        if not fnmatch.fnmatchcase(tool, rule.tool):
+            continue
+        decision = _apply_rule(index, rule, tool, arguments)
+        if decision is not None:
+            return decision
+
+    # 5. default
+    if contract.policy.default == "allow":
+        return Allow(None)
+    return Deny("default", f"no policy rule allows {tool} and policy.default is deny", None)
+
+
+def _not_mounted(contract: Contract, tool: str, mounted: Mapping[str, MountedTool]) -> str | None:
+    if not isinstance(tool, str):  # pyright: ignore[reportUnnecessaryIsInstance] - untrusted input
+        return "the tool name is not a string"
+    shown = _short(tool)
+    entry = mounted.get(tool)
+    if entry is None:
+        return f"{shown} is not a mounted tool"
+    parts = split_namespaced(tool)
+    if parts is None or entry.name != tool:
+        return f"{shown} is not a mounted tool"
+    server = contract.mcp.server(parts[0])
+    if server is None:
+        return f"{shown} belongs to server {parts[0]!r}, which the contract does not declare"
+    if "*" not in server.allow_tools and parts[1] not in server.allow_tools:
+        return f"{shown} is not in the allow_tools of server {parts[0]!r}"
+    return None
+
+
+def _short(tool: str) -> str:
+    # Tool names can come from the model; keep an absurd one from flooding a reason.
+    return tool if len(tool) <= 200 else tool[:200] + "..."
+
+
+class _V(Enum):
+    HOLDS = "holds"
+    FAILS = "fails"
+    UNKNOWN = "unknown"
+
+
+_Why = Literal["", "missing", "type", "dot_dot", "too_long"]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: _V
+    # For UNKNOWN: which argument, and why it could not be tested.
+    argument: str = ""
+    why: _Why = ""
+
+
+def _apply_rule(index: int, rule: PolicyRule, tool: str, arguments: Mapping[str, Any]) -> Decision | None:
+    outcomes = [_check_argument(name, condition, arguments) for name, condition in rule.args.items()]
+    if any(o.value is _V.FAILS for o in outcomes):
+        return None
+    unknowns = [o for o in outcomes if o.value is _V.UNKNOWN]
+    too_long = next((o for o in unknowns if o.why == "too_long"), None)
+    if too_long is not None:
+        return Deny(
+            "bad_arguments",
+            f"argument {too_long.argument!r} of {_short(tool)} is longer than {MAX_MATCH_CHARS} characters, "
+            f"the most policy rule {index} matches a pattern against",
+            index,
+        )
+
+    if not unknowns:
+        if rule.effect == "allow":
+            return Allow(index)
+        if rule.effect == "ask":
+            return Ask(index, rule.reason or f"policy rule {index} asks a person to approve calls to {_short(tool)}")
+        return Deny("rule", rule.reason or f"{_short(tool)} is denied by policy rule {index}", index)
+
+    # A tested argument could not be tested: fail closed. An allow rule does not grant; a deny
+    # rule refuses; an ask rule puts the call in front of a person.
+    if rule.effect == "allow":
+        return None
+    first = unknowns[0]
+    problem = _UNKNOWN_TEXT[first.why].format(arg=first.argument, rule=index)
+    label = f" ({rule.reason})" if rule.reason else ""
+    if rule.effect == "ask":
+        return Ask(index, problem + label)
+    code: DenyCode = "missing_argument" if first.why == "missing" else "bad_arguments"
+    return Deny(code, problem + label, index)
+
+
+_UNKNOWN_TEXT = {
+    "missing": "argument {arg!r} is missing and policy rule {rule} tests it",
+    "type": "argument {arg!r} has a type that policy rule {rule} cannot test",
+    "dot_dot": "argument {arg!r} has a '..' path segment, which policy rule {rule} never matches against a glob",
+    "too_long": "argument {arg!r} is too long for policy rule {rule}",
+    "": "argument {arg!r} cannot be tested by policy rule {rule}",
+}
+
+
+def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, Any]) -> _Outcome:
+    """Kleene AND of the conditions on one argument: any failure fails, else any unknown is unknown."""
+    if name not in arguments:
+        return _Outcome(_V.UNKNOWN, name, "missing")
+    value = arguments[name]
+    given = condition.model_fields_set
+    fails = False
+    unknown: _Why | None = None
+
+    def record(holds: bool) -> None:
+        nonlocal fails
+        fails = fails or not holds
+
+    if "equals" in given:
+        record(json_equal(value, condition.equals))
+    if condition.in_ is not None:
+        record(any(json_equal(value, option) for option in condition.in_))
+
+    patterns = [p for p in (condition.glob, condition.not_glob, condition.regex) if p is not None]
+    if patterns:
+        if not isinstance(value, str):
+            unknown = "type"
+        elif len(value) > MAX_MATCH_CHARS:
+            unknown = "too_long"
+        else:
+            if condition.glob is not None or condition.not_glob is not None:
+                # A '..' segment can climb out of the directory a glob names ('/srv/work/../etc'
+                # matches '/srv/work/*'), so a glob never vouches for such a value either way.
+                if _has_dot_dot(value):
+                    unknown = "dot_dot"
+                else:
+                    if condition.glob is not None:
+                        record(fnmatch.fnmatchcase(value, condition.glob))
+                    if condition.not_glob is not None:
+                        record(not fnmatch.fnmatchcase(value, condition.not_glob))
+            if condition.regex is not None:
+                record(_compiled(condition.regex).fullmatch(value) is not None)
+
+    if condition.max_len is not None:
+        if isinstance(value, str | list):
+            record(len(value) <= condition.max_len)  # pyright: ignore[reportUnknownArgumentType]
+        else:
+            unknown = unknown or "type"
+
+    if condition.min is not None or condition.max is not None:
+        number = _number(value)
+        if number is None:
+            unknown = unknown or "type"
+        else:
+            if condition.min is not None:
+                record(number >= condition.min)
+            if condition.max is not None:
+                record(number <= condition.max)
+
+    if fails:
+        return _Outcome(_V.FAILS)
+    if unknown is not None:
+        return _Outcome(_V.UNKNOWN, name, unknown)
+    return _Outcome(_V.HOLDS)
+
+
+def _has_dot_dot(value: str) -> bool:
+    return ".." in re.split(r"[/\\]", value)
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def json_equal(a: Any, b: Any, _depth: int = 0) -> bool:
+    """Equality of JSON values: ``true`` is not ``1``, ``1`` is ``1.0``, arrays and objects compare deeply.
+
+    Values nested deeper than a fixed bound compare unequal rather than recursing without end.
+    """
+    if _depth > _MAX_EQUAL_DEPTH:
+        return False
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, str) and isinstance(b, str):
+        return a == b
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        left: list[Any] = list(a)  # pyright: ignore[reportUnknownArgumentType]
+        right: list[Any] = list(b)  # pyright: ignore[reportUnknownArgumentType]
+        return len(left) == len(right) and all(json_equal(x, y, _depth + 1) for x, y in zip(left, right, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        ma: Mapping[Any, Any] = a  # pyright: ignore[reportUnknownVariableType]
+        mb: Mapping[Any, Any] = b  # pyright: ignore[reportUnknownVariableType]
+        return ma.keys() == mb.keys() and all(json_equal(ma[k], mb[k], _depth + 1) for k in ma)
+    return False
