@@ -49,13 +49,16 @@ from truss.tools import MountedTool, split_namespaced
 
 __all__ = [
     "MAX_MATCH_CHARS",
+    "REGEX_STEP_BUDGET",
     "Allow",
     "Ask",
     "Decision",
     "Deny",
     "DenyCode",
+    "RegexProfile",
     "decide",
     "json_equal",
+    "regex_profile",
 ]
 
 MAX_MATCH_CHARS = 65_536
@@ -164,7 +167,7 @@ class _V(Enum):
     UNKNOWN = "unknown"
 
 
-_Why = Literal["", "missing", "type", "dot_dot", "too_long"]
+_Why = Literal["", "missing", "type", "dot_dot", "unsafe_regex", "too_long"]
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ class _Outcome:
     # For UNKNOWN: which argument, and why it could not be tested.
     argument: str = ""
     why: _Why = ""
+    limit: int = 0
 
 
 def _apply_rule(index: int, rule: PolicyRule, tool: str, arguments: Mapping[str, Any]) -> Decision | None:
@@ -184,8 +188,8 @@ def _apply_rule(index: int, rule: PolicyRule, tool: str, arguments: Mapping[str,
     if too_long is not None:
         return Deny(
             "bad_arguments",
-            f"argument {too_long.argument!r} of {_short(tool)} is longer than {MAX_MATCH_CHARS} characters, "
-            f"the most policy rule {index} matches a pattern against",
+            f"argument {too_long.argument!r} of {_short(tool)} is longer than {too_long.limit} characters, "
+            f"the most policy rule {index} matches its pattern against",
             index,
         )
 
@@ -205,7 +209,8 @@ def _apply_rule(index: int, rule: PolicyRule, tool: str, arguments: Mapping[str,
     label = f" ({rule.reason})" if rule.reason else ""
     if rule.effect == "ask":
         return Ask(index, problem + label)
-    code: DenyCode = "missing_argument" if first.why == "missing" else "bad_arguments"
+    codes: dict[str, DenyCode] = {"missing": "missing_argument", "unsafe_regex": "rule"}
+    code = codes.get(first.why, "bad_arguments")
     return Deny(code, problem + label, index)
 
 
@@ -213,6 +218,8 @@ _UNKNOWN_TEXT = {
     "missing": "argument {arg!r} is missing and policy rule {rule} tests it",
     "type": "argument {arg!r} has a type that policy rule {rule} cannot test",
     "dot_dot": "argument {arg!r} has a '..' path segment, which policy rule {rule} never matches against a glob",
+    "unsafe_regex": "policy rule {rule} tests argument {arg!r} with a regex that nests repetition, which Truss "
+    "does not run on untrusted input (make the inner repetition atomic or possessive)",
     "too_long": "argument {arg!r} is too long for policy rule {rule}",
     "": "argument {arg!r} cannot be tested by policy rule {rule}",
 }
@@ -236,12 +243,12 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
     if condition.in_ is not None:
         record(any(json_equal(value, option) for option in condition.in_))
 
-    patterns = [p for p in (condition.glob, condition.not_glob, condition.regex) if p is not None]
-    if patterns:
+    if condition.glob is not None or condition.not_glob is not None or condition.regex is not None:
+        profile = regex_profile(condition.regex) if condition.regex is not None else _LINEAR
         if not isinstance(value, str):
             unknown = "type"
-        elif len(value) > MAX_MATCH_CHARS:
-            unknown = "too_long"
+        elif len(value) > profile.max_chars:
+            return _Outcome(_V.UNKNOWN, name, "too_long", profile.max_chars)
         else:
             if condition.glob is not None or condition.not_glob is not None:
                 # A '..' segment can climb out of the directory a glob names ('/srv/work/../etc'
@@ -249,12 +256,16 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
                 if _has_dot_dot(value):
                     unknown = "dot_dot"
                 else:
+                    # fnmatch compiles '*' so that it cannot backtrack: linear in the value.
                     if condition.glob is not None:
                         record(fnmatch.fnmatchcase(value, condition.glob))
                     if condition.not_glob is not None:
                         record(not fnmatch.fnmatchcase(value, condition.not_glob))
             if condition.regex is not None:
-                record(_compiled(condition.regex).fullmatch(value) is not None)
+                if profile.nested:
+                    unknown = unknown or "unsafe_regex"
+                else:
+                    record(_compiled(condition.regex).fullmatch(value) is not None)
 
     if condition.max_len is not None:
         if isinstance(value, str | list):
@@ -294,6 +305,116 @@ def _number(value: Any) -> float | int | None:
 @functools.lru_cache(maxsize=256)
 def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
+
+
+@dataclass(frozen=True)
+class RegexProfile:
+    """How much backtracking a pattern can do, read from its text (see ``regex_profile``).
+
+    ``quantifiers`` counts unbounded quantifiers (``*``, ``+``, ``{n,}``) that can backtrack
+    (not possessive); ``nested`` is set when a repetition of variable length (``*``, ``+``,
+    ``?``, ``{1,3}``) or an alternation sits inside a group that is itself repeated without bound
+    and is not atomic: the shape of exponential backtracking (``(a+)+``, ``(a|aa)*``). ``max_chars`` is the longest
+    input the pattern is run against, so that about ``max_chars ** quantifiers`` steps stay
+    under ``REGEX_STEP_BUDGET``.
+    """
+
+    quantifiers: int
+    nested: bool
+
+    @property
+    def max_chars(self) -> int:
+        if self.quantifiers <= 1:
+            return MAX_MATCH_CHARS
+        return min(MAX_MATCH_CHARS, int(REGEX_STEP_BUDGET ** (1.0 / self.quantifiers)))
+
+
+REGEX_STEP_BUDGET = 100_000_000
+"""Backtracking steps a ``regex`` condition may cost at worst (a tenth of a second or so)."""
+
+_LINEAR = RegexProfile(0, False)
+
+
+@dataclass
+class _Group:
+    atomic: bool
+    variable_inside: bool = False  # a repetition of variable length: '*', '+', '?', '{1,3}'
+    alternation: bool = False
+
+
+_QUANTIFIER_RE = re.compile(r"(\*|\+|\?|\{(\d*)(,?)(\d*)\})([?+]?)")
+
+
+@functools.lru_cache(maxsize=256)
+def regex_profile(pattern: str) -> RegexProfile:
+    """Read a pattern's backtracking shape without running it.
+
+    A conservative text scan, not a parser: it may call a safe pattern nested (for example
+    ``(?:[a-z]+/)*``), never the other way round for the shapes it knows. The fix for a pattern
+    it calls nested is an atomic group or a possessive quantifier, ``(?>[a-z]+/)*`` or
+    ``(?:[a-z]+/)*+``, which Python supports since 3.11.
+    """
+    stack = [_Group(atomic=False)]
+    count = 0
+    nested = False
+    i = 0
+    n = len(pattern)
+    while i < n:
+        ch = pattern[i]
+        closed: _Group | None = None
+        if ch == "\\":
+            i += 2
+        elif ch == "[":
+            i = _skip_class(pattern, i)
+        elif ch == "(":
+            if pattern.startswith("(?#", i):
+                end = pattern.find(")", i)
+                i = n if end < 0 else end + 1
+                continue
+            stack.append(_Group(atomic=pattern.startswith("(?>", i)))
+            i += 1
+            continue
+        elif ch == ")":
+            closed = stack.pop() if len(stack) > 1 else _Group(atomic=False)
+            i += 1
+        elif ch == "|":
+            stack[-1].alternation = True
+            i += 1
+            continue
+        else:
+            i += 1
+        match = _QUANTIFIER_RE.match(pattern, i)
+        unbounded = variable = possessive = False
+        if match is not None:
+            symbol, lower, comma, upper, mode = match.groups()
+            if symbol != "{}":  # '{}' is a literal as Python's re reads it
+                unbounded = symbol in ("*", "+") or (bool(comma) and not upper)
+                variable = symbol == "?" or unbounded or (bool(comma) and (lower or "0") != upper)
+                possessive = mode == "+"
+                i = match.end()
+        if closed is not None:
+            risky_inside = (closed.variable_inside or closed.alternation) and not closed.atomic
+            if unbounded and not possessive and risky_inside:
+                nested = True
+            if closed.variable_inside and not closed.atomic:
+                stack[-1].variable_inside = True
+        if variable and not possessive:
+            stack[-1].variable_inside = True
+        if unbounded and not possessive:
+            count += 1
+    return RegexProfile(count, nested)
+
+
+def _skip_class(pattern: str, i: int) -> int:
+    """The index after the character class that starts at ``pattern[i] == '['``."""
+    j = i + 1
+    if j < len(pattern) and pattern[j] == "^":
+        j += 1
+    if j < len(pattern) and pattern[j] == "]":
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    return j + 1
 
 
 def json_equal(a: Any, b: Any, _depth: int = 0) -> bool:
