@@ -1,0 +1,337 @@
+"""Ledger entries: the signed record of one step, its canonical bytes, hash and signing payload.
+
+An entry is the JSON object ``{"v", "log", "session", "seq", "index", "ts", "kind", "body",
+"prev"}`` (docs/ledger-format.md, section 1). Its bytes are RFC 8785 canonical JSON; its hash is
+SHA-256 of those bytes; its signature is Ed25519 over the DSSE v1 pre-authentication encoding
+(``pae``) of those bytes with ``PAYLOAD_TYPE``, so an entry signature can never pass for the
+signature of anything else Truss signs.
+
+This module is sans-IO: it builds and seals entries from values a store hands it (seq, index,
+prev, time) and parses the portable JSON form. It does not assign those values (the store does),
+verify chains (``verify``) or touch keys' private bytes (``keys`` signs through ``Signer``).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+from truss._errors import BundleFormatError, StoreError
+from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
+
+__all__ = [
+    "ENTRY_FIELDS",
+    "ENTRY_VERSION",
+    "KINDS",
+    "PAYLOAD_TYPE",
+    "REF_RE",
+    "ZERO_HASH",
+    "Record",
+    "Signer",
+    "StoredEntry",
+    "check_record",
+    "entry_bytes",
+    "iter_refs",
+    "pae",
+    "seal",
+]
+
+ENTRY_VERSION = 1
+PAYLOAD_TYPE = "application/vnd.truss.ledger-entry.v1+json"
+ZERO_HASH = "0" * 64
+ENTRY_FIELDS = frozenset({"v", "log", "session", "seq", "index", "ts", "kind", "body", "prev"})
+
+KINDS: frozenset[str] = frozenset(
+    {
+        "session_started",
+        "model_turn",
+        "mcp_tool_intent",
+        "mcp_tool_call",
+        "mcp_tool_denied",
+        "mcp_tool_pending",
+        "signal_received",
+        "approval_requested",
+        "approval_decided",
+        "in_doubt",
+        "in_doubt_resolved",
+        "session_suspended",
+        "session_resumed",
+        "verdict",
+        "session_ended",
+    }
+)
+
+REF_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_MAX_SAFE_INT = 2**53
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding: ``"DSSEv1" SP len(type) SP type SP len(body) SP body``.
+
+    Lengths are the ASCII decimal byte counts of the UTF-8 type and of the body.
+    """
+    type_bytes = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(type_bytes), type_bytes, len(body), body)
+
+
+_ENTRY_PAE_PREFIX = b"DSSEv1 %d %s " % (len(PAYLOAD_TYPE.encode()), PAYLOAD_TYPE.encode())
+
+
+def entry_signing_payload(raw: bytes) -> bytes:
+    """``pae(PAYLOAD_TYPE, raw)``, with the constant prefix built once (it is on the hot path)."""
+    return _ENTRY_PAE_PREFIX + b"%d %s" % (len(raw), raw)
+
+
+def entry_bytes(value: Any) -> bytes:
+    """RFC 8785 bytes of an entry-shaped value, fast.
+
+    JSON values without floats, with integers in the I-JSON range and with object keys in the
+    Basic Multilingual Plane have the same RFC 8785 form as ``json.dumps`` with sorted keys and
+    no whitespace (the escapes are the same; sorting by code point equals sorting by UTF-16 code
+    unit below U+10000). Anything else goes through the reference encoder, so the result is
+    always exactly ``canonical(value)``; a property test holds the two together.
+    """
+    if _plain(value, 0):
+        try:
+            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: the reference encoder names where it is
+    return canonical(value)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    if depth > 100:
+        return False
+    if isinstance(value, str) or value is None or value is True or value is False:
+        return True
+    if isinstance(value, int):
+        return -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
+    if isinstance(value, dict):
+        for key, item in value.items():  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+            if not isinstance(key, str) or (not key.isascii() and max(key) > "\uffff"):
+                return False
+            if not _plain(item, depth + 1):
+                return False
+        return True
+    if isinstance(value, list):
+        return all(_plain(item, depth + 1) for item in value)  # pyright: ignore[reportUnknownVariableType]
+    return False
+
+
+class Signer(Protocol):
+    """What sealing an entry needs from a key (``keys.IdentityKey`` is one)."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    def sign(self, message: bytes) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a caller asks the store to append: a kind, its body, and the payload bytes it names.
+
+    ``blobs`` maps ``sha256_ref(data)`` to ``data``; the body holds the refs, the store keeps the
+    bytes in its blob table (erasable: only the refs are signed).
+    """
+
+    kind: str
+    body: dict[str, Any]
+    blobs: Mapping[str, bytes] = field(default_factory=dict[str, bytes])
+
+
+def check_record(record: Record) -> None:
+    """Refuse a record a store must not append: unknown kind, non-JSON body, a blob not matching its ref.
+
+    Raises ``StoreError`` (``reason``: ``unknown_kind``, ``bad_body``, ``unreferenced_blob``,
+    ``blob_mismatch``): these
+    are bugs in the calling code, not operator input.
+    """
+    if record.kind not in KINDS:
+        raise StoreError(
+            f"cannot append an entry of unknown kind {record.kind!r}",
+            remedy="use one of the kinds listed in docs/ledger-format.md",
+            reason="unknown_kind",
+        )
+    if not isinstance(record.body, dict):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise StoreError(f"the body of a {record.kind} entry must be a JSON object", reason="bad_body")
+    try:
+        entry_bytes(record.body)
+    except CanonicalError as exc:
+        raise StoreError(
+            f"the body of a {record.kind} entry is not canonical JSON: {exc}",
+            remedy="entry bodies hold JSON values only (no NaN, no integers beyond 2**53)",
+            reason="bad_body",
+        ) from exc
+    named = set(iter_refs(record.body)) if record.blobs else set[str]()
+    for ref, data in record.blobs.items():
+        if ref not in named:
+            raise StoreError(
+                f"blob {ref[:23]}... of a {record.kind} entry is not named in its body",
+                remedy="put the blob's ref in the body; only what the body names is kept",
+                reason="unreferenced_blob",
+            )
+        if not isinstance(data, bytes | bytearray) or sha256_ref(bytes(data)) != ref:  # pyright: ignore[reportUnnecessaryIsInstance]
+            raise StoreError(
+                f"blob {ref[:23]}... of a {record.kind} entry does not hash to its ref",
+                remedy="key blobs by sha256_ref(data)",
+                reason="blob_mismatch",
+            )
+
+
+def seal(
+    signer: Signer,
+    *,
+    log: str,
+    session: str,
+    seq: int,
+    index: int,
+    ts: int,
+    kind: str,
+    body: dict[str, Any],
+    prev: str,
+) -> StoredEntry:
+    """Build the entry, canonicalise, hash and sign it (docs/ledger-format.md, section 2)."""
+    entry: dict[str, Any] = {
+        "v": ENTRY_VERSION,
+        "log": log,
+        "session": session,
+        "seq": seq,
+        "index": index,
+        "ts": ts,
+        "kind": kind,
+        "body": body,
+        "prev": prev,
+    }
+    raw = entry_bytes(entry)
+    return StoredEntry(
+        entry=entry,
+        hash=hashlib.sha256(raw).hexdigest(),
+        sig=signer.sign(entry_signing_payload(raw)),
+        keyid=signer.key_id,
+        raw=raw,
+    )
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """One signed entry as stored and exported.
+
+    ``raw`` is the canonical bytes that were hashed and signed. A store passes the bytes it read;
+    when absent they are recomputed from ``entry``. ``hash`` and ``keyid`` are what the holder
+    claims: verification recomputes the hash and looks the key id up in a trusted set.
+    """
+
+    entry: dict[str, Any]
+    hash: str
+    sig: bytes
+    keyid: str
+    raw: bytes = field(default=b"", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.raw:
+            object.__setattr__(self, "raw", entry_bytes(self.entry))
+
+    @classmethod
+    def from_raw(cls, raw: bytes, sig: bytes, keyid: str, hash_hex: str | None = None) -> StoredEntry:
+        """An entry from stored bytes. Raises ``ValueError`` if ``raw`` is not a JSON object."""
+        value = json.loads(raw)
+        if not isinstance(value, dict):
+            raise ValueError("an entry is a JSON object")
+        entry = cast(dict[str, Any], value)
+        return cls(
+            entry=entry,
+            hash=hash_hex if hash_hex is not None else hashlib.sha256(raw).hexdigest(),
+            sig=sig,
+            keyid=keyid,
+            raw=raw,
+        )
+
+    @property
+    def session(self) -> str:
+        return self.entry["session"]
+
+    @property
+    def seq(self) -> int:
+        return self.entry["seq"]
+
+    @property
+    def index(self) -> int:
+        return self.entry["index"]
+
+    @property
+    def kind(self) -> str:
+        return self.entry["kind"]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return self.entry["body"]
+
+    @property
+    def ts(self) -> int:
+        return self.entry["ts"]
+
+    @property
+    def prev(self) -> str:
+        return self.entry["prev"]
+
+    @property
+    def log(self) -> str:
+        return self.entry["log"]
+
+    def refs(self) -> list[str]:
+        """The ``sha256:`` refs the body names, in order of first appearance, once each."""
+        return list(dict.fromkeys(iter_refs(self.body)))
+
+    def to_json(self) -> dict[str, Any]:
+        """The portable form: ``{"entry", "hash", "sig" (base64), "keyid"}``."""
+        return {
+            "entry": self.entry,
+            "hash": self.hash,
+            "sig": base64.b64encode(self.sig).decode("ascii"),
+            "keyid": self.keyid,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> StoredEntry:
+        """Parse the portable form. Raises ``BundleFormatError`` (``reason="malformed_entry"``)."""
+        if not isinstance(data, dict):
+            raise _malformed("a stored entry is a JSON object with entry, hash, sig and keyid")
+        obj = cast(dict[str, Any], data)
+        entry, hash_hex, sig, keyid = obj.get("entry"), obj.get("hash"), obj.get("sig"), obj.get("keyid")
+        if not isinstance(entry, dict) or not isinstance(hash_hex, str) or not isinstance(keyid, str):
+            raise _malformed("a stored entry needs an 'entry' object and 'hash' and 'keyid' strings")
+        if not isinstance(sig, str):
+            raise _malformed("a stored entry's 'sig' is a base64 string")
+        try:
+            sig_bytes = base64.b64decode(sig, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise _malformed("a stored entry's 'sig' is not valid base64") from exc
+        try:
+            typed: dict[str, Any] = entry  # pyright: ignore[reportUnknownVariableType]
+            return cls(entry=typed, hash=hash_hex, sig=sig_bytes, keyid=keyid)
+        except CanonicalError as exc:
+            raise _malformed(f"a stored entry is not canonical JSON: {exc}") from exc
+
+
+def _malformed(message: str) -> BundleFormatError:
+    return BundleFormatError(message, reason="malformed_entry")
+
+
+def iter_refs(value: Any) -> Iterator[str]:
+    """Every string in ``value`` (recursively) that is a ``sha256:<64 hex>`` ref."""
+    if isinstance(value, str):
+        if len(value) == 71 and REF_RE.fullmatch(value):
+            yield value
+    elif isinstance(value, dict):
+        for item in value.values():  # pyright: ignore[reportUnknownVariableType]
+            yield from iter_refs(item)
+    elif isinstance(value, list):
+        for item in value:  # pyright: ignore[reportUnknownVariableType]
+            yield from iter_refs(item)

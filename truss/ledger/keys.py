@@ -1,0 +1,262 @@
+"""Ed25519 identity and verifier keys, in C2SP signed-note key formats. The only module importing PyNaCl.
+
+- ``IdentityKey``: the private key a Truss home signs entries, checkpoints and envelopes with.
+  Its file (``$TRUSS_HOME/identity.key``, mode 0600) holds one line in the signed-note private
+  key form ``PRIVATE+KEY+<name>+<hex key id>+<base64(0x01 || seed)>``. Its name is the log's
+  origin.
+- ``VerifierKey``: the public half, ``<name>+<hex key id>+<base64(0x01 || pubkey)>``, where the
+  key id is ``SHA-256(name || 0x0A || 0x01 || pubkey)[:4]`` (C2SP signed-note v1.0.0).
+- ``TrustedKeys``: the keys a verifier accepts, by key id; several at once for rotation.
+
+What it does not do: decide what is trusted (callers pass the set), or read keys other than the
+one file ``IdentityKey.load`` is pointed at.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import nacl.exceptions
+import nacl.signing
+
+from truss._errors import KeyFileError
+
+__all__ = ["ED25519_ALG", "IdentityKey", "TrustedKeys", "VerifierKey", "key_id_of"]
+
+ED25519_ALG = 0x01
+_PRIVATE_PREFIX = "PRIVATE+KEY+"
+_MAX_NAME = 255
+
+
+def key_id_of(name: str, public_key: bytes) -> bytes:
+    """``SHA-256(name || 0x0A || 0x01 || pubkey)[:4]``."""
+    return hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([ED25519_ALG]) + public_key).digest()[:4]
+
+
+def _check_name(name: str, where: str) -> None:
+    # C2SP signed-note: a key name is non-empty and holds no spaces, no '+', no Unicode spaces.
+    if not name or len(name) > _MAX_NAME or "+" in name or any(ch.isspace() for ch in name):
+        raise KeyFileError(
+            f"{where}: key name {name!r} is not a valid signed-note key name",
+            remedy="use a non-empty name without spaces or '+', such as example.com/truss",
+            file=where,
+        )
+
+
+class VerifierKey:
+    """A public Ed25519 key with its name, in the C2SP vkey form."""
+
+    __slots__ = ("_key", "key_id", "name", "public_key")
+
+    def __init__(self, name: str, public_key: bytes) -> None:
+        _check_name(name, "verifier key")
+        if len(public_key) != 32:
+            raise KeyFileError("an Ed25519 public key is 32 bytes", file="verifier key")
+        self.name = name
+        self.public_key = public_key
+        self.key_id = key_id_of(name, public_key).hex()
+        self._key = nacl.signing.VerifyKey(public_key)
+
+    @classmethod
+    def parse(cls, text: str) -> VerifierKey:
+        """Parse ``<name>+<hex key id>+<base64(0x01||pubkey)>``; the key id must match."""
+        parts = text.strip().split("+")
+        if len(parts) != 3:
+            raise KeyFileError(
+                f"not a verifier key: {text.strip()[:80]!r}",
+                remedy="give the line `truss key show` prints: <name>+<hex key id>+<base64 key>",
+                file="verifier key",
+            )
+        name, hex_id, b64 = parts
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise KeyFileError(f"verifier key {name!r}: the key is not valid base64", file="verifier key") from exc
+        if len(raw) != 33 or raw[0] != ED25519_ALG:
+            raise KeyFileError(
+                f"verifier key {name!r} is not an Ed25519 key (algorithm byte 0x01 and 32 key bytes)",
+                file="verifier key",
+            )
+        key = cls(name, raw[1:])
+        if key.key_id != hex_id.lower():
+            raise KeyFileError(
+                f"verifier key {name!r}: key id {hex_id} does not match the key (expected {key.key_id})",
+                remedy="copy the whole line again from `truss key show`",
+                file="verifier key",
+            )
+        return key
+
+    @property
+    def vkey(self) -> str:
+        """The C2SP vkey text."""
+        encoded = base64.b64encode(bytes([ED25519_ALG]) + self.public_key).decode("ascii")
+        return f"{self.name}+{self.key_id}+{encoded}"
+
+    def verify(self, message: bytes, signature: bytes) -> bool:
+        """True when ``signature`` is this key's Ed25519 signature of ``message``."""
+        try:
+            self._key.verify(message, signature)
+        except (nacl.exceptions.BadSignatureError, ValueError, TypeError):
+            return False
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VerifierKey) and (self.name, self.public_key) == (other.name, other.public_key)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.public_key))
+
+    def __repr__(self) -> str:
+        return f"VerifierKey({self.vkey!r})"
+
+
+class IdentityKey:
+    """A private Ed25519 signing key and its name (the log origin)."""
+
+    __slots__ = ("_signing", "key_id", "name", "verifier")
+
+    def __init__(self, name: str, seed: bytes) -> None:
+        _check_name(name, "identity key")
+        if len(seed) != 32:
+            raise KeyFileError("an Ed25519 seed is 32 bytes", file="identity key")
+        self.name = name
+        self._signing = nacl.signing.SigningKey(seed)
+        self.verifier = VerifierKey(name, bytes(self._signing.verify_key))
+        self.key_id = self.verifier.key_id
+
+    @classmethod
+    def from_seed(cls, seed: bytes, name: str) -> IdentityKey:
+        """A key from a known seed (test vectors; never for real use)."""
+        return cls(name, seed)
+
+    @classmethod
+    def generate(cls, name: str | None = None) -> IdentityKey:
+        """A fresh random key; the default name is ``truss.local/<16 hex of the public key's hash>``."""
+        signing = nacl.signing.SigningKey.generate()
+        if name is None:
+            name = "truss.local/" + hashlib.sha256(bytes(signing.verify_key)).hexdigest()[:16]
+        return cls(name, bytes(signing))
+
+    @classmethod
+    def create(cls, path: Path, name: str | None = None) -> IdentityKey:
+        """Generate a key and write it to ``path`` with mode 0600; refuses to overwrite a file."""
+        key = cls.generate(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError as exc:
+            raise KeyFileError(
+                f"{path}: a key file already exists",
+                remedy="use the existing key, or move it away first if you really mean to replace it",
+                file=str(path),
+            ) from exc
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(key.private_text() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        return key
+
+    @classmethod
+    def load(cls, path: Path) -> IdentityKey:
+        """Read a key file; refuses one that is missing, malformed, or readable by group or others."""
+        try:
+            info = path.stat()
+        except FileNotFoundError as exc:
+            raise KeyFileError(
+                f"{path}: no identity key",
+                remedy="run `truss init` to create one, or pass --key FILE",
+                file=str(path),
+            ) from exc
+        if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise KeyFileError(
+                f"{path}: the identity key is readable or writable by group or others "
+                f"(mode {stat.S_IMODE(info.st_mode):03o})",
+                remedy=f"restrict it with `chmod 600 {path}`",
+                file=str(path),
+            )
+        try:
+            text = path.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise KeyFileError(f"{path}: cannot read the identity key ({type(exc).__name__})", file=str(path)) from exc
+        return cls._parse_private(text, str(path))
+
+    @classmethod
+    def _parse_private(cls, text: str, where: str) -> IdentityKey:
+        # Never echo the text: it is the secret.
+        line = text.strip()
+        bad = KeyFileError(
+            f"{where}: not a Truss identity key (expected one line PRIVATE+KEY+<name>+<id>+<key>)",
+            remedy="restore the key file from a backup, or create a new key in a new home with `truss init`",
+            file=where,
+        )
+        if not line.startswith(_PRIVATE_PREFIX) or "\n" in line:
+            raise bad
+        parts = line[len(_PRIVATE_PREFIX) :].split("+")
+        if len(parts) != 3:
+            raise bad
+        name, hex_id, b64 = parts
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad from None
+        if len(raw) != 33 or raw[0] != ED25519_ALG:
+            raise bad
+        key = cls(name, raw[1:])
+        if key.key_id != hex_id.lower():
+            raise KeyFileError(f"{where}: the key id in the file does not match the key", file=where)
+        return key
+
+    def private_text(self) -> str:
+        """The file form. Secret: write it only to a 0600 file."""
+        seed = bytes(self._signing)
+        return f"{_PRIVATE_PREFIX}{self.name}+{self.key_id}+{base64.b64encode(bytes([ED25519_ALG]) + seed).decode()}"
+
+    def sign(self, message: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of ``message``."""
+        return self._signing.sign(message).signature
+
+    def __repr__(self) -> str:
+        return f"IdentityKey(name={self.name!r}, key_id={self.key_id!r})"
+
+
+class TrustedKeys:
+    """The verifier keys a check accepts, looked up by key id (several may share one: all are tried)."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self, keys: Iterable[VerifierKey] = ()) -> None:
+        self._by_id: dict[str, list[VerifierKey]] = {}
+        for key in keys:
+            self.add(key)
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> TrustedKeys:
+        return cls(VerifierKey.parse(t) for t in texts)
+
+    def add(self, key: VerifierKey) -> None:
+        group = self._by_id.setdefault(key.key_id, [])
+        if key not in group:
+            group.append(key)
+
+    def get(self, key_id: str) -> list[VerifierKey]:
+        return self._by_id.get(key_id, [])
+
+    def verify(self, key_id: str, message: bytes, signature: bytes) -> bool:
+        """True when a trusted key with ``key_id`` verifies the signature."""
+        return any(key.verify(message, signature) for key in self._by_id.get(key_id, ()))
+
+    def __contains__(self, key_id: object) -> bool:
+        return key_id in self._by_id
+
+    def __iter__(self) -> Iterator[VerifierKey]:
+        for group in self._by_id.values():
+            yield from group
+
+    def __len__(self) -> int:
+        return sum(len(g) for g in self._by_id.values())
