@@ -59,7 +59,10 @@ def provider_name(server: str, tool: str) -> str:
     """
     base = f"mcp__{server}__{tool}"
     safe = _PROVIDER_SAFE.sub("_", base)
-    if safe == base and len(safe) <= 64:
+    # A server name with "__" or a trailing "_" makes the split point ambiguous
+    # (server "a_" + tool "_b" and server "a" + tool "__b" both give mcp__a____b): hash those too.
+    unambiguous = "__" not in server and not server.endswith("_")
+    if safe == base and len(safe) <= 64 and unambiguous:
         return safe
     digest = hashlib.sha256(namespaced(server, tool).encode("utf-8")).hexdigest()[:10]
     return f"{safe[:53]}_{digest}"

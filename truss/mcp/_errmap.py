@@ -1,0 +1,191 @@
+"""Mapping the exceptions of the MCP SDK, httpx2, anyio and the OS to Truss errors.
+
+Every foreign exception that can leave a connect or a call is turned into a ``ServerStartError``
+(at connect) or a ``ToolCallError`` (during a call) naming the server and the tool, with a
+``cause`` from a small fixed vocabulary, the JSON-RPC ``code`` when there is one, and
+``retryable``. The table is ordered most specific first; ``tests/mcp/test_errmap.py`` scans the
+SDK for exception classes and fails when one falls through to the catch-all.
+
+What this module does not do: decide whether a call is re-sent (the gate does, from the
+contract), or put an exception's text in a message when that text could hold a secret (HTTP
+errors carry the request URL; only its scheme, host and path are kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import httpx2
+import pydantic
+from mcp import MCPError, types
+from mcp.client.auth.exceptions import OAuthFlowError
+from mcp.client.extension import UnexpectedClaimedResult
+from mcp.client.streamable_http import StreamableHTTPError
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError
+
+from truss._errors import McpError, ServerStartError, ToolCallError
+
+__all__ = ["Mapped", "classify", "leaves", "safe_url", "to_call_error", "to_start_error"]
+
+# cause, retryable, readable text
+Mapped = tuple[str, bool, str, int | None]
+
+
+def leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The non-group exceptions inside (nested) exception groups, depth first."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+            yield from leaves(inner)  # pyright: ignore[reportUnknownArgumentType]
+    else:
+        yield exc
+
+
+def safe_url(url: str) -> str:
+    """``scheme://host[:port]/path`` of ``url``: no user info, query or fragment (they may hold secrets)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<unparsable url>"
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def _mcp_error(exc: MCPError) -> Mapped:
+    code = exc.code
+    if code == types.REQUEST_TIMEOUT:
+        return "timeout", True, "the server did not answer within the timeout", code
+    if code == types.CONNECTION_CLOSED:
+        return "connection_closed", True, "the connection to the server closed (it exited or crashed)", code
+    # The server's message is untrusted text: keep it short and on one line.
+    message = " ".join(str(exc.message).split())[:200]
+    return "protocol_error", False, f"the server answered with JSON-RPC error {code}: {message}", code
+
+
+def classify(exc: BaseException) -> Mapped:
+    """(cause, retryable, text, code) for one leaf exception, most specific first."""
+    if isinstance(exc, MCPError):
+        return _mcp_error(exc)
+    if isinstance(exc, TimeoutError):
+        return "timeout", True, "no answer within the timeout", None
+    if isinstance(exc, httpx2.TimeoutException):
+        return "timeout", True, f"HTTP {type(exc).__name__}", None
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return "transport", exc.response.status_code >= 500, f"HTTP status {exc.response.status_code}", None
+    if isinstance(exc, httpx2.HTTPError | httpx2.InvalidURL | httpx2.CookieConflict | httpx2.StreamError):
+        return "transport", True, f"HTTP transport failed ({type(exc).__name__})", None
+    if isinstance(exc, StreamableHTTPError):
+        return "transport", True, f"Streamable HTTP failed ({type(exc).__name__})", None
+    if isinstance(exc, OAuthFlowError | InvalidScopeError | InvalidRedirectUriError):
+        return "transport", False, f"HTTP authorization failed ({type(exc).__name__})", None
+    if isinstance(exc, SubscriptionLost):
+        return "connection_closed", True, "the server dropped its change subscription", None
+    if isinstance(exc, ListenNotSupportedError):
+        return "protocol_error", False, "the server does not support change subscriptions", None
+    if isinstance(exc, UnexpectedClaimedResult):
+        return "invalid_result", False, "the server returned a result shape Truss does not accept", None
+    if isinstance(exc, pydantic.ValidationError):
+        return "invalid_result", False, "the server sent a message that does not follow the MCP schema", None
+    if isinstance(exc, UnicodeError):
+        return "transport", False, "the server wrote bytes that are not UTF-8 to its protocol stream", None
+    if isinstance(exc, FileNotFoundError):
+        return "transport", False, "the command was not found", None
+    if isinstance(exc, PermissionError):
+        return "transport", False, "the command is not executable (permission denied)", None
+    if isinstance(exc, anyio.BrokenResourceError | anyio.ClosedResourceError | anyio.EndOfStream):
+        return "connection_closed", True, "the connection to the server closed", None
+    if isinstance(exc, anyio.BusyResourceError | anyio.WouldBlock):
+        return "transport", True, f"the transport was busy ({type(exc).__name__})", None
+    if isinstance(exc, OSError):
+        return "transport", True, f"operating system error ({type(exc).__name__}, errno {exc.errno})", None
+    if isinstance(exc, RuntimeError):
+        # The SDK raises RuntimeError for a result that violates the tool's outputSchema and for
+        # exhausted input_required rounds (InputRequiredRoundsExceededError).
+        return "invalid_result", False, f"the server's result was refused ({_short(exc)})", None
+    if isinstance(exc, ValueError):
+        return "invalid_result", False, f"the server's answer could not be used ({type(exc).__name__})", None
+    return "transport", False, f"unexpected {type(exc).__name__}", None
+
+
+def is_unmapped(exc: BaseException) -> bool:
+    """True when ``classify`` would use its catch-all for ``exc`` (the mapping test uses this)."""
+    return classify(exc)[2] == f"unexpected {type(exc).__name__}"
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:160] if text else type(exc).__name__
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    found = list(leaves(exc))
+    # Prefer the most telling leaf: a JSON-RPC error or a timeout over teardown noise.
+    for leaf in found:
+        if isinstance(leaf, MCPError | TimeoutError | OSError | httpx2.HTTPError):
+            return leaf
+    return found[0] if found else exc
+
+
+def to_call_error(exc: BaseException, *, server: str, tool: str) -> McpError:
+    """A ``ToolCallError`` for a failed call (already-Truss errors pass through)."""
+    if isinstance(exc, McpError):
+        return exc
+    leaf = _first_leaf(exc)
+    if isinstance(leaf, McpError):
+        return leaf
+    cause, retryable, text, code = classify(leaf)
+    return ToolCallError(
+        f"calling tool {tool!r} on MCP server {server!r} failed: {text}",
+        remedy=_remedy(cause),
+        retryable=retryable,
+        server=server,
+        tool=tool,
+        cause=cause,
+        code=code,
+        exception=type(leaf).__name__,
+    )
+
+
+def to_start_error(exc: BaseException, *, server: str, **fields: Any) -> McpError:
+    """A ``ServerStartError`` for a failed connect (already-Truss errors pass through)."""
+    if isinstance(exc, McpError):
+        return exc
+    leaf = _first_leaf(exc)
+    if isinstance(leaf, McpError):
+        return leaf
+    cause, retryable, text, code = classify(leaf)
+    status = fields.get("status")
+    if status is not None:
+        text = f"HTTP status {status} ({text})"
+    return ServerStartError(
+        f"MCP server {server!r} could not be started or connected: {text}",
+        remedy=fields.pop("remedy", None) or _start_remedy(cause, status),
+        retryable=retryable,
+        server=server,
+        cause=cause,
+        code=code,
+        exception=type(leaf).__name__,
+        **fields,
+    )
+
+
+def _remedy(cause: str) -> str:
+    return {
+        "timeout": "Raise call_timeout for this server or tool if the work needs longer, or check the server",
+        "connection_closed": "The server exited; its stderr log says why",
+        "protocol_error": "The server refused the request; check the arguments against the tool's input schema",
+        "invalid_result": "The server's answer broke the MCP schema or the tool's outputSchema; report it upstream",
+        "transport": "Check that the server is reachable and healthy; its stderr log may say more",
+    }.get(cause, "Check the server")
+
+
+def _start_remedy(cause: str, status: int | None) -> str:
+    if status in (401, 403):
+        return "The server refused the credentials: check the secret_env variables named in the server's headers"
+    if cause == "timeout":
+        return "The server did not finish its handshake: raise connect_timeout, or check it speaks MCP on stdout"
+    return "Check the server's command, arguments or URL, and its stderr log under the session's log directory"

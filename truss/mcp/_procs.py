@@ -1,0 +1,104 @@
+"""Finding and ending the process groups of stdio MCP servers.
+
+The SDK spawns each stdio server as the leader of a new session and process group
+(``start_new_session=True``) but does not expose its pid. Truss puts a unique marker in the
+child's environment, and right after the spawn finds the child of this process carrying it
+(``/proc``). When a server's connection ends, whatever is left of its group is ended:
+SIGTERM, a short grace, SIGKILL. The SDK's own shutdown only signals the group when the leader
+lingers, so without this a server's grandchildren outlive a graceful exit.
+
+This module does not decide when servers end; ``truss.mcp.client`` calls it on every exit path.
+On systems without ``/proc`` the pid is unknown and only the SDK's shutdown applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import anyio
+
+__all__ = ["MARKER_ENV", "end_group", "find_marked_child", "group_alive"]
+
+MARKER_ENV = "TRUSS_MCP_SPAWN"
+
+_PROC = Path("/proc")
+_GRACE_S = 1.0
+_POLL_S = 0.01
+
+
+def find_marked_child(marker: str) -> int | None:
+    """The pid of this process's child whose environment holds ``MARKER_ENV=marker``."""
+    if not _PROC.is_dir():
+        return None
+    me = os.getpid()
+    needle = f"{MARKER_ENV}={marker}".encode()
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[1]) != me:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if needle in environ:
+            return int(entry.name)
+    return None
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of group ``pgid`` exists (zombies included)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def end_group(pgid: int) -> None:
+    """End every process left in group ``pgid``: SIGTERM, up to 1 s of grace, then SIGKILL.
+
+    Safe after the leader is gone: Linux never hands out a pid that is still some group's id,
+    so the signal reaches only that server's leftovers. Runs shielded so that a cancelled run
+    still cleans up.
+    """
+    with anyio.CancelScope(shield=True):
+        if not group_alive(pgid):
+            return
+        _signal_group(pgid, signal.SIGTERM)
+        with anyio.move_on_after(_GRACE_S):
+            # Nothing signals a process group's end; polling with a bound is the only way.
+            while group_alive(pgid) and not _only_zombies(pgid):  # noqa: ASYNC110
+                await anyio.sleep(_POLL_S)
+            return
+        _signal_group(pgid, signal.SIGKILL)
+
+
+def _only_zombies(pgid: int) -> bool:
+    """True when every remaining member of the group is a zombie (dead, waiting to be reaped)."""
+    if not _PROC.is_dir():
+        return False
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+        except (OSError, ValueError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return False
+    return True
