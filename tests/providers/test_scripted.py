@@ -1,0 +1,266 @@
+"""The scripted provider: steps in order, references to earlier results, broken references, determinism."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.providers._support import make_contract
+from truss.providers import ScriptedProvider, TurnRequest, TurnResponse, make_provider, resolve_pointer
+from truss.testing import ManualClock
+
+pytestmark = pytest.mark.anyio
+
+Tool = Callable[[str, dict[str, Any]], dict[str, Any]]
+
+
+def scripted(steps: list[dict[str, Any]], final: str | None = None) -> Any:
+    agent: dict[str, Any] = {"steps": steps}
+    if final is not None:
+        agent["final"] = final
+    return make_provider(make_contract(**agent), environ={}, clock=ManualClock())
+
+
+async def play(provider: Any, tool: Tool) -> tuple[list[TurnResponse], list[tuple[str, dict[str, Any]]]]:
+    """Drive ``provider`` the way the loop does; ``tool`` answers each call with a tool message body."""
+    messages: list[dict[str, Any]] = [{"role": "user", "text": "do the thing"}]
+    responses: list[TurnResponse] = []
+    calls: list[tuple[str, dict[str, Any]]] = []
+    for turn in range(1, 50):
+        response = await provider.next_turn(TurnRequest("", list(messages), [], turn))
+        responses.append(response)
+        if not response.tool_calls:
+            break
+        messages.append(
+            {"role": "assistant", "text": response.text, "tool_calls": [c.to_json() for c in response.tool_calls]}
+        )
+        for call in response.tool_calls:
+            calls.append((call.name, call.arguments))
+            messages.append({"role": "tool", "call_id": call.id, "name": call.name, **tool(call.name, call.arguments)})
+    return responses, calls
+
+
+def ok(text: str = "", structured: Any = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"is_error": False, "text": text}
+    if structured is not None:
+        out["structured"] = structured
+    return out
+
+
+def failed(text: str = "boom") -> dict[str, Any]:
+    return {"is_error": True, "text": text}
+
+
+TIME = {"datetime": "2026-01-01T12:00:00+00:00", "timezone": "UTC", "offset": 0, "tags": ["a", "b"], "a/b": {"~k": 7}}
+
+
+async def test_steps_are_played_one_per_turn_with_step_ids_then_the_final_text() -> None:
+    provider = scripted(
+        [
+            {"tool": "mcp:time:get_current_time", "arguments": {"timezone": "UTC"}},
+            {"tool": "mcp:git:git_status", "arguments": {"repo_path": "."}},
+        ],
+        final="done",
+    )
+    responses, calls = await play(provider, lambda name, args: ok("fine"))
+    assert [[(c.id, c.name) for c in r.tool_calls] for r in responses] == [
+        [("step-0", "mcp__time__get_current_time")],
+        [("step-1", "mcp__git__git_status")],
+        [],
+    ]
+    assert [r.stop_reason for r in responses] == ["tool_use", "tool_use", "end_turn"]
+    assert calls[0][1] == {"timezone": "UTC"}
+    assert responses[-1].text == "done"
+    assert all(r.usage.total == 0 for r in responses)
+
+
+async def test_a_whole_string_reference_keeps_the_json_type_and_an_embedded_one_is_stringified() -> None:
+    provider = scripted(
+        [
+            {"tool": "mcp:time:get_current_time", "arguments": {}},
+            {
+                "tool": "mcp:echo:echo",
+                "arguments": {
+                    "text": "${steps.0.result}",
+                    "offset": "${steps.0.result/offset}",
+                    "tags": "${steps.0.result/tags}",
+                    "first_tag": "${steps.0.result/tags/0}",
+                    "escaped": "${steps.0.result/a~1b/~0k}",
+                    "failed": "${steps.0.is_error}",
+                    "sentence": "zone ${steps.0.result/timezone}, offset ${steps.0.result/offset}, "
+                    "tags ${steps.0.result/tags}",
+                    "nested": [{"deep": "${steps.0.result/offset}"}],
+                },
+            },
+        ]
+    )
+    _, calls = await play(provider, lambda name, args: ok("it is noon", TIME) if "time" in name else ok())
+    assert calls[1][1] == {
+        "text": "it is noon",
+        "offset": 0,
+        "tags": ["a", "b"],
+        "first_tag": "a",
+        "escaped": 7,
+        "failed": False,
+        "sentence": 'zone UTC, offset 0, tags ["a","b"]',
+        "nested": [{"deep": 0}],
+    }
+
+
+async def test_a_pointer_reads_the_text_as_json_when_the_server_sent_no_structured_content() -> None:
+    provider = scripted(
+        [
+            {"tool": "mcp:time:get_current_time", "arguments": {}},
+            {"tool": "mcp:time:convert_time", "arguments": {"time": "${steps.0.result/datetime}"}},
+        ]
+    )
+    _, calls = await play(provider, lambda name, args: ok('{"datetime": "2026-01-01T12:00:00+00:00"}'))
+    assert calls[1][1] == {"time": "2026-01-01T12:00:00+00:00"}
+
+
+async def test_a_reference_to_a_failed_step_ends_the_plan_without_calling_the_step() -> None:
+    provider = scripted(
+        [
+            {"tool": "mcp:git:git_status", "arguments": {}},
+            {"tool": "mcp:git:git_diff", "arguments": {"target": "${steps.0.result}"}},
+            {"tool": "mcp:git:git_log", "arguments": {}},
+        ]
+    )
+    responses, calls = await play(provider, lambda name, args: failed())
+    assert [name for name, _ in calls] == ["mcp__git__git_status"]
+    last = responses[-1]
+    assert (last.tool_calls, last.stop_reason) == ([], "end_turn")
+    assert "step 1" in last.text
+    assert "${steps.0.result}" in last.text
+
+
+async def test_is_error_of_a_failed_step_can_be_read_and_the_plan_goes_on() -> None:
+    provider = scripted(
+        [
+            {"tool": "mcp:fs:write_file", "arguments": {}},
+            {"tool": "mcp:log:note", "arguments": {"write_failed": "${steps.0.is_error}"}},
+        ]
+    )
+    _, calls = await play(provider, lambda name, args: failed("denied by policy") if "write" in name else ok())
+    assert calls[1] == ("mcp__log__note", {"write_failed": True})
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "${steps.5.result}",  # no such step
+        "${steps.1.result}",  # the step itself: it has not run
+        "${steps.0.result/missing}",  # a pointer that finds nothing
+        "${steps.0.result/tags/2}",  # past the end of an array
+        "${steps.0.result/tags/01}",  # not an array index
+        "${steps.0.result/offset/deeper}",  # into a number
+    ],
+)
+async def test_a_reference_that_finds_nothing_ends_the_plan_with_a_clear_text(reference: str) -> None:
+    provider = scripted(
+        [
+            {"tool": "mcp:time:get_current_time", "arguments": {}},
+            {"tool": "mcp:echo:echo", "arguments": {"x": reference}},
+        ]
+    )
+    responses, calls = await play(provider, lambda name, args: ok("noon", TIME))
+    assert len(calls) == 1
+    assert responses[-1].tool_calls == []
+    assert reference in responses[-1].text
+
+
+async def test_a_pointer_into_a_text_result_that_is_not_json_ends_the_plan() -> None:
+    provider = scripted(
+        [{"tool": "mcp:a:b", "arguments": {}}, {"tool": "mcp:a:c", "arguments": {"x": "${steps.0.result/k}"}}]
+    )
+    responses, calls = await play(provider, lambda name, args: ok("plain words"))
+    assert len(calls) == 1
+    assert responses[-1].tool_calls == []
+
+
+async def test_a_reference_inside_a_tool_result_is_never_expanded() -> None:
+    provider = scripted(
+        [
+            {"tool": "mcp:a:first", "arguments": {}},
+            {"tool": "mcp:a:second", "arguments": {}},
+            {"tool": "mcp:a:third", "arguments": {"copy": "${steps.1.result}", "inline": "got ${steps.1.result}"}},
+        ]
+    )
+    _, calls = await play(provider, lambda name, args: ok("${steps.0.result} ${env.HOME} ${params.x}"))
+    assert calls[2][1] == {
+        "copy": "${steps.0.result} ${env.HOME} ${params.x}",
+        "inline": "got ${steps.0.result} ${env.HOME} ${params.x}",
+    }
+
+
+async def test_a_denied_step_that_nothing_refers_to_does_not_stop_the_plan() -> None:
+    provider = scripted([{"tool": "mcp:a:x", "arguments": {}}, {"tool": "mcp:a:y", "arguments": {}}])
+    responses, calls = await play(provider, lambda name, args: failed("denied") if name.endswith("x") else ok())
+    assert [name for name, _ in calls] == ["mcp__a__x", "mcp__a__y"]
+    assert "step(s) 0 returned an error" in responses[-1].text
+
+
+async def test_the_final_text_may_refer_to_results() -> None:
+    provider = scripted([{"tool": "mcp:time:now", "arguments": {}}], final="The time is ${steps.0.result/datetime}.")
+    responses, _ = await play(provider, lambda name, args: ok("", TIME))
+    assert responses[-1].text == "The time is 2026-01-01T12:00:00+00:00."
+
+
+async def test_without_steps_the_first_turn_is_the_final_one() -> None:
+    responses, calls = await play(scripted([]), lambda name, args: ok())
+    assert calls == []
+    assert len(responses) == 1
+    assert responses[0].tool_calls == []
+
+
+async def test_the_same_request_gives_the_same_response_from_any_instance() -> None:
+    steps = [
+        {"tool": "mcp:time:get_current_time", "arguments": {"timezone": "UTC"}},
+        {"tool": "mcp:echo:echo", "arguments": {"x": "${steps.0.result/tags}", "y": "at ${steps.0.result/offset}"}},
+    ]
+    request = TurnRequest(
+        "",
+        [
+            {"role": "user", "text": "go"},
+            {
+                "role": "assistant",
+                "text": "",
+                "tool_calls": [{"id": "step-0", "name": "mcp__time__get_current_time", "arguments": {}}],
+            },
+            {
+                "role": "tool",
+                "call_id": "step-0",
+                "name": "mcp__time__get_current_time",
+                "is_error": False,
+                "text": "",
+                "structured": TIME,
+            },
+        ],
+        [],
+        2,
+    )
+    first, second = scripted(steps), scripted(steps)
+    answers = [await first.next_turn(request), await first.next_turn(request), await second.next_turn(request)]
+    assert answers[0].to_json() == answers[1].to_json() == answers[2].to_json()
+    assert answers[0].tool_calls[0].id == "step-1"
+    assert isinstance(first, ScriptedProvider)
+    await first.aclose()
+
+
+@pytest.mark.parametrize(
+    ("pointer", "expected"),
+    [
+        ("", (True, TIME)),
+        ("/offset", (True, 0)),
+        ("/a~1b/~0k", (True, 7)),
+        ("/tags/1", (True, "b")),
+        ("/tags/-", (False, None)),
+        ("/tags/", (False, None)),
+        ("offset", (False, None)),
+        ("/nope", (False, None)),
+    ],
+)
+def test_resolve_pointer_follows_rfc_6901(pointer: str, expected: tuple[bool, Any]) -> None:
+    assert resolve_pointer(TIME, pointer) == expected

@@ -1,0 +1,232 @@
+"""The scripted provider: plays ``[[agent.steps]]`` one tool call per turn, offline and deterministic.
+
+Each turn looks at the conversation in the ``TurnRequest``: the calls it made carry the ids
+``step-0``, ``step-1``, ... and the loop answers each with a ``tool`` message of the same
+``call_id``. The next turn calls the step after the highest one already called; after the last
+step it answers with ``agent.final`` (or a short summary) and no tool calls. The response is a
+function of the request and the contract only, so a replayed run asks for, and gets, the same.
+
+Step arguments may refer to earlier results (steps count from 0):
+
+- ``${steps.N.result}``: the text of step N's result;
+- ``${steps.N.result/a/0/b}``: an RFC 6901 pointer into step N's ``structuredContent`` (or, when
+  the server sent none, into its text parsed as JSON);
+- ``${steps.N.is_error}``: whether step N's result was an error (a denial is one).
+
+A string that is exactly one reference takes the referenced JSON value with its type; a reference
+inside a longer string is replaced by its text (strings as they are, anything else as compact
+JSON). Substituted values are never scanned again, so a tool result cannot smuggle in a reference
+of its own (``${env.X}`` in a result stays text). A reference to a step that failed, has not run
+or does not exist, or a pointer that finds nothing, ends the plan with a text saying so and no
+tool call: the run finishes and its done checks decide the verdict. ``agent.final`` may use the
+same references.
+
+``${params.X}`` and ``${env.X}`` in arguments are rendered by ``truss.contract.render_arguments``
+before the step references, from the contract's parameter values and the environment given to
+``make_provider``. This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from truss.contract import Contract, Step
+from truss.providers._http import as_list, as_object
+from truss.providers.base import ToolCall, TurnRequest, TurnResponse
+from truss.tools import provider_name, split_namespaced
+
+__all__ = ["ScriptedProvider", "resolve_pointer"]
+
+_REF = re.compile(r"\$\{steps\.([0-9]{1,6})\.(result(?:/[^{}]*)?|is_error)\}")
+_CALL_ID = re.compile(r"^step-([0-9]{1,6})$")
+
+ArgumentRenderer = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    is_error: bool
+    text: str
+    structured: Any
+    has_structured: bool
+
+
+class _BrokenReference(Exception):
+    def __init__(self, reference: str, why: str) -> None:
+        super().__init__(why)
+        self.reference = reference
+        self.why = why
+
+
+class ScriptedProvider:
+    """Plays the contract's steps; ``render`` fills ``${params.X}``/``${env.X}`` in arguments."""
+
+    name = "scripted"
+
+    def __init__(self, contract: Contract, *, render: ArgumentRenderer | None = None) -> None:
+        self._steps: list[Step] = list(contract.agent.steps)
+        self._final = contract.agent.final
+        self._render = render
+
+    def __repr__(self) -> str:
+        return f"ScriptedProvider(steps={len(self._steps)})"
+
+    async def next_turn(self, request: TurnRequest) -> TurnResponse:
+        return self.respond(request)
+
+    async def aclose(self) -> None:
+        return None
+
+    def respond(self, request: TurnRequest) -> TurnResponse:
+        """The next turn for ``request`` (the synchronous core of ``next_turn``)."""
+        called, outcomes = _read_conversation(request.messages)
+        index = called + 1 if called is not None else 0
+        if index >= len(self._steps):
+            return self._finish(outcomes)
+        step = self._steps[index]
+        split = split_namespaced(step.tool)
+        if split is None:  # the contract model already refuses this; kept so the plan ends, not crashes
+            return _stop(f"Scripted plan stopped at step {index}: {step.tool!r} is not a namespaced tool name.")
+        arguments: Any = dict(step.arguments)
+        if self._render is not None:
+            arguments = self._render(arguments)
+        try:
+            arguments = _substitute(arguments, outcomes, index)
+        except _BrokenReference as broken:
+            return _stop(
+                f"Scripted plan stopped at step {index} ({step.tool}): {broken.reference} {broken.why}, "
+                f"so the step was not called."
+            )
+        call = ToolCall(id=f"step-{index}", name=provider_name(*split), arguments=arguments)
+        return TurnResponse(text="", tool_calls=[call], stop_reason="tool_use")
+
+    def _finish(self, outcomes: Mapping[int, _Outcome]) -> TurnResponse:
+        if self._final is None:
+            failed = sorted(i for i, o in outcomes.items() if o.is_error)
+            text = f"Scripted plan complete: {len(self._steps)} step(s) played"
+            text += f"; step(s) {', '.join(map(str, failed))} returned an error." if failed else "."
+            return _stop(text)
+        try:
+            text = _substitute(self._final, outcomes, len(self._steps))
+        except _BrokenReference as broken:
+            return _stop(f"Scripted plan could not write its final answer: {broken.reference} {broken.why}.")
+        return _stop(str(text))
+
+
+def _stop(text: str) -> TurnResponse:
+    return TurnResponse(text=text, tool_calls=[], stop_reason="end_turn")
+
+
+def _read_conversation(messages: list[dict[str, Any]]) -> tuple[int | None, dict[int, _Outcome]]:
+    """The highest step index called so far, and the outcome of every step that has a result."""
+    called: int | None = None
+    outcomes: dict[int, _Outcome] = {}
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            for raw in as_list(message.get("tool_calls")) or []:
+                call = as_object(raw)
+                index = _step_index(call.get("id") if call else None)
+                if index is not None:
+                    called = index if called is None else max(called, index)
+        elif role == "tool":
+            index = _step_index(message.get("call_id"))
+            if index is not None:
+                text = message.get("text")
+                outcomes[index] = _Outcome(
+                    is_error=message.get("is_error") is True,
+                    text=text if isinstance(text, str) else "",
+                    structured=message.get("structured"),
+                    has_structured="structured" in message and message.get("structured") is not None,
+                )
+    return called, outcomes
+
+
+def _step_index(call_id: Any) -> int | None:
+    if not isinstance(call_id, str):
+        return None
+    match = _CALL_ID.match(call_id)
+    return int(match.group(1)) if match else None
+
+
+def _substitute(value: Any, outcomes: Mapping[int, _Outcome], current: int) -> Any:
+    """``value`` with every step reference replaced; strings inside lists and objects too."""
+    if isinstance(value, str):
+        whole = _REF.fullmatch(value)
+        if whole:
+            return _lookup(whole, outcomes, current)
+        return _REF.sub(lambda m: _as_text(_lookup(m, outcomes, current)), value)
+    items = as_list(value)
+    if items is not None:
+        return [_substitute(item, outcomes, current) for item in items]
+    obj = as_object(value)
+    if obj is not None:
+        return {key: _substitute(item, outcomes, current) for key, item in obj.items()}
+    return value
+
+
+def _lookup(match: re.Match[str], outcomes: Mapping[int, _Outcome], current: int) -> Any:
+    reference = match.group(0)
+    index = int(match.group(1))
+    what = match.group(2)
+    if index >= current:
+        raise _BrokenReference(reference, f"refers to step {index}, which has not run before this one")
+    outcome = outcomes.get(index)
+    if outcome is None:
+        raise _BrokenReference(reference, f"refers to step {index}, which has no result")
+    if what == "is_error":
+        return outcome.is_error
+    if outcome.is_error:
+        raise _BrokenReference(reference, f"refers to step {index}, which failed")
+    if what == "result":
+        return outcome.text
+    pointer = what[len("result") :]
+    document = outcome.structured
+    if not outcome.has_structured:
+        try:
+            document = json.loads(outcome.text)
+        except (ValueError, RecursionError):
+            raise _BrokenReference(
+                reference, f"points into step {index}'s result, which has no structured content and is not JSON"
+            ) from None
+    found, target = resolve_pointer(document, pointer)
+    if not found:
+        raise _BrokenReference(reference, f"points at nothing in step {index}'s result")
+    return target
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def resolve_pointer(document: Any, pointer: str) -> tuple[bool, Any]:
+    """RFC 6901: ``(True, value)`` when ``pointer`` finds a value in ``document``, else ``(False, None)``."""
+    if pointer == "":
+        return True, document
+    if not pointer.startswith("/"):
+        return False, None
+    current = document
+    for raw in pointer[1:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        obj = as_object(current)
+        items = as_list(current)
+        if obj is not None:
+            if part not in obj:
+                return False, None
+            current = obj[part]
+        elif items is not None:
+            if not part.isdigit() or not part.isascii() or (part != "0" and part.startswith("0")):
+                return False, None
+            position = int(part)
+            if position >= len(items):
+                return False, None
+            current = items[position]
+        else:
+            return False, None
+    return True, current
