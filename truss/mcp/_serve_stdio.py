@@ -1,0 +1,124 @@
+"""The stdio wire of serve-mcp: only protocol messages on stdout, and bounded requests on stdin.
+
+At start the process's fd 1 is pointed at stderr and fd 0 at the null device for good; the wire
+keeps private duplicates. Anything a run prints (a library, a stray ``print``) therefore lands on
+stderr, also after the client has gone and runs are still finishing. (The SDK's own
+``stdio_server`` restores the descriptors when the connection ends, which is too early here.)
+
+Each inbound line is bounded in size and nesting before the SDK parses it; an oversized or too
+deeply nested message gets a JSON-RPC error (with its id when one can be read) instead of silence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import AsyncIterator
+from typing import IO, Any, cast
+
+import anyio
+
+from truss.mcp._serve_core import ServeLimits, json_depth
+
+__all__ = ["claim_stdio"]
+
+_ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,200}"|-?\d{1,20})')
+_DRAIN_CHUNK = 65_536
+
+
+class _Wire:
+    """The protocol's stdout: whole lines, one writer at a time."""
+
+    def __init__(self, raw: IO[bytes]) -> None:
+        self._raw = raw
+        self._lock = anyio.Lock()
+
+    async def write(self, text: str) -> None:
+        data = text.encode("utf-8")
+        async with self._lock:
+            await anyio.to_thread.run_sync(self._write_flush, data)
+
+    def _write_flush(self, data: bytes) -> None:
+        self._raw.write(data)
+        self._raw.flush()
+
+    async def flush(self) -> None:
+        return None
+
+    async def error(self, request_id: Any, code: int, message: str) -> None:
+        line = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": {"code": code, "message": message}})
+        with contextlib.suppress(OSError):  # the client is gone; nobody is left to tell
+            await self.write(line + "\n")
+
+
+class _BoundedLines:
+    """``async for line in ...``: the stdin lines that are within the limits, as text."""
+
+    def __init__(self, raw: IO[bytes], wire: _Wire, limits: ServeLimits) -> None:
+        self._raw = raw
+        self._wire = wire
+        self._limits = limits
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        limit = self._limits.max_request_bytes
+        while True:
+            line: bytes = await anyio.to_thread.run_sync(self._raw.readline, limit + 1, abandon_on_cancel=True)
+            if not line:
+                return
+            if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+                head = line[:4096]
+                while not line.endswith(b"\n"):
+                    line = await anyio.to_thread.run_sync(self._raw.readline, _DRAIN_CHUNK, abandon_on_cancel=True)
+                    if not line:
+                        break
+                await self._wire.error(_sniff_id(head), -32600, f"request too large: over {limit} bytes")
+                continue
+            if not line.strip():
+                continue
+            problem = self._problem(line)
+            if problem is not None:
+                await self._wire.error(*problem)
+                continue
+            yield line.decode("utf-8", errors="replace")
+
+    def _problem(self, line: bytes) -> tuple[Any, int, str] | None:
+        depth_limit = self._limits.max_nesting_depth + 2  # the message and its params add two levels
+        try:
+            message: Any = json.loads(line)
+        except RecursionError:
+            return _sniff_id(line[:4096]), -32600, f"request nested deeper than {depth_limit} levels"
+        except ValueError:
+            return None, -32700, "Parse error"
+        if json_depth(message, depth_limit) > depth_limit:
+            request_id: Any = cast("dict[str, Any]", message).get("id") if isinstance(message, dict) else None
+            return request_id, -32600, f"request nested deeper than {depth_limit} levels"
+        return None
+
+
+def _sniff_id(head: bytes) -> Any:
+    match = _ID_RE.search(head)
+    if match is None:
+        return None
+    try:
+        return json.loads(match.group(1))
+    except ValueError:
+        return None
+
+
+def claim_stdio(limits: ServeLimits) -> tuple[_BoundedLines, _Wire]:
+    """Take fds 0 and 1 for the wire; leave fd 0 reading the null device and fd 1 writing to stderr."""
+    wire_in = os.dup(0)
+    wire_out = os.dup(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    raw_in = os.fdopen(wire_in, "rb")
+    raw_out = os.fdopen(wire_out, "wb")
+    wire = _Wire(raw_out)
+    return _BoundedLines(raw_in, wire, limits), wire

@@ -1,0 +1,696 @@
+"""``truss serve-mcp``: other harnesses delegate contracts to Truss over MCP (DESIGN section 8).
+
+The server advertises exactly four tools (``truss/mcp/_serve_tools.py``) on the SDK's low-level
+``Server``, over stdio or Streamable HTTP, in both protocol eras. This module owns:
+
+* **principals**: one per process on stdio, one per bearer token on HTTP (``TokenTable``); every
+  session lookup is filtered by the caller's principal, and a session of another principal
+  answers exactly like an unknown one;
+* **runs as tasks of the server process**, not of the request: a run started by a request keeps
+  going when its client disconnects or its request is cancelled, and is retrievable by handle;
+* **bounds**: ``--max-concurrent-runs`` (beyond it an ``isError`` "busy" answer and nothing
+  started), request size and nesting, answer size (a large export is referenced, not inlined).
+
+It does not run contracts, read the ledger or build bundles itself: a ``ServeBackend`` does
+(``truss/mcp/_serve_backend.py`` over the session, store and bundle modules), so the protocol
+layer can be tested on its own. Failures of a run are tool results with ``isError``; only
+protocol problems (unknown tool, malformed or oversized request) are JSON-RPC errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+from mcp import types
+from mcp.server import Server, ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult
+from mcp.shared.exceptions import MCPError
+
+from truss._clock import Clock
+from truss._errors import InputError, NotFoundError, RuntimeFailure, TrussError
+from truss.mcp._serve_core import Principal, ServeLimits, TokenTable, derive_session_id, json_depth, resolve_contract
+from truss.mcp._serve_tools import EXPORT, RUN, STATUS, TOOL_NAMES, VERDICT, parse_run, parse_session, tool_definitions
+
+__all__ = [
+    "Principal",
+    "RunAnswer",
+    "ServeApp",
+    "ServeBackend",
+    "ServeConfig",
+    "ServeLimits",
+    "SessionView",
+    "TokenTable",
+    "resolve_contract",
+    "serve_app",
+]
+
+_log = logging.getLogger("truss.serve")
+
+# Statuses of a finished run that are failures of the delegated work (isError answers). "pass"
+# is success, "running" and "suspended" are states a caller polls or waits on.
+_ERROR_STATUSES = frozenset({"fail", "error", "interrupted", "diverged"})
+
+ProgressSink = Callable[[Mapping[str, Any]], None]
+PrincipalOf = Callable[[ServerRequestContext[Any, Any]], "Principal | None"]
+
+
+@dataclass(frozen=True)
+class RunAnswer:
+    """What ``truss_run_contract`` answers (and what a repeated ``session_id`` returns)."""
+
+    session: str
+    status: str
+    verdict: Mapping[str, Any] | None = None
+    head: str | None = None
+    checkpoint: str | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        finished = self.status not in ("running", "starting")
+        return {
+            "session": self.session,
+            "status": self.status,
+            "verdict": dict(self.verdict) if self.verdict is not None else None,
+            "head": self.head,
+            "checkpoint": self.checkpoint,
+            "bundle_ref": {"tool": EXPORT, "arguments": {"session": self.session}} if finished else None,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """What the store knows about a session, as much as serve-mcp needs to decide access."""
+
+    session: str
+    principal: Mapping[str, Any] | None
+    status: str
+    contract: str | None = None
+
+
+class ServeBackend(Protocol):
+    """Runs contracts and reads the ledger for the server. Sync methods are called from threads."""
+
+    def load(self, path: Path, params: Mapping[str, Any], budget: Mapping[str, Any]) -> Any:
+        """The effective contract at ``path`` with caller ``params`` checked and ``budget`` narrowed."""
+        ...
+
+    async def run(
+        self,
+        contract: Any,
+        *,
+        session_id: str,
+        principal: Principal,
+        on_progress: ProgressSink,
+        stop: anyio.Event | None = None,
+    ) -> RunAnswer:
+        """Run ``contract`` as session ``session_id`` to its end (verdict, suspension or error).
+
+        Setting ``stop`` asks the run to end early and record itself as interrupted.
+        """
+        ...
+
+    def lookup(self, session_id: str) -> SessionView | None: ...
+
+    def answer(self, session_id: str) -> RunAnswer:
+        """The run answer of a recorded session (status, verdict, head, checkpoint)."""
+        ...
+
+    def status(self, session_id: str) -> dict[str, Any]:
+        """``counts``, ``budget_used``, ``head``, ``verification`` (and ``contract``) of a recorded session."""
+        ...
+
+    def envelope(self, session_id: str) -> Mapping[str, Any] | None: ...
+
+    def export(self, session_id: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    contracts_dir: Path
+    home: Path
+    backend: ServeBackend
+    clock: Clock
+    limits: ServeLimits = field(default_factory=ServeLimits)
+
+
+@dataclass
+class _Run:
+    session: str
+    principal: Principal
+    contract: str
+    done: anyio.Event = field(default_factory=anyio.Event)
+    answer: RunAnswer | None = None
+    error: TrussError | None = None
+    progress: dict[str, Any] = field(default_factory=dict[str, Any])
+    events: int = 0
+    sinks: list[ProgressSink] = field(default_factory=list[ProgressSink])
+
+    def on_progress(self, event: Mapping[str, Any]) -> None:
+        self.events += 1
+        self.progress = {**event, "events": self.events}
+        for sink in list(self.sinks):
+            sink(self.progress)
+
+
+class _Busy(RuntimeFailure):
+    kind = "busy"
+
+
+class ServeApp:
+    """One serve-mcp server: the MCP ``Server``, its runs and their task group."""
+
+    def __init__(self, config: ServeConfig, tg: anyio.abc.TaskGroup, principal_of: PrincipalOf) -> None:
+        self.config = config
+        self._tg = tg
+        self._principal_of = principal_of
+        self.stopping = anyio.Event()
+        self._active = 0
+        self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._tools = [types.Tool.model_validate(d) for d in tool_definitions()]
+        self.server: Server[Any] = Server(
+            "truss",
+            version=_version(),
+            title="Truss",
+            instructions=(
+                "Delegate a contract to Truss: call truss_run_contract with the name of one of the operator's "
+                "contracts; the answer carries the signed verdict, the ledger head and the checkpoint. Use "
+                "truss_contract_status, truss_ledger_verdict and truss_ledger_export with the session it returns."
+            ),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self.server.middleware.append(self._bounds)
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def active_runs(self) -> int:
+        return self._active
+
+    async def shutdown(self, grace_s: float = 10.0) -> None:
+        """Ask every run in progress to stop (each records itself as interrupted), wait up to
+        ``grace_s`` for them, then cancel what is left and leave ``serve_app``."""
+        self.stopping.set()
+        with anyio.move_on_after(grace_s):
+            await self.wait_idle()
+        self._tg.cancel_scope.cancel()
+
+    async def wait_idle(self) -> None:
+        """Return when no run is in progress (runs outlive their requests; the process waits for them)."""
+        while True:
+            pending = [run for run in self._runs.values() if not run.done.is_set()]
+            if not pending:
+                return
+            await pending[0].done.wait()
+
+    # -- protocol handlers ------------------------------------------------------------------
+
+    async def _bounds(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        limit = self.config.limits.max_nesting_depth
+        if ctx.params is not None and json_depth(ctx.params, limit) > limit:
+            raise MCPError(code=types.INVALID_REQUEST, message=f"request nested deeper than {limit} levels")
+        return await call_next(ctx)
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self._tools, next_cursor=None)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if params.name not in TOOL_NAMES:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name[:128]}")
+        principal = self._principal(ctx)
+        arguments: Mapping[str, Any] = params.arguments or {}
+        try:
+            if params.name == RUN:
+                return await self._run(ctx, principal, arguments)
+            session = parse_session(arguments)
+            if params.name == STATUS:
+                return _ok(await self._status(principal, session))
+            if params.name == VERDICT:
+                return _ok(await self._verdict(principal, session))
+            return _ok(await self._export(principal, session))
+        except TrussError as exc:
+            return _error(exc, self.config.contracts_dir)
+
+    def _principal(self, ctx: ServerRequestContext[Any, Any]) -> Principal:
+        principal = self._principal_of(ctx)
+        if principal is None:
+            # The HTTP edge answers 401 before a request gets here; this is the second lock.
+            raise MCPError(code=types.INVALID_REQUEST, message="no principal for this request")
+        return principal
+
+    # -- truss_run_contract -----------------------------------------------------------------
+
+    async def _run(
+        self, ctx: ServerRequestContext[Any, Any], principal: Principal, arguments: Mapping[str, Any]
+    ) -> types.CallToolResult:
+        request = parse_run(arguments)
+        backend = self.config.backend
+
+        wait = not request.run_async
+        if request.session_id is not None:
+            existing = await self._existing(ctx, principal, request.session_id, wait=wait)
+            if existing is not None:
+                return existing
+            session_id = derive_session_id(principal, request.session_id)
+            existing = await self._existing(ctx, principal, session_id, wait=wait)
+            if existing is not None:
+                return existing
+        else:
+            session_id = self.config.clock.new_id("s")
+
+        path = resolve_contract(self.config.contracts_dir, request.contract)
+        contract = await anyio.to_thread.run_sync(backend.load, path, request.params, request.budget)
+
+        # From here to the start of the task nothing awaits, so two requests with one key can never
+        # both start a run, and the count of active runs can never pass the limit.
+        run = self._runs.get(session_id)
+        if run is not None:
+            return await self._wait(ctx, run) if wait else await self._answer_for(run)
+        limit = self.config.limits.max_concurrent_runs
+        if self._active >= limit:
+            raise _Busy(
+                f"busy: {self._active} runs in progress (the limit is {limit}); nothing was started",
+                remedy="Retry later",
+                retryable=True,
+                limit="max_concurrent_runs",
+            )
+        run = _Run(session=session_id, principal=principal, contract=request.contract)
+        self._runs[session_id] = run
+        self._active += 1
+        self._tg.start_soon(self._drive, run, contract)
+
+        if request.run_async:
+            return _ok(RunAnswer(session=session_id, status="running").to_json())
+        return await self._wait(ctx, run)
+
+    async def _existing(
+        self, ctx: ServerRequestContext[Any, Any], principal: Principal, session_id: str, *, wait: bool
+    ) -> types.CallToolResult | None:
+        """The answer for a session this principal already has (waiting for it when ``wait``), else None."""
+        run = self._runs.get(session_id)
+        if run is not None:
+            if run.principal != principal:
+                return None
+            return await self._wait(ctx, run) if wait else await self._answer_for(run)
+        view = await anyio.to_thread.run_sync(self.config.backend.lookup, session_id)
+        if view is None or not principal.owns(view.principal):
+            return None
+        answer = await anyio.to_thread.run_sync(self.config.backend.answer, session_id)
+        return _answer_result(answer)
+
+    async def _answer_for(self, run: _Run) -> types.CallToolResult:
+        if not run.done.is_set():
+            return _ok(RunAnswer(session=run.session, status="running").to_json())
+        if run.error is not None:
+            return _error(run.error, self.config.contracts_dir, session=run.session)
+        assert run.answer is not None
+        return _answer_result(run.answer)
+
+    async def _wait(self, ctx: ServerRequestContext[Any, Any], run: _Run) -> types.CallToolResult:
+        meta: Mapping[str, Any] = ctx.meta or {}
+        wants_progress = meta.get("progressToken", meta.get("progress_token")) is not None
+        if not wants_progress:
+            await run.done.wait()
+            return await self._answer_for(run)
+        send, receive = anyio.create_memory_object_stream[Mapping[str, Any]](64)
+
+        def sink(event: Mapping[str, Any]) -> None:
+            # Progress is advisory: a slow client loses some, never the run.
+            with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                send.send_nowait(event)
+
+        async def forward() -> None:
+            async with receive:
+                async for event in receive:
+                    try:
+                        await ctx.session.report_progress(float(event.get("events", 0)), None, _progress_text(event))
+                    except Exception:  # the client went away; the run goes on
+                        _log.debug("progress notification failed", exc_info=True)
+                        return
+
+        run.sinks.append(sink)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(forward)
+                await run.done.wait()
+                send.close()
+        finally:
+            run.sinks.remove(sink)
+            send.close()
+        return await self._answer_for(run)
+
+    async def _drive(self, run: _Run, contract: Any) -> None:
+        try:
+            run.answer = await self.config.backend.run(
+                contract,
+                session_id=run.session,
+                principal=run.principal,
+                on_progress=run.on_progress,
+                stop=self.stopping,
+            )
+        except TrussError as exc:
+            run.error = exc
+        except anyio.get_cancelled_exc_class():
+            run.error = RuntimeFailure(
+                f"session {run.session}: the run was interrupted because the server is stopping",
+                remedy="Ask the operator to resume it",
+                session=run.session,
+            )
+            raise
+        except Exception as exc:  # a bug must not take the server (and other runs) down
+            _log.exception("run %s failed", run.session)
+            run.error = RuntimeFailure(
+                f"session {run.session}: internal error ({type(exc).__name__}); the operator's log has the details",
+                remedy="Report it to the operator; the ledger holds every committed step",
+                session=run.session,
+            )
+        finally:
+            self._active -= 1
+            run.done.set()
+            self._forget_old()
+
+    def _forget_old(self) -> None:
+        finished = [sid for sid, run in self._runs.items() if run.done.is_set()]
+        for sid in finished[: max(0, len(finished) - self.config.limits.max_finished_kept)]:
+            del self._runs[sid]
+
+    # -- the read tools ---------------------------------------------------------------------
+
+    async def _owned(self, principal: Principal, session_id: str) -> SessionView:
+        view = await anyio.to_thread.run_sync(self.config.backend.lookup, session_id)
+        if view is None or not principal.owns(view.principal):
+            raise _not_found(session_id)
+        return view
+
+    async def _status(self, principal: Principal, session_id: str) -> dict[str, Any]:
+        run = self._runs.get(session_id)
+        if run is not None and run.principal == principal and not run.done.is_set():
+            view = await anyio.to_thread.run_sync(self.config.backend.lookup, session_id)
+            base: dict[str, Any] = {"counts": {}, "budget_used": {}, "head": None, "verification": None}
+            if view is not None:
+                base = await anyio.to_thread.run_sync(self.config.backend.status, session_id)
+            return {
+                "session": session_id,
+                "status": "running",
+                "running": True,
+                "contract": run.contract,
+                "progress": dict(run.progress) or None,
+                **{k: v for k, v in base.items() if k not in ("session", "status", "running", "progress")},
+            }
+        if run is not None and run.principal == principal and run.error is not None:
+            view = await anyio.to_thread.run_sync(self.config.backend.lookup, session_id)
+            if view is None:
+                raise run.error
+        view = await self._owned(principal, session_id)
+        status = await anyio.to_thread.run_sync(self.config.backend.status, session_id)
+        return {
+            "session": session_id,
+            "status": view.status,
+            "running": False,
+            "contract": view.contract,
+            "progress": None,
+            **{k: v for k, v in status.items() if k not in ("session", "status", "running", "progress")},
+        }
+
+    async def _verdict(self, principal: Principal, session_id: str) -> dict[str, Any]:
+        view = await self._owned(principal, session_id)
+        envelope = await anyio.to_thread.run_sync(self.config.backend.envelope, session_id)
+        if envelope is None:
+            raise NotFoundError(
+                f"session {session_id} has no verdict yet (status {view.status})",
+                remedy="Wait for the run to finish (truss_contract_status), then ask again",
+                what="verdict",
+                name=session_id,
+            )
+        return {"session": session_id, "status": view.status, "envelope": dict(envelope)}
+
+    async def _export(self, principal: Principal, session_id: str) -> dict[str, Any]:
+        await self._owned(principal, session_id)
+        if session_id in self._runs and not self._runs[session_id].done.is_set():
+            raise InputError(
+                f"session {session_id} is still running",
+                remedy="Export it when truss_contract_status reports it finished",
+                what="session",
+                reason="running",
+            )
+        data = await anyio.to_thread.run_sync(self.config.backend.export, session_id)
+        return await anyio.to_thread.run_sync(self._bundle_answer, session_id, data)
+
+    def _bundle_answer(self, session_id: str, data: bytes) -> dict[str, Any]:
+        import hashlib
+
+        digest = hashlib.sha256(data).hexdigest()
+        answer: dict[str, Any] = {"session": session_id, "bytes": len(data), "sha256": f"sha256:{digest}"}
+        if len(data) <= self.config.limits.max_answer_bytes:
+            try:
+                bundle = json.loads(data)
+            except ValueError:
+                bundle = None
+            if isinstance(bundle, dict):
+                return {**answer, "inline": True, "bundle": bundle, "path": None}
+        exports = self.config.home / "exports"
+        exports.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = exports / f"{session_id}-{digest[:12]}.bundle.json"
+        if not path.exists():
+            # Written beside and renamed, so a reader never sees half a bundle.
+            partial = path.with_suffix(".partial")
+            partial.write_bytes(data)
+            partial.chmod(0o600)
+            partial.replace(path)
+        return {**answer, "inline": False, "bundle": None, "path": str(path)}
+
+
+def _not_found(session_id: str) -> NotFoundError:
+    return NotFoundError(
+        f"no session {session_id!r}",
+        remedy="Use a session id that truss_run_contract returned to you",
+        what="session",
+        name=session_id,
+    )
+
+
+def _progress_text(event: Mapping[str, Any]) -> str:
+    """One line like the CLI's: what happened, to which tool, how long, and the budget left."""
+    parts = [str(event.get(k)) for k in ("kind", "tool", "outcome", "detail") if event.get(k) not in (None, "")]
+    duration = event.get("duration_ms")
+    if isinstance(duration, int | float):
+        parts.append(f"{duration:.0f}ms")
+    left = event.get("budget_left")
+    if isinstance(left, Mapping):
+        typed: Mapping[str, Any] = left  # pyright: ignore[reportUnknownVariableType]
+        parts.append("left: " + ", ".join(f"{k}={v}" for k, v in typed.items()))
+    return " ".join(parts)[:300]
+
+
+def _ok(data: Mapping[str, Any], *, is_error: bool = False, text: str | None = None) -> types.CallToolResult:
+    body = json.dumps(data, ensure_ascii=False, sort_keys=False)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text if text is not None else body)],
+        structured_content=dict(data),
+        is_error=is_error,
+    )
+
+
+def _answer_result(answer: RunAnswer) -> types.CallToolResult:
+    data = answer.to_json()
+    summary = f"session {answer.session}: {answer.status}"
+    if answer.reason:
+        summary += f" ({answer.reason})"
+    if answer.head:
+        summary += f"; head {answer.head}"
+    if answer.checkpoint:
+        summary += "; checkpoint signed"
+    return _ok(data, is_error=answer.status in _ERROR_STATUSES, text=summary + "\n" + json.dumps(data))
+
+
+def _error(exc: TrussError, contracts_dir: Path, **extra: Any) -> types.CallToolResult:
+    # Operator paths are none of the caller's business; the contract name is enough to act on.
+    root = str(contracts_dir.resolve())
+    text = exc.diagnostics().replace(root + "/", "").replace(root, "<contracts>")
+    data = {k: v for k, v in exc.to_json().items() if k not in ("file",)}
+    data["message"] = str(data.get("message", "")).replace(root + "/", "").replace(root, "<contracts>")
+    data.update(extra)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content={"error": data},
+        is_error=True,
+    )
+
+
+def _version() -> str:
+    from truss import __version__
+
+    return __version__
+
+
+@asynccontextmanager
+async def serve_app(config: ServeConfig, principal_of: PrincipalOf) -> AsyncGenerator[ServeApp]:
+    """A ``ServeApp`` whose runs live in a task group of this context (the server process).
+
+    On exit the context waits for runs still in progress (each bounded by its contract's
+    deadline) unless it is cancelled, in which case the runs are interrupted.
+    """
+    async with anyio.create_task_group() as tg:
+        app = ServeApp(config, tg, principal_of)
+        yield app
+        await app.wait_idle()
+
+
+async def serve_stdio(config: ServeConfig, principal: Principal) -> None:
+    """Serve one client on this process's stdin/stdout until it disconnects, then finish the runs.
+
+    Runs the client started keep going after it disconnects (the process waits for them, each
+    bounded by its deadline). SIGINT/SIGTERM interrupt them instead (recorded as interrupted).
+    """
+    from mcp.server.stdio import stdio_server
+
+    from truss.mcp._serve_stdio import claim_stdio
+
+    lines, wire = claim_stdio(config.limits)
+    async with serve_app(config, lambda ctx: principal) as app, anyio.create_task_group() as serving:
+        serving.start_soon(_shutdown_on_signal, app)
+        async with stdio_server(stdin=lines, stdout=wire) as (read, write):  # pyright: ignore[reportArgumentType]
+            await app.server.run(read, write, app.server.create_initialization_options())
+        if app.active_runs:
+            _stderr(f"truss serve-mcp: client disconnected; finishing {app.active_runs} run(s)")
+        await app.wait_idle()
+        serving.cancel_scope.cancel()
+
+
+async def serve_http(
+    config: ServeConfig,
+    *,
+    host: str,
+    port: int,
+    tokens: TokenTable | None,
+    fixed_principal: Principal | None = None,
+    path: str = "/mcp",
+) -> None:
+    """Serve Streamable HTTP on ``host:port`` (``port`` 0 picks a free one, printed on stderr).
+
+    Every request needs ``Authorization: Bearer <token>`` whose hash is in ``tokens``; without
+    one the answer is 401 and nothing reaches the MCP layer. ``fixed_principal`` without tokens
+    is the ``--unsafe-no-auth`` mode for loopback testing (everyone is that one principal).
+    """
+    import socket
+
+    import uvicorn
+
+    if tokens is None and fixed_principal is None:
+        raise InputError("HTTP needs --tokens FILE", remedy="See docs/serve-mcp.md", what="tokens")
+
+    def principal_of(ctx: ServerRequestContext[Any, Any]) -> Principal | None:
+        if tokens is None:
+            return fixed_principal
+        headers: Any = getattr(ctx.request, "headers", None)
+        return tokens.principal_for_header(headers.get("authorization") if headers is not None else None)
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(
+            f"cannot listen on {host}:{port}: {exc.strerror}", remedy="Choose another --port", what="port"
+        ) from None
+    sock.listen(128)
+    sock.setblocking(False)
+    bound = sock.getsockname()[1]
+
+    async with serve_app(config, principal_of) as app:
+        starlette = app.server.streamable_http_app(
+            streamable_http_path=path,
+            host=host,
+            max_request_body_size=config.limits.max_request_bytes,
+        )
+        asgi: Any = _BearerGate(starlette, tokens) if tokens is not None else starlette
+        server = uvicorn.Server(
+            uvicorn.Config(
+                asgi,
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+                access_log=False,
+            )
+        )
+        _stderr(f"truss serve-mcp: listening on http://{_url_host(host)}:{bound}{path}")
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            sock.close()
+        # Stopped by a signal: interrupt what is still running (it is recorded, and resumable).
+        if app.active_runs:
+            _stderr(f"truss serve-mcp: stopping; interrupting {app.active_runs} run(s)")
+        await app.shutdown()
+
+
+class _BearerGate:
+    """ASGI wrapper: 401 unless the bearer token maps to a principal (constant-time comparison)."""
+
+    def __init__(self, inner: Any, tokens: TokenTable) -> None:
+        self._inner = inner
+        self._tokens = tokens
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            auth: bytes | None = None
+            for key, value in scope.get("headers", []):
+                if key == b"authorization":
+                    auth = value
+                    break
+            principal = self._tokens.principal_for_header(auth.decode("latin-1") if auth is not None else None)
+            if principal is None:
+                body = json.dumps(
+                    {"error": "unauthorized", "error_description": "a valid bearer token is required"}
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b'Bearer error="invalid_token"'),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self._inner(scope, receive, send)
+
+
+async def _shutdown_on_signal(app: ServeApp) -> None:
+    import signal
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            _stderr("truss serve-mcp: interrupted; stopping runs (they are recorded as interrupted)")
+            await app.shutdown()
+            return
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _stderr(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
