@@ -1,0 +1,271 @@
+"""``truss run``, ``truss resume``, ``truss approve`` and ``truss sessions``: running contracts from a terminal.
+
+Thin: parse, open the ledger, call ``truss.session``, render. Progress goes to stderr (one line per
+call), the summary or ``--json`` document to stdout. Ctrl-C and SIGTERM stop the run cleanly: the
+session is recorded as interrupted, servers are shut down, exit 3 (resumable). The MCP SDK is
+imported only inside the handlers that connect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from truss_cli._ctx import Ctx, table
+from truss_cli.cmd_contract import add_contract_args, load_from_args
+
+from truss.gate import ProgressEvent
+from truss.session import RunOutcome, approve_call, outcome_of
+
+_STATUS_WORD = {
+    "pass": "pass",
+    "fail": "FAIL",
+    "error": "ERROR",
+    "suspended": "suspended",
+    "interrupted": "interrupted",
+    "diverged": "DIVERGED",
+}
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "run",
+        help="run a contract: every tool call through the gate, ending in a signed verdict",
+        description="Run CONTRACT and print its verdict. Exit codes: 0 pass, 1 fail, 2 bad input, "
+        "3 suspended (waiting for approval, or interrupted: resumable), 4 error.",
+    )
+    add_contract_args(p)
+    p.add_argument("--session", metavar="ID", help="use this session id (an existing one prints that session)")
+    p.set_defaults(handler=run)
+
+    p = sub.add_parser(
+        "resume",
+        help="continue a suspended or interrupted session",
+        description="Continue SESSION from its record: recorded model turns and tool results are "
+        "replayed from the ledger, never re-requested; the first unrecorded step runs live.",
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.set_defaults(handler=resume)
+
+    p = sub.add_parser(
+        "approve",
+        help="approve (or --deny) a call waiting for approval",
+        description="Record a decision on CALL of SESSION, which waits for approval; then "
+        "`truss resume SESSION` continues the run.",
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("call", metavar="CALL", help="the call id, e.g. c2.0 (shown when the run suspended)")
+    p.add_argument("--deny", action="store_true", help="refuse the call; the model is told it was denied")
+    p.add_argument("--reason", metavar="TEXT", help="why (recorded, and shown to the model on --deny)")
+    p.set_defaults(handler=approve)
+
+    p = sub.add_parser("sessions", help="list sessions with their status")
+    p.add_argument("--status", help="only sessions with this status (pass, fail, error, suspended, ...)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many, newest first (default 50)")
+    p.set_defaults(handler=sessions)
+
+
+# -- handlers ----------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, ctx: Ctx) -> int:
+    environ = dict(os.environ)
+    contract = load_from_args(args, ctx, environ=environ)
+    store, key = _open_ledger(ctx)
+    try:
+        if args.session is not None and store.session(args.session) is not None:
+            outcome = outcome_of(store, args.session)
+            _render(ctx, outcome, note="this session already exists; showing its outcome")
+            return outcome.exit_code
+        from truss.session import run_contract
+
+        async def start(stop: anyio.Event, progress: Callable[[ProgressEvent], None]) -> RunOutcome:
+            return await run_contract(
+                contract,
+                store=store,
+                key=key,
+                clock=ctx.clock,
+                home=ctx.home,
+                environ=environ,
+                connector=_connector(ctx),
+                session_id=args.session,
+                on_progress=progress,
+                stop=stop,
+            )
+
+        outcome = _drive(ctx, start)
+    finally:
+        store.close()
+    _render(ctx, outcome)
+    return outcome.exit_code
+
+
+def resume(args: argparse.Namespace, ctx: Ctx) -> int:
+    environ = dict(os.environ)
+    store, key = _open_ledger(ctx)
+    try:
+        from truss.session import resume_session
+
+        async def start(stop: anyio.Event, progress: Callable[[ProgressEvent], None]) -> RunOutcome:
+            return await resume_session(
+                args.session,
+                store=store,
+                key=key,
+                clock=ctx.clock,
+                home=ctx.home,
+                environ=environ,
+                connector=_connector(ctx),
+                on_progress=progress,
+                stop=stop,
+            )
+
+        outcome = _drive(ctx, start)
+    finally:
+        store.close()
+    _render(ctx, outcome)
+    return outcome.exit_code
+
+
+def approve(args: argparse.Namespace, ctx: Ctx) -> int:
+    store, _ = _open_ledger(ctx)
+    try:
+        entry = approve_call(store, args.session, args.call, approved=not args.deny, reason=args.reason)
+    finally:
+        store.close()
+    word = "denied" if args.deny else "approved"
+    ctx.emit(
+        {"session": args.session, "call": args.call, "approved": not args.deny, "seq": entry.seq, "hash": entry.hash},
+        f"{word} {args.call} of {args.session} (entry {entry.seq}); continue with: truss resume {args.session}",
+    )
+    return 0
+
+
+def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
+    store, _ = _open_ledger(ctx)
+    try:
+        rows = store.sessions(status=args.status, limit=max(1, args.limit))
+    finally:
+        store.close()
+    data = [r.to_json() for r in rows]
+    human = table(
+        [[r.id, r.contract or "-", r.status, str(r.entries), _when(r.started_ms)] for r in rows],
+        ["SESSION", "CONTRACT", "STATUS", "ENTRIES", "STARTED (UTC)"],
+    )
+    ctx.emit({"sessions": data}, human if rows else "no sessions")
+    return 0
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+def _open_ledger(ctx: Ctx) -> tuple[Any, Any]:
+    from truss.ledger.keys import IdentityKey
+    from truss.ledger.store import open_store
+
+    key = IdentityKey.load(ctx.key)
+    ctx.home.mkdir(parents=True, exist_ok=True)
+    return open_store(ctx.db, key=key, clock=ctx.clock), key
+
+
+def _connector(ctx: Ctx) -> Any:
+    import functools
+
+    from truss.mcp.client import connect
+
+    return functools.partial(connect, verbose=ctx.verbose)
+
+
+def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[ProgressEvent], None]], Any]) -> RunOutcome:
+    """Run ``start`` with a stop event that Ctrl-C and SIGTERM set, printing progress lines."""
+    printer = _Progress(ctx)
+
+    async def main() -> RunOutcome:
+        stop = anyio.Event()
+        outcome: RunOutcome | None = None
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        name = signal.Signals(signum).name
+                        ctx.progress(f"truss: {name} received: stopping the run and recording it as interrupted")
+                        stop.set()
+
+            group.start_soon(watch)
+            outcome = await start(stop, printer)
+            group.cancel_scope.cancel()
+        assert outcome is not None
+        return outcome
+
+    return anyio.run(main)
+
+
+class _Progress:
+    """One stderr line per call: call id, tool, outcome, duration, what is left of the budget."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+
+    def __call__(self, event: ProgressEvent) -> None:
+        if event.kind == "call":
+            outcome = event.outcome or "?"
+            if event.detail and outcome in ("denied", "failed"):
+                outcome += f" ({event.detail})"
+            duration = f"{event.duration_ms:.1f} ms" if event.duration_ms else "-"
+            replayed = "  (replayed)" if event.replayed else ""
+            left = _left(event.budget_left or {})
+            self.ctx.progress(f"  {event.call:<6} {event.tool}  {outcome}  {duration}  left: {left}{replayed}")
+        elif event.kind == "tool_progress" and self.ctx.verbose:
+            self.ctx.progress(f"  {event.call:<6} {event.tool}  progress {event.detail}")
+        elif event.kind == "turn" and self.ctx.verbose:
+            self.ctx.progress(f"  model {event.detail}{'  (replayed)' if event.replayed else ''}")
+
+
+def _left(left: Mapping[str, Any]) -> str:
+    parts = [f"{k} {v}" for k, v in left.items() if k in ("tool_calls", "model_turns", "tokens", "seconds")]
+    return ", ".join(parts) or "-"
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _render(ctx: Ctx, outcome: RunOutcome, note: str | None = None) -> None:
+    data = outcome.to_json()
+    if note:
+        data["note"] = note
+    lines: list[str] = []
+    if note:
+        lines.append(note)
+    status = outcome.status
+    lines.append(f"verdict     {_STATUS_WORD.get(status, status)}")
+    verdict = outcome.verdict or {}
+    checks: list[Any] = list(verdict.get("checks") or [])
+    if checks:
+        passed = sum(1 for c in checks if c.get("ok"))
+        lines.append(f"checks      {passed}/{len(checks)} passed")
+        for c in checks:
+            mark = "ok  " if c.get("ok") else "FAIL"
+            lines.append(f"  {mark} {c.get('kind')}: {c.get('detail')}")
+    if outcome.reason and status != "pass":
+        lines.append(f"reason      {outcome.reason}")
+    lines.append(f"session     {outcome.session}")
+    if outcome.head:
+        lines.append(f"head        {outcome.head}")
+    if outcome.checkpoint:
+        size = outcome.checkpoint.split("\n")[1] if outcome.checkpoint.count("\n") >= 2 else "?"
+        lines.append(f"anchor      signed checkpoint of the log at size {size}")
+    if status in ("pass", "fail", "error"):
+        lines.append(f"verify      truss ledger verify {outcome.session}")
+    elif status == "suspended" and outcome.waiting:
+        for call in outcome.waiting:
+            lines.append(f"waiting     {call}: truss approve {outcome.session} {call}   (or --deny)")
+        lines.append(f"then        truss resume {outcome.session}")
+    elif status in ("suspended", "interrupted"):
+        lines.append(f"resumable   truss resume {outcome.session}")
+    ctx.emit(data, "\n".join(lines))

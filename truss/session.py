@@ -1,0 +1,563 @@
+"""Sessions: start a run, record every step, end it with a signed verdict; suspend and resume for approvals.
+
+``run_contract`` is the one entry point that runs a contract (``truss run`` and serve-mcp call it):
+
+1. a session id (``clock.new_id("s")`` or the caller's; a caller's id that already exists returns
+   that session's outcome instead of running again, so a repeated request never runs twice);
+2. connect the contract's servers through the ``connector`` it is given (``truss.mcp.client.connect``
+   in production: this module never imports the MCP SDK); record ``session_started`` (contract
+   name, hash and effective JSON, pins, servers' protocol versions and info, principal, truss
+   version). A server that cannot start still gets a session: ``session_started`` with the failure,
+   then an ``error`` verdict, so every attempt is on the record;
+3. drive the loop (``truss.loop``) through the gate (``truss.gate``);
+4. end: ``verdict`` {status, checks, contract_hash, reason}, ``session_ended``, a signed
+   checkpoint, and the DSSE verdict envelope (in-toto Statement v1 whose subject digest is the
+   ``session_ended`` entry hash) stored beside the chain.
+
+A run that must wait (a call needs approval; a call is in doubt) records ``session_suspended``
+and returns ``suspended`` (exit 3). A stop request (Ctrl-C, SIGTERM: the ``stop`` event) cancels
+the run; the writes in flight complete (the journal never abandons a write), servers shut down as
+the connector exits, and ``session_suspended`` {reason: interrupted} is recorded (exit 3,
+resumable). ``approve_call`` records a person's decision; ``resume_session`` re-drives a
+suspended session from its recorded effective contract: recorded model turns and tool results are
+returned from the ledger (``Journal``), never re-requested, and the first unrecorded step goes
+live. A resumed run that asks for something else stops with ``ReplayDivergenceError``.
+
+Every step is one ``Journal.append``; what a step recorded is found again by its turn number or
+call id, so a later, more general resume (in-doubt resolution, replay without servers) can build
+on the same index.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+
+import truss
+from truss._clock import Clock
+from truss._errors import (
+    InDoubtError,
+    InputError,
+    NotFoundError,
+    ReplayDivergenceError,
+    RunSuspended,
+    TrussError,
+    UsageError,
+)
+from truss.budget import BudgetState
+from truss.contract import Contract, render_arguments, render_intent
+from truss.gate import Gate, Journal, ProgressEvent, Redactor
+from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.envelope import sign_verdict, verdict_statement
+from truss.ledger.note import sign_checkpoint
+from truss.loop import LoopResult, run_loop
+from truss.providers.base import Provider
+from truss.tools import MountedTool, ToolTransport
+from truss.verdict import RunError, Verdict, evaluate
+
+__all__ = [
+    "TERMINAL",
+    "Connector",
+    "MountSet",
+    "RunOutcome",
+    "approve_call",
+    "outcome_of",
+    "pending_approvals",
+    "resume_session",
+    "run_contract",
+]
+
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+TERMINAL = frozenset({"pass", "fail", "error"})
+EXIT_CODES = {"pass": 0, "fail": 1, "error": 4, "suspended": 3, "interrupted": 3, "diverged": 4, "running": 3}
+
+
+class MountSet(ToolTransport, Protocol):
+    """What a connector yields: the mounted tools, their pins and the servers' identities."""
+
+    @property
+    def tools(self) -> Mapping[str, MountedTool]: ...
+
+    @property
+    def servers(self) -> Mapping[str, Any]: ...
+
+    def pins(self) -> Mapping[str, str]: ...
+
+
+Connector = Callable[..., AbstractAsyncContextManager[Any]]
+ProviderFactory = Callable[[Contract], Provider]
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run (or a request for an existing session) ended.
+
+    ``status``: pass | fail | error | suspended | interrupted | diverged. ``head`` is the hex hash
+    of the session's last entry; ``checkpoint`` the signed checkpoint note (text) that anchors it.
+    """
+
+    session: str
+    status: str
+    verdict: dict[str, Any] | None
+    head: str | None
+    checkpoint: str | None
+    exit_code: int
+    reason: str | None
+    waiting: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session": self.session,
+            "status": self.status,
+            "verdict": self.verdict,
+            "head": self.head,
+            "checkpoint": self.checkpoint,
+            "exit_code": self.exit_code,
+            "reason": self.reason,
+            "waiting": list(self.waiting),
+        }
+
+
+# -- public entry points ----------------------------------------------------------------------------
+
+
+async def run_contract(
+    contract: Contract,
+    *,
+    store: Any,
+    key: Any,
+    clock: Clock,
+    home: Path,
+    environ: Mapping[str, str],
+    connector: Connector,
+    session_id: str | None = None,
+    principal: dict[str, Any] | None = None,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    provider: ProviderFactory | None = None,
+    stop: anyio.Event | None = None,
+) -> RunOutcome:
+    """Run ``contract`` as a new session and return its outcome (see the module docstring)."""
+    if session_id is not None:
+        if not SESSION_ID_RE.match(session_id):
+            raise UsageError(
+                f"session id {session_id!r} is not usable",
+                remedy="Use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
+            )
+        if store.session(session_id) is not None:
+            return outcome_of(store, session_id)
+    session = session_id or clock.new_id("s")
+    journal = Journal(store, session)
+    run = _Run(contract, store, key, clock, home, environ, connector, journal, on_progress, provider, stop)
+    return await run.drive(principal=principal, resumed_from=None)
+
+
+async def resume_session(
+    session: str,
+    *,
+    store: Any,
+    key: Any,
+    clock: Clock,
+    home: Path,
+    environ: Mapping[str, str],
+    connector: Connector,
+    on_progress: Callable[[ProgressEvent], None] | None = None,
+    provider: ProviderFactory | None = None,
+    stop: anyio.Event | None = None,
+) -> RunOutcome:
+    """Continue a suspended or interrupted session from its record (see the module docstring)."""
+    info = store.session(session)
+    if info is None:
+        raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
+                            remedy="List sessions with 'truss sessions'")  # fmt: skip
+    if info.status in TERMINAL or info.ended:
+        return outcome_of(store, session)
+    entries: list[StoredEntry] = list(store.read_session(session))
+    waiting = pending_approvals(entries)
+    if waiting:
+        raise RunSuspended(
+            f"session {session} still waits for approval of call(s) {', '.join(waiting)}",
+            remedy=f"Decide with 'truss approve {session} CALL' (or --deny), then resume",
+            session=session,
+            reason="approval",
+            call=waiting[0],
+        )
+    started = entries[0].body
+    contract = _recorded_contract(session, started)
+    journal = Journal(store, session, recorded=entries)
+    run = _Run(contract, store, key, clock, home, environ, connector, journal, on_progress, provider, stop)
+    return await run.drive(principal=started.get("principal"), resumed_from=started)
+
+
+def approve_call(
+    store: Any, session: str, call: str, *, approved: bool, reason: str | None = None, by: str | None = None
+) -> StoredEntry:
+    """Record a person's decision on a call waiting for approval (``approval_decided``)."""
+    info = store.session(session)
+    if info is None:
+        raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
+                            remedy="List sessions with 'truss sessions'")  # fmt: skip
+    entries: list[StoredEntry] = list(store.read_session(session))
+    requested = {str(e.body.get("call")): e for e in entries if e.kind == "approval_requested"}
+    decided = {str(e.body.get("call")) for e in entries if e.kind == "approval_decided"}
+    if call not in requested:
+        raise NotFoundError(
+            f"session {session} has no call {call!r} waiting for approval",
+            remedy=f"Calls waiting: {', '.join(pending_approvals(entries)) or 'none'}",
+            what="call",
+            name=call,
+        )
+    if call in decided:
+        raise UsageError(f"call {call} of session {session} was already decided", remedy="A decision is final")
+    if reason is not None and len(reason) > 2000:
+        raise UsageError("--reason is longer than 2000 characters", remedy="Shorten the reason")
+    body: dict[str, Any] = {"call": call, "approved": approved, "request": requested[call].seq}
+    if reason:
+        body["reason"] = reason
+    if by:
+        body["by"] = by
+    [entry] = store.append(session, [Record("approval_decided", body)], durable=True, expect_seq=entries[-1].seq + 1)
+    return entry
+
+
+def pending_approvals(entries: list[StoredEntry]) -> list[str]:
+    """Call ids with ``approval_requested`` and no ``approval_decided``, in request order."""
+    decided = {str(e.body.get("call")) for e in entries if e.kind == "approval_decided"}
+    return [
+        str(e.body.get("call")) for e in entries if e.kind == "approval_requested" and e.body.get("call") not in decided
+    ]
+
+
+def outcome_of(store: Any, session: str) -> RunOutcome:
+    """The outcome of a session as recorded (for a repeated session id, a finished resume, status)."""
+    info = store.session(session)
+    if info is None:
+        raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session)
+    entries: list[StoredEntry] = list(store.read_session(session))
+    verdict = next((e.body for e in reversed(entries) if e.kind == "verdict"), None)
+    suspended = next((e.body for e in reversed(entries) if e.kind == "session_suspended"), None)
+    status = str(info.status)
+    reason = verdict.get("reason") if verdict else (suspended.get("reason") if suspended else None)
+    checkpoint = _envelope_checkpoint(store.envelope(session))
+    head = entries[-1].hash if entries else None
+    waiting = tuple(pending_approvals(entries))
+    return RunOutcome(session, status, dict(verdict) if verdict else None, head, checkpoint,
+                      EXIT_CODES.get(status, 4), str(reason) if reason else None, waiting)  # fmt: skip
+
+
+# -- the run -----------------------------------------------------------------------------------------
+
+
+class _Run:
+    def __init__(  # noqa: PLR0917 - built in two places, both in this module
+        self,
+        contract: Contract,
+        store: Any,
+        key: Any,
+        clock: Clock,
+        home: Path,
+        environ: Mapping[str, str],
+        connector: Connector,
+        journal: Journal,
+        on_progress: Callable[[ProgressEvent], None] | None,
+        provider: ProviderFactory | None,
+        stop: anyio.Event | None,
+    ) -> None:
+        self.contract = contract
+        self.store = store
+        self.key = key
+        self.clock = clock
+        self.home = home
+        self.environ = environ
+        self.connector = connector
+        self.journal = journal
+        self.on_progress = on_progress
+        self.provider_factory = provider
+        self.stop = stop
+        self.session = journal.session
+        self.redactor = Redactor(contract, environ)
+
+    def _progress(self, event: ProgressEvent) -> None:
+        if self.on_progress is not None:
+            self.on_progress(event)
+
+    async def drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
+        budget = BudgetState.start(self.clock.now_ms())
+        log_dir = self.home / "logs" / self.session
+        log_dir.mkdir(parents=True, exist_ok=True)
+        intent = render_intent(self.contract, self.environ)
+        provider = self._make_provider()
+        entered = False
+        result: LoopResult | None = None
+        try:
+            async with self.connector(self.contract, log_dir=log_dir, environ=self.environ, clock=self.clock) as mounts:
+                entered = True
+                if resumed_from is None:
+                    await self._started(mounts, principal)
+                else:
+                    await self._resumed(mounts, resumed_from)
+                gate = Gate(
+                    contract=self.contract,
+                    journal=self.journal,
+                    transport=mounts,
+                    tools=mounts.tools,
+                    clock=self.clock,
+                    budget=budget,
+                    redactor=self.redactor,
+                    on_progress=self.on_progress,
+                )
+                async with _stoppable(self.stop):
+                    result = await run_loop(
+                        contract=self.contract,
+                        gate=gate,
+                        provider=provider,
+                        clock=self.clock,
+                        intent=intent,
+                        redactor=self.redactor,
+                        on_progress=self.on_progress,
+                    )
+        except InDoubtError as exc:
+            return await self._suspend("in_doubt", (str(exc.fields.get("call")),), exc.message)
+        except ReplayDivergenceError as exc:
+            await self._reload()
+            self.store.set_status(self.session, "diverged")
+            return RunOutcome(self.session, "diverged", None, self._head(), None, 4, exc.message)
+        except TrussError as exc:
+            if entered or not isinstance(exc, truss.McpError | InputError):
+                raise
+            return await self._start_failed(exc, principal)
+        finally:
+            await provider.aclose()
+        # None when the stop event cancelled the loop (pyright cannot see the scope swallow it).
+        if result is None:  # pyright: ignore[reportUnnecessaryComparison]
+            return await self._suspend("interrupted", (), "the run was interrupted (Ctrl-C or SIGTERM)")
+        if result.stop == "suspended":
+            return await self._suspend("approval", result.waiting, result.reason)
+        return await self._finish(result)
+
+    def _make_provider(self) -> Provider:
+        if self.provider_factory is not None:
+            return self.provider_factory(self.contract)
+        if self.contract.agent.provider == "scripted":
+            # Step arguments' ${params.X}/${env.X} are rendered here, where the run's environment is known.
+            from truss.providers.scripted import ScriptedProvider
+
+            contract, environ = self.contract, self.environ
+            return ScriptedProvider(
+                contract, render=lambda args: render_arguments(args, params=contract.param_values, environ=environ)
+            )
+        from truss.providers import make_provider
+
+        return make_provider(self.contract, environ=self.environ, clock=self.clock)
+
+    async def _started(self, mounts: Any, principal: Any) -> None:
+        servers: dict[str, Any] = {}
+        for name, status in dict(getattr(mounts, "servers", None) or {}).items():
+            servers[str(name)] = _server_json(status)
+        body: dict[str, Any] = {
+            "contract": self.contract.contract.name,
+            "contract_hash": self.contract.hash,
+            "effective": self.contract.to_json(),
+            "pins": dict(sorted(dict(mounts.pins()).items())),
+            "servers": servers,
+            "truss_version": truss.__version__,
+            "provider": self.contract.agent.provider,
+        }
+        if principal is not None:
+            body["principal"] = principal
+        await self.journal.append(Record("session_started", body), durable=True, expect_seq=0)
+        self.store.set_status(self.session, "running")
+
+    async def _resumed(self, mounts: Any, started: Mapping[str, Any]) -> None:
+        recorded: Mapping[str, Any] = started.get("pins") or {}
+        live = dict(mounts.pins())
+        changed = sorted(name for name, pin in recorded.items() if live.get(name) != pin)
+        if changed:
+            raise ReplayDivergenceError(
+                f"resumed session {self.session}: the definition of {', '.join(changed)} changed since the run started",
+                remedy="The servers no longer offer the tools this run was started with; start a new run",
+                session=self.session,
+                expected="recorded pins",
+                actual="changed pins: " + ", ".join(changed),
+            )
+        await self.journal.append(
+            Record("session_resumed", {"reason": "resume", "from_seq": self.journal.next_seq}),
+            durable=True,
+            expect_seq=self.journal.next_seq,
+        )
+        self.store.set_status(self.session, "running")
+
+    async def _start_failed(self, exc: TrussError, principal: Any) -> RunOutcome:
+        """A server that could not start: the attempt is still recorded, with an ``error`` verdict."""
+        if self.journal.entries:
+            raise exc
+        body: dict[str, Any] = {
+            "contract": self.contract.contract.name,
+            "contract_hash": self.contract.hash,
+            "effective": self.contract.to_json(),
+            "pins": {},
+            "servers": {},
+            "start_failure": self.redactor.scrub(exc.to_json()),
+            "truss_version": truss.__version__,
+            "provider": self.contract.agent.provider,
+        }
+        if principal is not None:
+            body["principal"] = principal
+        await self.journal.append(Record("session_started", body), durable=True, expect_seq=0)
+        cause = "server" if isinstance(exc, truss.McpError) else "input"
+        error = RunError(cause, self.redactor.scrub_text(exc.message))
+        verdict = evaluate(self.contract, self.journal.entries, self.store.blob, final_text=None, error=error)
+        return await self._seal(verdict)
+
+    async def _finish(self, result: LoopResult) -> RunOutcome:
+        error: RunError | None = None
+        if result.stop == "budget":
+            error = RunError("budget", result.reason or "a budget ran out", result.limit)
+        elif result.stop == "deadline":
+            error = RunError("deadline", result.reason or "the deadline passed", "deadline")
+        elif result.stop == "provider_error":
+            error = RunError("provider", self.redactor.scrub_text(result.reason or "the model provider failed"))
+        verdict = evaluate(self.contract, self.journal.entries, self.journal.blob, final_text=result.final_text,
+                           error=error)  # fmt: skip
+        return await self._seal(verdict)
+
+    async def _seal(self, verdict: Verdict) -> RunOutcome:
+        body = verdict.to_json()
+        body["contract_hash"] = self.contract.hash
+        await self.journal.append(Record("verdict", body), durable=True)
+        [ended] = await self.journal.append(Record("session_ended", {"status": verdict.status}), durable=True)
+        self.store.set_status(self.session, verdict.status)
+        checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
+        predicate = {
+            "status": verdict.status,
+            "checks": body["checks"],
+            "contract_hash": self.contract.hash,
+            "head": ended.hash,
+            "checkpoint": checkpoint,
+        }
+        envelope = _verdict_envelope(self.session, ended.hash, predicate, self.key)
+        self.store.set_envelope(self.session, envelope)
+        self._progress(
+            ProgressEvent(kind="verdict", session=self.session, outcome=verdict.status, detail=verdict.reason)
+        )
+        return RunOutcome(self.session, verdict.status, body, ended.hash, checkpoint, EXIT_CODES[verdict.status],
+                          verdict.reason)  # fmt: skip
+
+    async def _suspend(self, reason: str, calls: tuple[str, ...], detail: str | None) -> RunOutcome:
+        await self._reload()
+        if not self.journal.entries:  # stopped before anything was recorded: nothing to resume
+            return RunOutcome(self.session, "interrupted", None, None, None, 3, detail)
+        body: dict[str, Any] = {"reason": reason}
+        if calls:
+            body["calls"] = list(calls)
+        in_flight = [c.call for c in self.journal.calls.values() if c.intent is not None and c.result is None]
+        if in_flight:
+            body["in_flight"] = sorted(in_flight)
+        status = "interrupted" if reason == "interrupted" else "suspended"
+        checkpoint: str | None = None
+        # Shielded: an interrupted run still records that it was interrupted.
+        with anyio.CancelScope(shield=True):
+            await self.journal.append(Record("session_suspended", body), durable=True)
+            self.store.set_status(self.session, status)
+            checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
+        self._progress(ProgressEvent(kind="suspended", session=self.session, outcome=reason, detail=detail))
+        return RunOutcome(self.session, status, None, self._head(), checkpoint, 3, detail, calls)
+
+    async def _reload(self) -> None:
+        """Re-read the record: a cancelled step may have committed after its caller stopped listening."""
+        entries: list[StoredEntry] = await anyio.to_thread.run_sync(lambda: list(self.store.read_session(self.session)))
+        if len(entries) != len(self.journal.entries):
+            self.journal = _reindexed(self.journal, entries)
+
+    def _head(self) -> str | None:
+        head = self.journal.head
+        return head.hash if head else None
+
+
+def _reindexed(journal: Journal, entries: list[StoredEntry]) -> Journal:
+    return Journal(journal.store, journal.session, recorded=entries)
+
+
+@asynccontextmanager
+async def _stoppable(stop: anyio.Event | None) -> AsyncGenerator[None]:
+    """Run the body until it ends or ``stop`` is set (Ctrl-C / SIGTERM in the CLI, a cancel in serve-mcp)."""
+    async with anyio.create_task_group() as group:
+        if stop is not None:
+
+            async def watch() -> None:
+                await stop.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+        try:
+            yield
+        finally:
+            group.cancel_scope.cancel()
+
+
+def _server_json(status: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in ("transport", "protocol_version", "server_info", "instructions"):
+        value = getattr(status, name, None)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+def _recorded_contract(session: str, started: Mapping[str, Any]) -> Contract:
+    from pydantic import ValidationError
+
+    try:
+        contract = Contract.model_validate(started.get("effective"))
+    except ValidationError as exc:
+        raise ReplayDivergenceError(
+            f"session {session}: the recorded effective contract cannot be loaded by this version of Truss",
+            remedy="Resume with the Truss version that started the run",
+            session=session,
+            expected="a loadable contract",
+            actual=f"{exc.error_count()} validation error(s)",
+        ) from exc
+    if contract.hash != started.get("contract_hash"):
+        raise ReplayDivergenceError(
+            f"session {session}: the recorded effective contract does not hash to the recorded contract hash",
+            remedy="Verify the ledger with 'truss ledger verify'",
+            session=session,
+            expected=str(started.get("contract_hash")),
+            actual=contract.hash,
+        )
+    return contract
+
+
+def _sign_checkpoint(store: Any, key: Any) -> str:
+    checkpoint = sign_checkpoint(store, key)
+    return checkpoint.note.decode("utf-8") if checkpoint.note is not None else checkpoint.text()
+
+
+def _verdict_envelope(session: str, head: str, predicate: dict[str, Any], key: Any) -> bytes:
+    statement = verdict_statement(
+        session=session,
+        head=head,
+        status=predicate["status"],
+        checks=predicate["checks"],
+        contract_hash=predicate["contract_hash"],
+        checkpoint=predicate["checkpoint"],
+    )
+    return sign_verdict(statement, key).to_bytes()
+
+
+def _envelope_checkpoint(envelope: bytes | None) -> str | None:
+    if envelope is None:
+        return None
+    try:
+        statement: Any = json.loads(base64.b64decode(json.loads(envelope)["payload"]))
+        checkpoint: Any = statement["predicate"]["checkpoint"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return checkpoint if isinstance(checkpoint, str) else None
