@@ -19,7 +19,7 @@ from truss.ledger.note import (
     open_note,
     parse_checkpoint,
     parse_note,
-    sign_checkpoint,
+    sign_checkpoint_note,
     sign_note,
 )
 
@@ -187,7 +187,7 @@ def test_a_checkpoint_of_another_origin_is_refused() -> None:
 
 def test_signing_a_checkpoint_writes_no_extension_lines_and_reopens() -> None:
     key = _signing_key()
-    signed = sign_checkpoint(ORIGIN, 12, bytes(range(32)), key)
+    signed = sign_checkpoint_note(ORIGIN, 12, bytes(range(32)), key)
     assert signed.note is not None
     assert (
         parse_note(signed.note).text == f"{ORIGIN}\n12\n{format_checkpoint(ORIGIN, 12, bytes(range(32))).split()[2]}\n"
@@ -197,7 +197,7 @@ def test_signing_a_checkpoint_writes_no_extension_lines_and_reopens() -> None:
 
 def test_a_checkpoint_is_signed_only_by_the_key_named_after_its_origin() -> None:
     with pytest.raises(ValueError):
-        sign_checkpoint("truss.test/other", 1, bytes(32), _signing_key())
+        sign_checkpoint_note("truss.test/other", 1, bytes(32), _signing_key())
 
 
 @pytest.mark.parametrize(

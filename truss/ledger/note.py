@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from truss._errors import BundleFormatError, VerificationError
+from truss.ledger.merkle import consistency_proof, verify_consistency
 
 __all__ = [
     "MAX_NOTE_BYTES",
     "MAX_SIGNATURES",
     "Checkpoint",
+    "CheckpointStore",
     "Note",
     "NoteSignature",
     "NoteSigner",
@@ -41,6 +43,7 @@ __all__ = [
     "parse_checkpoint",
     "parse_note",
     "sign_checkpoint",
+    "sign_checkpoint_note",
     "sign_note",
 ]
 
@@ -243,7 +246,7 @@ def parse_checkpoint(text: str) -> Checkpoint:
     return Checkpoint(origin=origin, size=int(size_text), root=root, extensions=tuple(extensions))
 
 
-def sign_checkpoint(origin: str, size: int, root: bytes, signer: NoteSigner) -> Checkpoint:
+def sign_checkpoint_note(origin: str, size: int, root: bytes, signer: NoteSigner) -> Checkpoint:
     """Sign a checkpoint of ``origin`` (which must be the signer's key name) at ``size``/``root``."""
     if signer.name != origin:
         raise ValueError(f"a checkpoint of {origin!r} is signed by the key named after it, not {signer.name!r}")
@@ -296,6 +299,79 @@ def open_checkpoint(
         extensions=checkpoint.extensions,
         note=data,
     )
+
+
+# -- signing over a store -----------------------------------------------------------------------
+
+
+class StoredCheckpointLike(Protocol):
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def root(self) -> bytes: ...
+
+    @property
+    def note(self) -> str: ...
+
+
+class CheckpointStore(Protocol):
+    """What ``sign_checkpoint`` needs from a ledger store (``store.SqliteStore`` is one)."""
+
+    origin: str
+
+    def tree_head(self) -> tuple[int, bytes]: ...
+
+    def node(self, level: int, index: int) -> bytes: ...
+
+    def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
+
+    def add_checkpoint(self, size: int, root: bytes, note: str) -> None: ...
+
+
+def sign_checkpoint(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
+    """Sign, store and return a checkpoint of the store's tree as it is now.
+
+    Refuses (``VerificationError``) to sign a tree that is not an append-only extension of the
+    latest stored checkpoint: ``log_shrank`` when a stored checkpoint is larger than the tree,
+    ``inconsistent_checkpoint`` when the consistency proof from it fails (the log was rewritten),
+    ``bad_stored_checkpoint`` when a stored note does not say what its row says. When the latest
+    checkpoint already covers the whole tree, it is returned instead of signing a duplicate.
+    """
+    size, root = store.tree_head()
+    stored = list(store.checkpoints())
+    larger = [cp.size for cp in stored if cp.size > size]
+    if larger:
+        raise VerificationError(
+            f"the log holds {size} entries but a checkpoint of size {max(larger)} was signed before",
+            remedy="the ledger was truncated or replaced: restore it, and run `truss ledger verify --all`",
+            reason="log_shrank",
+            size=size,
+        )
+    latest = max(stored, key=lambda cp: cp.size, default=None)
+    if latest is not None:
+        body = parse_checkpoint(parse_note(latest.note.encode()).text)
+        if (body.origin, body.size, body.root) != (store.origin, latest.size, latest.root):
+            raise VerificationError(
+                f"the stored checkpoint of size {latest.size} does not match its signed note",
+                remedy="the checkpoints table was modified: run `truss ledger verify --all`",
+                reason="bad_stored_checkpoint",
+                size=latest.size,
+            )
+        proof = consistency_proof(latest.size, size, store.node)
+        if not verify_consistency(latest.size, size, latest.root, root, proof):
+            raise VerificationError(
+                f"the log of {size} entries is not an extension of the checkpoint of size {latest.size}",
+                remedy="entries already covered by a checkpoint were changed: run `truss ledger verify --all`",
+                reason="inconsistent_checkpoint",
+                size=latest.size,
+            )
+        if latest.size == size:
+            return Checkpoint(origin=store.origin, size=size, root=root, note=latest.note.encode())
+    checkpoint = sign_checkpoint_note(store.origin, size, root, key)
+    assert checkpoint.note is not None
+    store.add_checkpoint(size, root, checkpoint.note.decode())
+    return checkpoint
 
 
 # -- helpers ---------------------------------------------------------------------------------

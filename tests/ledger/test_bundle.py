@@ -1,0 +1,331 @@
+"""Bundles and the log: export, offline verification, tampered bundles named after the attack, --since.
+
+``build_ledger`` makes the deterministic ledger (fixed-seed key, manual clock) that the tampered
+bundles under ``tampered_bundles/`` were cut from (``tampered_bundles/regenerate.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from truss._errors import BundleFormatError, NotFoundError, VerificationError
+from truss.ledger.bundle import (
+    check_bundle,
+    export_bundle,
+    parse_tlog_proof,
+    verify_bundle,
+    verify_since,
+)
+from truss.ledger.canonical import canonical, sha256_ref
+from truss.ledger.entry import Record
+from truss.ledger.envelope import sign_verdict, verdict_statement
+from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.note import sign_checkpoint, sign_checkpoint_note
+from truss.ledger.store import SqliteStore, open_store
+from truss.testing import ManualClock
+
+TAMPERED = Path(__file__).parent / "tampered_bundles"
+LOG_NAME = "bundles.truss.test"
+VERDICT_SESSION = "s_verdict"
+OTHER_SESSION = "s_other"
+
+
+def log_key() -> IdentityKey:
+    return IdentityKey.from_seed(hashlib.sha256(b"truss bundle test log key").digest(), LOG_NAME)
+
+
+def stranger_key() -> IdentityKey:
+    return IdentityKey.from_seed(hashlib.sha256(b"a key nobody trusts").digest(), LOG_NAME)
+
+
+def _blob(value: Any) -> tuple[str, bytes]:
+    data = canonical(value)
+    return sha256_ref(data), data
+
+
+@dataclass
+class Ledger:
+    store: SqliteStore
+    key: IdentityKey
+    checkpoint_note: bytes
+
+
+def build_ledger(db: Path, *, key: IdentityKey | None = None, rewrite_other: bool = False) -> Ledger:
+    """Two interleaved sessions, each ending with a verdict, a checkpoint and an envelope.
+
+    ``rewrite_other`` changes one entry of ``s_other`` only: ``s_verdict``'s entries stay
+    byte-identical, so the result is a fork of the same log at the same size.
+    """
+    key = key or log_key()
+    clock = ManualClock()
+    store = open_store(db, key=key, clock=clock)
+    args_ref, args = _blob({"repo_path": "/srv/demo"})
+    result_ref, result = _blob({"content": [{"type": "text", "text": "On branch main"}], "isError": False})
+    store.append(OTHER_SESSION, [Record("session_started", {"contract": "other"})])
+    store.append(VERDICT_SESSION, [Record("session_started", {"contract": "hello"})])
+    for n in range(3):
+        clock.advance(0.1)
+        store.append(
+            VERDICT_SESSION,
+            [
+                Record(
+                    "mcp_tool_intent",
+                    {"call": f"c{n}", "tool": "mcp:time:get_time", "args": args_ref},
+                    {args_ref: args},
+                )
+            ],
+        )
+        body = {"note": "rewritten" if rewrite_other and n == 1 else f"step {n}"}
+        store.append(OTHER_SESSION, [Record("model_turn", body)])
+        store.append(
+            VERDICT_SESSION,
+            [
+                Record(
+                    "mcp_tool_call",
+                    {"call": f"c{n}", "tool": "mcp:time:get_time", "args": args_ref, "result": result_ref},
+                    {result_ref: result},
+                )
+            ],
+        )
+    store.append(VERDICT_SESSION, [Record("verdict", {"status": "pass", "checks": [], "contract_hash": "sha256:x"})])
+    ended = store.append(VERDICT_SESSION, [Record("session_ended", {})])[-1]
+    checkpoint = sign_checkpoint(store, key)
+    assert checkpoint.note is not None
+    envelope = sign_verdict(
+        verdict_statement(
+            session=VERDICT_SESSION,
+            head=ended.hash,
+            status="pass",
+            checks=[],
+            contract_hash="sha256:x",
+            checkpoint=checkpoint.note.decode(),
+        ),
+        key,
+    )
+    if not rewrite_other:
+        store.set_envelope(VERDICT_SESSION, envelope.to_bytes())
+    store.append(OTHER_SESSION, [Record("verdict", {"status": "fail", "checks": [], "contract_hash": "sha256:y"})])
+    other_end = store.append(OTHER_SESSION, [Record("session_ended", {})])[-1]
+    other_cp = sign_checkpoint(store, key)
+    assert other_cp.note is not None
+    store.set_envelope(
+        OTHER_SESSION,
+        sign_verdict(
+            verdict_statement(
+                session=OTHER_SESSION,
+                head=other_end.hash,
+                status="fail",
+                checks=[],
+                contract_hash="sha256:y",
+                checkpoint=other_cp.note.decode(),
+            ),
+            key,
+        ).to_bytes(),
+    )
+    return Ledger(store=store, key=key, checkpoint_note=checkpoint.note)
+
+
+def trusted() -> TrustedKeys:
+    return TrustedKeys([log_key().verifier])
+
+
+def export(ledger: Ledger, session: str = VERDICT_SESSION, *, payloads: bool = True) -> bytes:
+    return export_bundle(ledger.store, session, vkey=ledger.key.verifier.vkey, payloads=payloads)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    built = build_ledger(tmp_path / "ledger.db")
+    yield built
+    built.store.close()
+
+
+# -- the happy path ----------------------------------------------------------------------------
+
+
+def test_an_exported_bundle_verifies_offline_with_the_log_key(ledger: Ledger) -> None:
+    report = check_bundle(export(ledger), trusted())
+    assert report.ok and report.exit_code == 0
+    assert report.session == VERDICT_SESSION and report.entries == 9 and report.verdict == "pass"
+    info = ledger.store.session(VERDICT_SESSION)
+    assert info is not None and report.head == info.head
+    assert report.vkey_trusted is True
+    assert report.blobs_checked == 9 and report.blobs_absent == 0
+
+
+def test_a_bundle_without_payloads_still_verifies_and_counts_what_is_absent(ledger: Ledger) -> None:
+    data = export(ledger, payloads=False)
+    assert json.loads(data)["blobs"] == {}
+    report = check_bundle(data, trusted())
+    assert report.ok and report.blobs_checked == 0 and report.blobs_absent == 9
+
+
+def test_the_bundle_proof_is_a_c2sp_tlog_proof_of_the_head_in_the_verdict_checkpoint(ledger: Ledger) -> None:
+    doc = json.loads(export(ledger))
+    proof = parse_tlog_proof(doc["proof"])
+    assert doc["proof"].startswith("c2sp.org/tlog-proof@v1\nindex ")
+    assert proof.index == doc["entries"][-1]["entry"]["index"]
+    assert proof.checkpoint == ledger.checkpoint_note == doc["checkpoint"].encode()
+
+
+def test_export_is_deterministic(ledger: Ledger) -> None:
+    assert export(ledger) == export(ledger)
+
+
+def test_a_bundle_does_not_verify_under_a_key_the_verifier_does_not_trust(ledger: Ledger) -> None:
+    report = verify_bundle(export(ledger), TrustedKeys([stranger_key().verifier]))
+    assert not report.ok and report.step == "B3" and report.reason == "no_trusted_signature"
+    assert report.exit_code == 1
+
+
+def test_a_session_without_a_covering_checkpoint_is_not_exported_without_a_signer(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "l.db", key=log_key(), clock=ManualClock())
+    store.append("s_new", [Record("session_started", {"contract": "x"})])
+    with pytest.raises(NotFoundError):
+        export_bundle(store, "s_new", vkey=log_key().verifier.vkey)
+    data = export_bundle(store, "s_new", vkey=log_key().verifier.vkey, signer=log_key())
+    assert check_bundle(data, trusted()).ok
+    assert [cp.size for cp in store.checkpoints()] == [1]
+    store.close()
+
+
+def test_an_unknown_session_is_not_found(ledger: Ledger) -> None:
+    with pytest.raises(NotFoundError):
+        export(ledger, "s_missing")
+
+
+# -- tampered bundles (data files named after the attack) -------------------------------------
+
+TAMPERED_CASES = [
+    ("proof_hash_changed", "B5", "bad_inclusion_proof"),
+    ("inclusion_proof_of_a_middle_entry_changed", "B4", "not_in_log"),
+    ("middle_entries_proofs_swapped", "B4", "not_in_log"),
+    ("wrong_tree_size", "B3", "bad_signature"),
+    ("proof_index_of_another_entry", "B5", "bad_inclusion_proof"),
+    ("checkpoint_signed_by_unknown_key", "B3", "no_trusted_signature"),
+    ("checkpoint_extension_lines_added", "B3", "checkpoint_extensions"),
+    ("fork_same_size_different_root", "B8", "fork"),
+    ("entries_removed_from_the_middle", "B4", "seq_gap"),
+    ("entries_removed_from_the_end", "B5", "bad_inclusion_proof"),
+    ("entries_reordered", "B4", "reordered"),
+    ("entry_spliced_from_another_session", "B4", "foreign_session"),
+    ("verdict_envelope_points_at_another_sessions_head", "B7", "verdict_head_mismatch"),
+    ("verdict_envelope_of_another_session", "B7", "verdict_session_mismatch"),
+    ("verdict_envelope_status_changed", "B7", "bad_signature"),
+    ("payload_changed", "B4", "blob_mismatch"),
+    ("payload_added_that_no_entry_names", "B6", "unreferenced_blob"),
+    ("whole_bundle_resigned_by_another_key", "B3", "no_trusted_signature"),
+]
+
+
+@pytest.mark.parametrize(("name", "step", "reason"), TAMPERED_CASES, ids=[c[0] for c in TAMPERED_CASES])
+def test_tampered_bundles_are_rejected_at_the_step_that_catches_them(name: str, step: str, reason: str) -> None:
+    data = (TAMPERED / f"{name}.json").read_bytes()
+    report = verify_bundle(data, trusted())
+    assert (report.ok, report.step, report.reason, report.exit_code) == (False, step, reason, 1), report.message
+    with pytest.raises(VerificationError):
+        check_bundle(data, trusted())
+
+
+def test_the_untampered_source_of_the_fixtures_verifies() -> None:
+    assert check_bundle((TAMPERED / "original.json").read_bytes(), trusted()).ok
+
+
+UNPARSEABLE = ["not_json", "wrong_format_tag", "unknown_field", "nested_too_deep", "entry_missing_its_signature"]
+
+
+@pytest.mark.parametrize("name", UNPARSEABLE)
+def test_unparseable_bundles_are_bad_input_not_a_verification_failure(name: str) -> None:
+    data = (TAMPERED / f"{name}.json").read_bytes()
+    report = verify_bundle(data, trusted())
+    assert not report.ok and report.exit_code == 2 and report.step in ("B1", "B4")
+    with pytest.raises(BundleFormatError):
+        check_bundle(data, trusted())
+
+
+# -- signing checkpoints over the store, and --since ----------------------------------------
+
+
+def test_checkpoints_are_stored_and_a_repeat_without_appends_reuses_the_last(ledger: Ledger) -> None:
+    sizes = [cp.size for cp in ledger.store.checkpoints()]
+    again = sign_checkpoint(ledger.store, ledger.key)
+    assert [cp.size for cp in ledger.store.checkpoints()] == sizes
+    assert again.size == sizes[-1] and again.note == ledger.store.checkpoints()[-1].note.encode()
+
+
+def test_truss_refuses_to_sign_a_checkpoint_inconsistent_with_an_earlier_one(ledger: Ledger) -> None:
+    store = ledger.store
+    size, _ = store.tree_head()
+    # Another root at an earlier size, as if history had been rewritten before it was signed.
+    forged = sign_checkpoint_note(store.origin, size - 3, b"\x07" * 32, ledger.key)
+    assert forged.note is not None
+    store.add_checkpoint(size - 3 + 100, b"\x07" * 32, forged.note.decode())
+    with pytest.raises(VerificationError) as err:
+        sign_checkpoint(store, ledger.key)
+    assert err.value.reason == "log_shrank"
+
+
+def test_a_stored_checkpoint_that_the_tree_does_not_extend_blocks_signing(tmp_path: Path) -> None:
+    key = log_key()
+    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    store.append("s_a", [Record("session_started", {"contract": "x"})])
+    store.append("s_a", [Record("session_ended", {})])
+    forged = sign_checkpoint_note(store.origin, 1, b"\x07" * 32, key)
+    assert forged.note is not None
+    store.add_checkpoint(1, b"\x07" * 32, forged.note.decode())
+    with pytest.raises(VerificationError) as err:
+        sign_checkpoint(store, key)
+    assert err.value.reason == "inconsistent_checkpoint"
+    store.close()
+
+
+def test_since_proves_the_log_extends_an_auditors_earlier_checkpoint(ledger: Ledger) -> None:
+    report = verify_since(ledger.store, ledger.checkpoint_note, trusted())
+    assert report.ok and report.old_size is not None and report.size is not None
+    assert report.old_size < report.size
+
+
+def test_since_catches_a_key_holder_who_rewrote_history(tmp_path: Path) -> None:
+    honest = build_ledger(tmp_path / "honest.db")
+    rewritten = build_ledger(tmp_path / "rewritten.db", rewrite_other=True)
+    report = verify_since(rewritten.store, honest.checkpoint_note, trusted())
+    assert not report.ok and report.exit_code == 1 and report.reason in ("fork", "inconsistent")
+    honest.store.close()
+    rewritten.store.close()
+
+
+def test_since_refuses_a_checkpoint_the_verifier_does_not_trust(ledger: Ledger) -> None:
+    size, root = ledger.store.tree_head()
+    foreign = sign_checkpoint_note(LOG_NAME, size, root, stranger_key())
+    assert foreign.note is not None
+    report = verify_since(ledger.store, foreign.note, trusted())
+    assert not report.ok and report.reason == "no_trusted_signature"
+
+
+def test_since_reports_a_log_shorter_than_the_old_checkpoint(ledger: Ledger) -> None:
+    size, _ = ledger.store.tree_head()
+    future = sign_checkpoint_note(LOG_NAME, size + 5, b"\x01" * 32, ledger.key)
+    assert future.note is not None
+    report = verify_since(ledger.store, future.note, trusted())
+    assert not report.ok and report.reason == "log_shrank"
+
+
+def tamper(original: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A deep copy of a bundle document with top-level fields replaced."""
+    doc: dict[str, Any] = json.loads(json.dumps(original))
+    doc.update(changes)
+    return doc
+
+
+def flip_b64(text: str) -> str:
+    raw = bytearray(base64.b64decode(text))
+    raw[0] ^= 1
+    return base64.b64encode(bytes(raw)).decode()
