@@ -176,7 +176,8 @@ class ParamSpec(_Model):
             "boolean": isinstance(value, bool),
         }[kind]
         if not ok:
-            return f"expected a {kind}, got {type(value).__name__}"
+            article = "an" if kind == "integer" else "a"
+            return f"expected {article} {kind}, got {_toml_type(value)}"
         if isinstance(value, str):
             if self.max_len is not None and len(value) > self.max_len:
                 return f"longer than max_len {self.max_len}"
@@ -972,9 +973,11 @@ def _allowed_remedy(keys: list[str]) -> str:
 
 def _from_validation(exc: ValidationError, layers: list[_Layer], effective: dict[str, Any]) -> ContractError:
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    # Of a union's failed branches, the one that got deepest into the value says the most.
+    paths = [_loc_to_path(effective, tuple(e["loc"]), e["type"]) for e in errors]
+    pick = max(range(len(errors)), key=lambda i: (len(paths[i]), -i))
+    first, path = errors[pick], paths[pick]
     kind = first["type"]
-    path = _loc_to_path(effective, tuple(first["loc"]), kind)
     key = str(path[-1]) if path and isinstance(path[-1], str) else None
     value = first.get("input")
     ctx: dict[str, Any] = dict(first.get("ctx") or {})
@@ -982,7 +985,8 @@ def _from_validation(exc: ValidationError, layers: list[_Layer], effective: dict
     if kind == "extra_forbidden":
         message = f"unknown key {key!r}"
         model = _model_at(path[:-1])
-        remedy = _allowed_remedy(sorted(_field_keys(model))) if model else "Remove it or fix its spelling"
+        allowed = _CONTRACT_KEYS if len(path) == 1 else sorted(_field_keys(model)) if model else None
+        remedy = _allowed_remedy(sorted(allowed)) if allowed else "Remove it or fix its spelling"
     elif kind == "missing":
         message = f"missing required key {key!r}"
         remedy = f"Add {key} to this table (see docs/contracts.md)"
@@ -1008,8 +1012,11 @@ def _from_validation(exc: ValidationError, layers: list[_Layer], effective: dict
         message = f"the string has the wrong length ({first['msg'].lower()})"
     else:
         message = str(first["msg"])
-    if len(errors) > 1:
-        remedy = (remedy + "; " if remedy else "") + f"{len(errors) - 1} more problem(s) may follow once this is fixed"
+    if remedy is None:
+        remedy = "See docs/contracts.md for what this key takes"
+    others = [q for q in paths if q[: len(path)] != path and path[: len(q)] != q]
+    if others:
+        remedy = (remedy + "; " if remedy else "") + f"{len(others)} more problem(s) may follow once this is fixed"
     return _error_in(layers, effective, path, message, remedy=remedy)
 
 
@@ -1402,7 +1409,14 @@ def load_contract_text(
 
     given: dict[str, Any] = dict(params or {})
     if param_args:
-        for name, value in parse_param_args(param_args, contract.contract.params).items():
+        try:
+            parsed = parse_param_args(param_args, contract.contract.params)
+        except UsageError as exc:
+            name = exc.fields.get("param")
+            raise contract_layer.error(
+                exc.message, ("contract", "params", *([name] if name else [])), remedy=exc.remedy, param=name
+            ) from None
+        for name, value in parsed.items():
             if name in given:
                 raise UsageError(f"param {name!r} is given twice", remedy="Give each param once", param=name)
             given[name] = value
