@@ -53,7 +53,7 @@ from truss._errors import (
     UsageError,
 )
 from truss.budget import BudgetState
-from truss.contract import Contract, render_arguments, render_intent
+from truss.contract import Contract, render_intent
 from truss.gate import Gate, Journal, ProgressEvent, Redactor
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
@@ -345,14 +345,6 @@ class _Run:
     def _make_provider(self) -> Provider:
         if self.provider_factory is not None:
             return self.provider_factory(self.contract)
-        if self.contract.agent.provider == "scripted":
-            # Step arguments' ${params.X}/${env.X} are rendered here, where the run's environment is known.
-            from truss.providers.scripted import ScriptedProvider
-
-            contract, environ = self.contract, self.environ
-            return ScriptedProvider(
-                contract, render=lambda args: render_arguments(args, params=contract.param_values, environ=environ)
-            )
         from truss.providers import make_provider
 
         return make_provider(self.contract, environ=self.environ, clock=self.clock)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from truss.budget import BudgetState
-from truss.contract import Contract, load_contract_text, render_arguments
+from truss.contract import Contract, load_contract_text
 from truss.gate import Gate, Journal, Redactor
 from truss.ledger.entry import StoredEntry
 from truss.ledger.keys import IdentityKey
@@ -59,9 +59,7 @@ def scripted(environ: Mapping[str, str] | None = None) -> Callable[[Contract], P
     env = dict(environ or {})
 
     def make(contract: Contract) -> Provider:
-        return ScriptedProvider(
-            contract, render=lambda args: render_arguments(args, params=contract.param_values, environ=env)
-        )
+        return ScriptedProvider(contract, environ=env)
 
     return make
 
