@@ -108,6 +108,9 @@ def classify(exc: BaseException) -> Mapped:
         return "invalid_result", False, f"the server's result was refused ({_short(exc)})", None
     if isinstance(exc, ValueError):
         return "invalid_result", False, f"the server's answer could not be used ({type(exc).__name__})", None
+    if isinstance(exc, Warning):
+        # Only under warnings-as-errors: the SDK flagged a deprecated protocol feature.
+        return "protocol_error", False, f"the SDK refused a deprecated protocol feature ({type(exc).__name__})", None
     return "transport", False, f"unexpected {type(exc).__name__}", None
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import logging
 import math
 import os
@@ -46,7 +47,6 @@ from truss._errors import (
     ToolNotAdvertisedError,
 )
 from truss.contract import Contract, SecretHeader, Server, duration_ms
-from truss.ledger.canonical import canonical
 from truss.mcp import _procs
 from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
 from truss.tools import MountedTool, ProgressFn, ToolResult, namespaced, pin_of
@@ -391,8 +391,10 @@ class Mounts:
         if "structuredContent" in wire:
             out["structuredContent"] = wire["structuredContent"]
         try:
-            size = len(canonical(out))
-        except (ValueError, TypeError) as exc:
+            # The compact JSON form has the length of the canonical bytes for everything a result
+            # holds but unusual number spellings, and costs a fraction of canonicalising a large text.
+            size = len(json.dumps(out, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode())
+        except (ValueError, TypeError, UnicodeEncodeError) as exc:
             raise ToolCallError(
                 f"tool {tool.tool!r} of MCP server {tool.server!r} returned a result that cannot be "
                 f"canonicalised ({type(exc).__name__})",
@@ -514,7 +516,16 @@ async def _open(
         # Once per server at connect; a real file because the child writes to its descriptor directly.
         log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
         errlog = stack.enter_context((log_dir / f"{server.name}.stderr.log").open("a", encoding="utf-8"))
-        params = StdioServerParameters(command=server.command, args=list(server.args), env=env, cwd=server.cwd)
+        # "replace": with "strict", one non-UTF-8 byte stalls the SDK's reader for good (it drains
+        # stdout until EOF); replaced bytes make a line that fails to parse, which is counted and
+        # reported with the call's error instead.
+        params = StdioServerParameters(
+            command=server.command,
+            args=list(server.args),
+            env=env,
+            cwd=server.cwd,
+            encoding_error_handler="replace",
+        )
         target = _tracked_stdio(params, errlog, live, marker)
     else:
         assert server.url is not None

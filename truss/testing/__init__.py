@@ -7,5 +7,16 @@ transport and the store conformance check ``check_ledger_store``.
 from __future__ import annotations
 
 from truss.testing._clock import ManualClock
+from truss.testing._store import MemoryStore, check_ledger_store
+from truss.testing._transport import FakeCall, FakeTransport, mounted_tool, mounted_tools, text_result
 
-__all__ = ["ManualClock"]
+__all__ = [
+    "FakeCall",
+    "FakeTransport",
+    "ManualClock",
+    "MemoryStore",
+    "check_ledger_store",
+    "mounted_tool",
+    "mounted_tools",
+    "text_result",
+]
