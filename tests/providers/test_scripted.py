@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from tests.providers._support import make_contract
+from truss._errors import InputError
+from truss.contract import Contract
 from truss.providers import ScriptedProvider, TurnRequest, TurnResponse, make_provider, resolve_pointer
 from truss.testing import ManualClock
 
@@ -264,3 +266,45 @@ async def test_the_same_request_gives_the_same_response_from_any_instance() -> N
 )
 def test_resolve_pointer_follows_rfc_6901(pointer: str, expected: tuple[bool, Any]) -> None:
     assert resolve_pointer(TIME, pointer) == expected
+
+
+def with_params(steps: list[dict[str, Any]], values: dict[str, Any]) -> Contract:
+    return Contract.model_validate(
+        {
+            "contract": {
+                "name": "params-test",
+                "intent": "test",
+                "params": {"count": {"type": "integer"}, "label": {"type": "string"}},
+            },
+            "agent": {"steps": steps},
+            "param_values": values,
+        }
+    )
+
+
+async def test_params_and_env_are_filled_in_with_their_types_in_the_same_pass_as_step_references() -> None:
+    contract = with_params(
+        [
+            {"tool": "mcp:a:first", "arguments": {}},
+            {
+                "tool": "mcp:a:second",
+                "arguments": {
+                    "count": "${params.count}",
+                    "label": "${params.label}",
+                    "line": "${params.count} x ${env.REPO} after ${steps.0.result}",
+                },
+            },
+        ],
+        {"count": 3, "label": "${steps.0.result}"},
+    )
+    provider = make_provider(contract, environ={"REPO": "/srv/repo"}, clock=ManualClock())
+    _, calls = await play(provider, lambda name, args: ok("first-result"))
+    # A parameter's value is data: a reference inside it is not expanded.
+    assert calls[1][1] == {"count": 3, "label": "${steps.0.result}", "line": "3 x /srv/repo after first-result"}
+
+
+def test_a_step_using_an_unset_environment_variable_is_refused_before_the_run_starts() -> None:
+    contract = with_params([{"tool": "mcp:a:b", "arguments": {"path": "${env.TRUSS_TEST_UNSET}"}}], {})
+    with pytest.raises(InputError) as caught:
+        make_provider(contract, environ={}, clock=ManualClock())
+    assert (caught.value.env, caught.value.step, caught.value.exit_code) == ("TRUSS_TEST_UNSET", 0, 2)

@@ -58,11 +58,12 @@ def make_provider(
 
     ``sleep`` (default ``anyio.sleep``) and ``jitter`` (default ``random.random``) are the waits
     and randomness between retries; tests pass ones that record and return at once. Raises
-    ``InputError`` when a needed API key is not in ``environ``.
+    ``InputError`` when a needed API key is not in ``environ``, or when a scripted step refers
+    to a parameter without a value or an environment variable that is not set.
     """
     agent = contract.agent
     if agent.provider == "scripted":
-        return ScriptedProvider(contract)
+        return ScriptedProvider(contract, environ=environ)
     model = agent.model
     if not model:  # the contract model refuses this; checked again because the key lookup relies on it
         raise InputError(

@@ -21,9 +21,11 @@ or does not exist, or a pointer that finds nothing, ends the plan with a text sa
 tool call: the run finishes and its done checks decide the verdict. ``agent.final`` may use the
 same references.
 
-``${params.X}`` and ``${env.X}`` in arguments are rendered by ``truss.contract.render_arguments``
-before the step references, from the contract's parameter values and the environment given to
-``make_provider``. This module does no I/O.
+``${params.X}`` and ``${env.X}`` in arguments are filled in by ``truss.contract.render_arguments``
+(the contract's parameter values, the environment given to ``make_provider``) in the same single
+pass, one reference at a time, so a parameter's value is never read as a reference either. Every
+step is rendered once when the provider is built, so a missing parameter or variable is an
+``InputError`` before the run starts, never half-way through it. This module does no I/O.
 """
 
 from __future__ import annotations
@@ -34,17 +36,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from truss.contract import Contract, Step
+from truss._errors import InputError
+from truss.contract import Contract, Step, render_arguments
+from truss.ledger.canonical import canonical
 from truss.providers._http import as_list, as_object
 from truss.providers.base import ToolCall, TurnRequest, TurnResponse
 from truss.tools import provider_name, split_namespaced
 
 __all__ = ["ScriptedProvider", "resolve_pointer"]
 
-_REF = re.compile(r"\$\{steps\.([0-9]{1,6})\.(result(?:/[^{}]*)?|is_error)\}")
+_ANY_REF = re.compile(r"\$\{([^{}]*)\}")
+_STEP_REF = re.compile(r"steps\.([0-9]{1,6})\.(result(?:/[^{}]*)?|is_error)")
 _CALL_ID = re.compile(r"^step-([0-9]{1,6})$")
-
-ArgumentRenderer = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -63,14 +66,27 @@ class _BrokenReference(Exception):
 
 
 class ScriptedProvider:
-    """Plays the contract's steps; ``render`` fills ``${params.X}``/``${env.X}`` in arguments."""
+    """Plays the contract's steps; ``environ`` fills ``${env.X}`` in their arguments."""
 
     name = "scripted"
 
-    def __init__(self, contract: Contract, *, render: ArgumentRenderer | None = None) -> None:
+    def __init__(self, contract: Contract, *, environ: Mapping[str, str]) -> None:
         self._steps: list[Step] = list(contract.agent.steps)
         self._final = contract.agent.final
-        self._render = render
+        params: dict[str, Any] = dict(contract.param_values)
+
+        def fill(reference: str) -> Any:
+            return render_arguments({"value": reference}, params=params, environ=environ)["value"]
+
+        self._fill: Callable[[str], Any] = fill
+        for index, step in enumerate(self._steps):
+            try:
+                render_arguments(step.arguments, params=params, environ=environ)
+            except InputError as err:
+                fields = {k: v for k, v in err.fields.items() if k != "step"}
+                raise InputError(
+                    f"agent.steps[{index}] ({step.tool}): {err.message}", remedy=err.remedy, step=index, **fields
+                ) from None
 
     def __repr__(self) -> str:
         return f"ScriptedProvider(steps={len(self._steps)})"
@@ -91,11 +107,8 @@ class ScriptedProvider:
         split = split_namespaced(step.tool)
         if split is None:  # the contract model already refuses this; kept so the plan ends, not crashes
             return _stop(f"Scripted plan stopped at step {index}: {step.tool!r} is not a namespaced tool name.")
-        arguments: Any = dict(step.arguments)
-        if self._render is not None:
-            arguments = self._render(arguments)
         try:
-            arguments = _substitute(arguments, outcomes, index)
+            arguments = _substitute(dict(step.arguments), outcomes, index, self._fill)
         except _BrokenReference as broken:
             return _stop(
                 f"Scripted plan stopped at step {index} ({step.tool}): {broken.reference} {broken.why}, "
@@ -111,7 +124,7 @@ class ScriptedProvider:
             text += f"; step(s) {', '.join(map(str, failed))} returned an error." if failed else "."
             return _stop(text)
         try:
-            text = _substitute(self._final, outcomes, len(self._steps))
+            text = _substitute(self._final, outcomes, len(self._steps), None)
         except _BrokenReference as broken:
             return _stop(f"Scripted plan could not write its final answer: {broken.reference} {broken.why}.")
         return _stop(str(text))
@@ -153,24 +166,39 @@ def _step_index(call_id: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _substitute(value: Any, outcomes: Mapping[int, _Outcome], current: int) -> Any:
-    """``value`` with every step reference replaced; strings inside lists and objects too."""
+def _substitute(value: Any, outcomes: Mapping[int, _Outcome], current: int, fill: Callable[[str], Any] | None) -> Any:
+    """``value`` with every reference replaced, in strings inside lists and objects too.
+
+    Step references are resolved here; ``${params.X}``/``${env.X}`` go to ``fill`` one at a time
+    (left as written when ``fill`` is None); anything else stays as written.
+    """
     if isinstance(value, str):
-        whole = _REF.fullmatch(value)
+        whole = _ANY_REF.fullmatch(value)
         if whole:
-            return _lookup(whole, outcomes, current)
-        return _REF.sub(lambda m: _as_text(_lookup(m, outcomes, current)), value)
+            return _resolve(whole, outcomes, current, fill)
+        return _ANY_REF.sub(lambda m: _as_text(_resolve(m, outcomes, current, fill)), value)
     items = as_list(value)
     if items is not None:
-        return [_substitute(item, outcomes, current) for item in items]
+        return [_substitute(item, outcomes, current, fill) for item in items]
     obj = as_object(value)
     if obj is not None:
-        return {key: _substitute(item, outcomes, current) for key, item in obj.items()}
+        return {key: _substitute(item, outcomes, current, fill) for key, item in obj.items()}
     return value
 
 
-def _lookup(match: re.Match[str], outcomes: Mapping[int, _Outcome], current: int) -> Any:
-    reference = match.group(0)
+def _resolve(
+    match: re.Match[str], outcomes: Mapping[int, _Outcome], current: int, fill: Callable[[str], Any] | None
+) -> Any:
+    inner = match.group(1)
+    step = _STEP_REF.fullmatch(inner)
+    if step is not None:
+        return _lookup(match.group(0), step, outcomes, current)
+    if fill is not None and (inner.startswith("params.") or inner.startswith("env.")):
+        return fill(match.group(0))
+    return match.group(0)
+
+
+def _lookup(reference: str, match: re.Match[str], outcomes: Mapping[int, _Outcome], current: int) -> Any:
     index = int(match.group(1))
     what = match.group(2)
     if index >= current:
@@ -200,9 +228,10 @@ def _lookup(match: re.Match[str], outcomes: Mapping[int, _Outcome], current: int
 
 
 def _as_text(value: Any) -> str:
+    # The same text truss.contract writes for an embedded params/env value: RFC 8785 JSON.
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return canonical(value).decode("utf-8")
 
 
 def resolve_pointer(document: Any, pointer: str) -> tuple[bool, Any]:
