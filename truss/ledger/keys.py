@@ -66,7 +66,7 @@ class VerifierKey:
     @classmethod
     def parse(cls, text: str) -> VerifierKey:
         """Parse ``<name>+<hex key id>+<base64(0x01||pubkey)>``; the key id must match."""
-        parts = text.strip().split("+")
+        parts = text.strip().split("+", 2)
         if len(parts) != 3:
             raise KeyFileError(
                 f"not a verifier key: {text.strip()[:80]!r}",
@@ -197,7 +197,7 @@ class IdentityKey:
         )
         if not line.startswith(_PRIVATE_PREFIX) or "\n" in line:
             raise bad
-        parts = line[len(_PRIVATE_PREFIX) :].split("+")
+        parts = line[len(_PRIVATE_PREFIX) :].split("+", 2)
         if len(parts) != 3:
             raise bad
         name, hex_id, b64 = parts

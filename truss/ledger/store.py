@@ -202,6 +202,16 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 _SESSION_SELECT = "SELECT id, contract, principal, status, entries, started_ms, updated_ms, head, ended FROM sessions"
 
 
+def _as_bytes(value: object) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, bytearray):
+        return bytes(value)
+    return b""
+
+
 class _Pending:
     """One caller's batch waiting for a group commit."""
 
@@ -357,6 +367,17 @@ class SqliteStore:
         if self._sync_full is not full:
             self._w.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
             self._sync_full = full
+
+    def connection_settings(self) -> dict[str, dict[str, Any]]:
+        """The journal mode, sync level and busy timeout each connection runs with (diagnostics)."""
+        out: dict[str, dict[str, Any]] = {}
+        for name, conn, lock in (("writer", self._w, self._wlock), ("reader", self._r, self._rlock)):
+            with lock:
+                out[name] = {
+                    pragma: conn.execute(f"PRAGMA {pragma}").fetchone()[0]
+                    for pragma in ("journal_mode", "synchronous", "busy_timeout")
+                }
+        return out
 
     def _check_open(self) -> None:
         if self._closed:
@@ -737,7 +758,13 @@ class SqliteStore:
 
     @staticmethod
     def _entry(row: Any) -> StoredEntry:
-        return StoredEntry.from_raw(bytes(row[0]), bytes(row[1]), row[2], bytes(row[3]).hex())
+        # A file edited outside Truss may hold anything in any column: hand verification an entry
+        # it will report as malformed rather than failing here.
+        raw, sig, keyid, digest = (_as_bytes(row[0]), _as_bytes(row[1]), str(row[2]), _as_bytes(row[3]).hex())
+        try:
+            return StoredEntry.from_raw(raw, sig, keyid, digest)
+        except (ValueError, UnicodeDecodeError):
+            return StoredEntry(entry={"unreadable": True}, hash=digest, sig=sig, keyid=keyid, raw=raw or b"-")
 
     def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]:
         """The session's entries in seq order from ``from_seq``, read a page at a time."""

@@ -1,0 +1,145 @@
+"""Entries: golden vectors (a fixed-seed key, canonical bytes, hashes, signatures) and the fast encoder."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from truss._errors import BundleFormatError, StoreError
+from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
+from truss.ledger.entry import KINDS, PAYLOAD_TYPE, Record, StoredEntry, check_record, entry_bytes, pae, seal
+from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.merkle import MemoryTree
+from truss.ledger.verify import verify_entries
+
+GOLDEN = Path(__file__).parent / "vectors" / "entry" / "golden_session.json"
+
+
+def _golden() -> dict[str, Any]:
+    return json.loads(GOLDEN.read_text(encoding="utf-8"))
+
+
+def test_golden_entries_reproduce_byte_for_byte_from_the_fixed_seed_key() -> None:
+    golden = _golden()
+    key = IdentityKey.from_seed(bytes.fromhex(golden["key"]["seed_hex"]), golden["key"]["name"])
+    assert key.verifier.vkey == golden["key"]["vkey"]
+    assert key.key_id == golden["key"]["key_id"]
+    tree = MemoryTree()
+    for vector in golden["entries"]:
+        e = vector["entry"]
+        sealed = seal(
+            key,
+            log=e["log"],
+            session=e["session"],
+            seq=e["seq"],
+            index=e["index"],
+            ts=e["ts"],
+            kind=e["kind"],
+            body=e["body"],
+            prev=e["prev"],
+        )
+        assert sealed.raw == vector["canonical"].encode("utf-8")
+        assert sealed.hash == vector["hash"] == hashlib.sha256(sealed.raw).hexdigest()
+        assert pae(PAYLOAD_TYPE, sealed.raw) == base64.b64decode(vector["pae_b64"])
+        assert sealed.sig == base64.b64decode(vector["sig_b64"])
+        assert sealed.keyid == vector["keyid"]
+        tree.append(sealed.raw)
+    assert tree.size == golden["tree_size"]
+    assert tree.root().hex() == golden["tree_root_hex"]
+
+
+def test_golden_entries_verify_and_chain() -> None:
+    golden = _golden()
+    trusted = TrustedKeys.from_texts([golden["key"]["vkey"]])
+    entries = [
+        StoredEntry.from_json({"entry": v["entry"], "hash": v["hash"], "sig": v["sig_b64"], "keyid": v["keyid"]})
+        for v in golden["entries"]
+    ]
+    report = verify_entries(entries, trusted, full_log=True, origin=golden["key"]["name"])
+    assert report.ok and report.entries == len(entries) and report.sessions == 2
+
+
+def test_pae_matches_the_dsse_specification_example() -> None:
+    # DSSE v1 protocol document: PAE("http://example.com/HelloWorld", "hello world")
+    assert pae("http://example.com/HelloWorld", b"hello world") == (
+        b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+    )
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(json_values)
+def test_the_fast_entry_encoder_always_equals_rfc8785(value: Any) -> None:
+    try:
+        expected = canonical(value)
+    except CanonicalError:
+        with pytest.raises(CanonicalError):
+            entry_bytes(value)
+        return
+    assert entry_bytes(value) == expected
+
+
+def test_keys_outside_the_bmp_sort_by_utf16_code_units() -> None:
+    value = {"\U0001f600": 1, "\ufb01": 2}
+    assert entry_bytes(value) == canonical(value) == '{"\U0001f600":1,"\ufb01":2}'.encode()
+
+
+def test_a_record_with_unknown_kind_is_refused() -> None:
+    with pytest.raises(StoreError) as info:
+        check_record(Record("tool_called", {}))
+    assert info.value.reason == "unknown_kind"
+    assert "session_started" in KINDS and len(KINDS) == 15
+
+
+def test_a_blob_that_does_not_hash_to_its_ref_is_refused() -> None:
+    ref = sha256_ref(b"right")
+    with pytest.raises(StoreError) as info:
+        check_record(Record("mcp_tool_call", {"result": ref}, {ref: b"wrong"}))
+    assert info.value.reason == "blob_mismatch"
+
+
+def test_a_blob_the_body_does_not_name_is_refused() -> None:
+    ref = sha256_ref(b"bytes")
+    with pytest.raises(StoreError) as info:
+        check_record(Record("mcp_tool_call", {}, {ref: b"bytes"}))
+    assert info.value.reason == "unreferenced_blob"
+
+
+def test_a_body_with_nan_is_refused() -> None:
+    with pytest.raises(StoreError) as info:
+        check_record(Record("model_turn", {"x": float("nan")}))
+    assert info.value.reason == "bad_body"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[], {"entry": {}, "hash": "x", "keyid": "k"}, {"entry": {}, "hash": "x", "keyid": "k", "sig": "!!"}, {"entry": 1}],
+)
+def test_a_malformed_portable_entry_is_a_bundle_format_error(bad: Any) -> None:
+    with pytest.raises(BundleFormatError):
+        StoredEntry.from_json(bad)
+
+
+def test_portable_form_round_trips() -> None:
+    golden = _golden()
+    v = golden["entries"][3]
+    item = StoredEntry.from_json({"entry": v["entry"], "hash": v["hash"], "sig": v["sig_b64"], "keyid": v["keyid"]})
+    assert StoredEntry.from_json(item.to_json()) == item
+    assert item.raw == v["canonical"].encode()
+    assert item.refs() == [v["entry"]["body"]["args"]]

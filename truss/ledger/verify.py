@@ -1,0 +1,474 @@
+"""Chain verification: signatures against a trusted key set, hash links, seq and index order, blobs.
+
+The core, ``verify_entries``, is sans-IO: it takes an iterable of ``StoredEntry`` (a store's
+pages, a bundle, a fixture file), a ``TrustedKeys`` set and an optional blob lookup, and returns a
+``VerifyReport`` (ok, counts, and the first bad entry with a stable reason code). ``check_entries``
+is the raising form over the same implementation. It streams: state is kept per session (last
+seq, last hash), never per entry, so a ledger of any size verifies in bounded memory.
+
+The steps are numbered as in docs/ledger-format.md, section 4, and run in that order for each
+entry; the first failing step names the reason:
+
+  V1  parse: the fields of section 1 with their types (``malformed``)
+  V2  the bytes are the canonical form of the entry (``not_canonical``)
+  V3  the entry belongs to the expected log (``wrong_log``)
+  V4  the stated hash is SHA-256 of the bytes (``hash_mismatch``)
+  V5  the entry belongs to the session being verified (``foreign_session``)
+  V6  seq follows the session's last seq, from 0 (``seq_gap``, ``reordered``, ``seq_duplicate``)
+  V7  prev is the hash of the session's previous entry, or 64 zeros (``prev_mismatch``)
+  V8  session_started first and only first, nothing after session_ended (``bad_start``, ``after_end``)
+  V9  log index contiguous from 0 over the whole log, else increasing
+      (``index_gap``, ``index_duplicate``, ``index_order``)
+  V10 the signature verifies under a *trusted* key with the entry's key id
+      (``untrusted_key``, ``bad_signature``)
+  V11 every payload present hashes to its ref (``blob_mismatch``); absent ones are counted
+  V12 extra per-entry checks a caller supplies (the Merkle leaf check plugs in here)
+  V13 after the stream (``verify_ledger``): stored heads and the log size
+      (``head_mismatch``, ``truncated``)
+
+Structure is checked before the signature so that a reordered, removed, duplicated or spliced
+entry (each validly signed) is named for what happened to it; any change to a signed byte that
+leaves the structure intact is a ``bad_signature``.
+
+``verify_ledger`` runs the same core over anything that reads like a store (``LedgerReader``)
+and adds V14. It does no I/O itself. What this module does not do: Merkle roots, checkpoints,
+bundles and verdict envelopes (``merkle``, ``note``, ``bundle``, ``envelope``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from truss._errors import NotFoundError, VerificationError
+from truss.ledger.canonical import CanonicalError, sha256_ref
+from truss.ledger.entry import (
+    ENTRY_FIELDS,
+    ENTRY_VERSION,
+    KINDS,
+    ZERO_HASH,
+    StoredEntry,
+    entry_bytes,
+    entry_signing_payload,
+    iter_refs,
+)
+from truss.ledger.keys import TrustedKeys
+
+__all__ = [
+    "REASONS",
+    "BlobLookup",
+    "EntryCheck",
+    "Finding",
+    "LedgerReader",
+    "VerifyReport",
+    "check_entries",
+    "verify_entries",
+    "verify_ledger",
+]
+
+REASONS = frozenset(
+    {
+        "malformed",
+        "not_canonical",
+        "wrong_log",
+        "hash_mismatch",
+        "foreign_session",
+        "seq_gap",
+        "reordered",
+        "seq_duplicate",
+        "prev_mismatch",
+        "bad_start",
+        "after_end",
+        "index_gap",
+        "index_duplicate",
+        "index_order",
+        "untrusted_key",
+        "bad_signature",
+        "blob_mismatch",
+        "head_mismatch",
+        "truncated",
+    }
+)
+
+Finding = tuple[str, str]
+"""``(reason code, message)`` for a failed check."""
+
+BlobLookup = Callable[[str], bytes | None]
+EntryCheck = Callable[[StoredEntry], Finding | None]
+"""A caller's extra per-entry check (V13): ``None`` when the entry passes."""
+
+_HEX = frozenset("0123456789abcdef")
+# How far past a seq gap to look for the missing entry before calling it a gap, not a reorder.
+_REORDER_LOOKAHEAD = 4096
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The result of a verification: counts, and the first bad entry when ``ok`` is false."""
+
+    ok: bool
+    entries: int
+    sessions: int
+    blobs_checked: int = 0
+    blobs_absent: int = 0
+    reason: str | None = None
+    message: str | None = None
+    session: str | None = None
+    seq: int | None = None
+    index: int | None = None
+    position: int | None = None
+    head: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ok": self.ok,
+            "entries": self.entries,
+            "sessions": self.sessions,
+            "blobs_checked": self.blobs_checked,
+            "blobs_absent": self.blobs_absent,
+        }
+        if self.head is not None:
+            out["head"] = self.head
+        if not self.ok:
+            out.update(
+                reason=self.reason,
+                message=self.message,
+                session=self.session,
+                seq=self.seq,
+                index=self.index,
+                position=self.position,
+            )
+        return out
+
+    def error(self) -> VerificationError:
+        """The ``VerificationError`` this report describes (only meaningful when not ok)."""
+        return VerificationError(
+            self.message or "the ledger does not verify",
+            remedy="do not trust this record; compare it with a bundle or checkpoint you hold",
+            session=self.session,
+            seq=self.seq,
+            index=self.index,
+            reason=self.reason,
+        )
+
+
+class _Chain:
+    __slots__ = ("ended", "hash", "seq")
+
+    def __init__(self) -> None:
+        self.seq = -1
+        self.hash = ZERO_HASH
+        self.ended = False
+
+
+class _Failed(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _where(entry: dict[str, Any]) -> str:
+    return f"entry {entry.get('seq')!r} of session {entry.get('session')!r}"
+
+
+def _parse(item: StoredEntry) -> None:
+    """V1: the entry has exactly the fields of section 1, each of the right type."""
+    entry = item.entry
+    if not isinstance(entry, dict) or entry.keys() != ENTRY_FIELDS:  # pyright: ignore[reportUnnecessaryIsInstance]
+        fields = sorted(entry) if isinstance(entry, dict) else []  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise _Failed("malformed", f"an entry has fields {fields}, expected {sorted(ENTRY_FIELDS)}")
+    problems: list[str] = []
+    version: object = entry["v"]
+    if type(version) is not int or version != ENTRY_VERSION:
+        problems.append(f"v is {entry['v']!r}, not {ENTRY_VERSION}")
+    for name in ("log", "session", "kind"):
+        if not isinstance(entry[name], str) or not entry[name]:
+            problems.append(f"{name} is not a non-empty string")
+    for name in ("seq", "index", "ts"):
+        value = entry[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            problems.append(f"{name} is not a non-negative integer")
+    if isinstance(entry["kind"], str) and entry["kind"] not in KINDS:
+        problems.append(f"kind {entry['kind']!r} is not a ledger entry kind")
+    if not isinstance(entry["body"], dict):
+        problems.append("body is not an object")
+    prev = entry["prev"]
+    if not isinstance(prev, str) or len(prev) != 64 or not set(prev) <= _HEX:
+        problems.append("prev is not 64 lower-case hex digits")
+    if not isinstance(item.hash, str) or not isinstance(item.keyid, str) or not isinstance(item.sig, bytes):  # pyright: ignore[reportUnnecessaryIsInstance]
+        problems.append("hash, keyid or sig has the wrong type")
+    if problems:
+        raise _Failed("malformed", f"{_where(entry)}: " + "; ".join(problems))
+
+
+def verify_entries(
+    entries: Iterable[StoredEntry],
+    trusted: TrustedKeys,
+    *,
+    blobs: BlobLookup | None = None,
+    session: str | None = None,
+    origin: str | None = None,
+    full_log: bool = False,
+    extra: Sequence[EntryCheck] = (),
+) -> VerifyReport:
+    """Verify a stream of entries; return a report naming the first bad one.
+
+    ``session``: every entry must belong to it (V5). ``origin``: every entry's ``log`` (V3).
+    ``full_log``: the stream is the whole log from index 0, so indexes are contiguous (V9);
+    otherwise they only increase. ``blobs`` looks payload bytes up by ref (V11); an absent blob
+    is counted (erased or never kept), not a failure. ``extra`` checks run last (V12).
+    """
+    chains: dict[str, _Chain] = {}
+    count = blobs_checked = blobs_absent = 0
+    last_index = -1
+    last_hash: str | None = None
+    stream = iter(entries)
+    for position, item in enumerate(stream):
+        entry = item.entry
+        try:
+            _parse(item)  # V1
+            # V2: the bytes that were hashed and signed are exactly the canonical form of the entry.
+            try:
+                canonical_ok = entry_bytes(entry) == item.raw
+            except CanonicalError:
+                canonical_ok = False
+            if not canonical_ok:
+                raise _Failed("not_canonical", f"{_where(entry)}: its bytes are not the canonical form of the entry")
+            if origin is not None and entry["log"] != origin:  # V3
+                raise _Failed("wrong_log", f"{_where(entry)}: belongs to log {entry['log']!r}, not {origin!r}")
+            digest = hashlib.sha256(item.raw).hexdigest()
+            if digest != item.hash:  # V4
+                raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
+            sid: str = entry["session"]
+            if session is not None and sid != session:  # V5
+                raise _Failed(
+                    "foreign_session", f"{_where(entry)}: an entry of another session among those of {session!r}"
+                )
+            seq: int = entry["seq"]
+            chain = chains.get(sid)
+            if chain is None:
+                chain = chains[sid] = _Chain()
+            expected = chain.seq + 1
+            if seq != expected:
+                if seq < expected:  # V6
+                    raise _Failed(
+                        "seq_duplicate",
+                        f"{_where(entry)}: seq {seq} again after seq {chain.seq} (a duplicated or replayed entry)",
+                    )
+                # V6: a gap, unless the missing entry turns up next (then two entries were swapped).
+                reason = "reordered" if _turns_up(stream, sid, expected) else "seq_gap"
+                what = (
+                    f"entry {expected} comes after it (entries out of order)"
+                    if reason == "reordered"
+                    else f"entry {expected} is missing"
+                )
+                raise _Failed(reason, f"{_where(entry)}: expected seq {expected}; {what}")
+            if entry["prev"] != chain.hash:  # V7
+                before = f"entry {chain.seq}" if chain.seq >= 0 else "the zero hash of a first entry"
+                raise _Failed("prev_mismatch", f"{_where(entry)}: prev hash does not match {before}")
+            kind: str = entry["kind"]
+            if (seq == 0) != (kind == "session_started"):  # V8
+                raise _Failed(
+                    "bad_start", f"{_where(entry)}: a session starts with session_started, and only its first entry"
+                )
+            if chain.ended:
+                raise _Failed("after_end", f"{_where(entry)}: an entry after the session ended")
+            index: int = entry["index"]
+            if full_log and index != last_index + 1:  # V9
+                if index <= last_index:
+                    raise _Failed("index_duplicate", f"{_where(entry)}: log index {index} again after {last_index}")
+                raise _Failed("index_gap", f"{_where(entry)}: log index {index} after {last_index}; entries missing")
+            if index <= last_index:
+                raise _Failed("index_order", f"{_where(entry)}: log index {index} is not after {last_index}")
+            if item.keyid not in trusted:  # V10
+                raise _Failed(
+                    "untrusted_key", f"{_where(entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
+                )
+            if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
+                raise _Failed("bad_signature", f"{_where(entry)}: the signature does not verify")
+            if blobs is not None:  # V11
+                for ref in dict.fromkeys(iter_refs(entry["body"])):
+                    data = blobs(ref)
+                    if data is None:
+                        blobs_absent += 1
+                        continue
+                    blobs_checked += 1
+                    if sha256_ref(data) != ref:
+                        raise _Failed("blob_mismatch", f"{_where(entry)}: the payload {ref[:19]}... was changed")
+            for check in extra:  # V12
+                finding = check(item)
+                if finding is not None:
+                    raise _Failed(*finding)
+        except _Failed as failed:
+            raw_seq, raw_index, raw_session = entry.get("seq"), entry.get("index"), entry.get("session")
+            return VerifyReport(
+                ok=False,
+                entries=count,
+                sessions=len(chains),
+                blobs_checked=blobs_checked,
+                blobs_absent=blobs_absent,
+                reason=failed.reason,
+                message=failed.message,
+                session=raw_session if isinstance(raw_session, str) else None,
+                seq=raw_seq if isinstance(raw_seq, int) else None,
+                index=raw_index if isinstance(raw_index, int) else None,
+                position=position,
+            )
+        chain.seq, chain.hash = seq, item.hash
+        chain.ended = kind == "session_ended"
+        last_index = index
+        last_hash = item.hash
+        count += 1
+    return VerifyReport(
+        ok=True,
+        entries=count,
+        sessions=len(chains),
+        blobs_checked=blobs_checked,
+        blobs_absent=blobs_absent,
+        head=last_hash if len(chains) == 1 else None,
+    )
+
+
+def _turns_up(stream: Iterator[StoredEntry], session: str, seq: int) -> bool:
+    """Whether the next entries of ``session`` (within a bounded lookahead) include ``seq``."""
+    for n, item in enumerate(stream):
+        if n >= _REORDER_LOOKAHEAD:
+            return False
+        if item.entry.get("session") == session:
+            return item.entry.get("seq") == seq
+    return False
+
+
+def check_entries(
+    entries: Iterable[StoredEntry],
+    trusted: TrustedKeys,
+    *,
+    blobs: BlobLookup | None = None,
+    session: str | None = None,
+    origin: str | None = None,
+    full_log: bool = False,
+    extra: Sequence[EntryCheck] = (),
+) -> VerifyReport:
+    """``verify_entries`` that raises ``VerificationError`` (with session, seq, index, reason)."""
+    report = verify_entries(
+        entries, trusted, blobs=blobs, session=session, origin=origin, full_log=full_log, extra=extra
+    )
+    if not report.ok:
+        raise report.error()
+    return report
+
+
+class _SessionRow(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def entries(self) -> int: ...
+    @property
+    def head(self) -> str: ...
+
+
+class LedgerReader(Protocol):
+    """The reading half of a ledger store: what ``verify_ledger`` needs."""
+
+    origin: str
+
+    def session(self, session: str) -> Any: ...
+    def sessions(self, *, status: str | None = None, limit: int | None = None, principal: Any = None) -> Any: ...
+    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
+    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
+    def blob(self, ref: str) -> bytes | None: ...
+    def tree_size(self) -> int: ...
+
+
+def verify_ledger(
+    store: LedgerReader,
+    trusted: TrustedKeys,
+    *,
+    session: str | None = None,
+    payloads: bool = True,
+    extra: Sequence[EntryCheck] = (),
+) -> VerifyReport:
+    """Verify one session, or (``session=None``) the whole log, as a store holds it.
+
+    Runs V1-V12 over the stored entries, then V13: each session's stored head and entry count
+    equal what the chain ends with (a truncated session is caught even though every remaining
+    entry verifies), and the whole log holds exactly ``tree_size()`` entries.
+    Raises ``NotFoundError`` for an unknown session.
+    """
+    blob_lookup = store.blob if payloads else None
+    if session is not None:
+        info: Any = store.session(session)
+        if info is None:
+            raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session)
+        heads: Mapping[str, tuple[int, str]] = {session: (int(info.entries), str(info.head))}
+        report = verify_entries(
+            store.read_session(session),
+            trusted,
+            blobs=blob_lookup,
+            session=session,
+            origin=store.origin,
+            extra=extra,
+        )
+        return _check_heads(report, heads, counts={session: report.entries} if report.ok else {})
+    size = store.tree_size()
+    seen: dict[str, list[Any]] = {}
+
+    def tracked() -> Iterator[StoredEntry]:
+        for item in store.read_range(0, size):
+            state = seen.setdefault(str(item.entry.get("session")), [0, ""])
+            state[0] += 1
+            state[1] = item.hash
+            yield item
+
+    report = verify_entries(tracked(), trusted, blobs=blob_lookup, origin=store.origin, full_log=True, extra=extra)
+    if not report.ok:
+        return report
+    if report.entries != size:
+        return _fail(report, "truncated", f"the log should hold {size} entries but {report.entries} were read")
+    rows: Sequence[_SessionRow] = store.sessions()
+    for row in rows:
+        state = seen.pop(row.id, None)
+        if state is None or state[0] != row.entries or state[1] != row.head:
+            read = 0 if state is None else state[0]
+            return _fail(
+                report,
+                "head_mismatch",
+                f"session {row.id!r}: the store lists {row.entries} entries ending at {row.head[:12]}..., "
+                f"the log holds {read}",
+                session=row.id,
+            )
+    if seen:
+        orphan = next(iter(seen))
+        return _fail(report, "head_mismatch", f"session {orphan!r} has entries but no session record", session=orphan)
+    return report
+
+
+def _check_heads(report: VerifyReport, heads: Mapping[str, tuple[int, str]], counts: Mapping[str, int]) -> VerifyReport:
+    if not report.ok:
+        return report
+    for sid, (entries, head) in heads.items():
+        if counts.get(sid) != entries or (entries and report.head != head):
+            return _fail(
+                report,
+                "head_mismatch",
+                f"session {sid!r}: the store lists {entries} entries ending at {head[:12]}..., "
+                f"the chain holds {counts.get(sid, 0)}" + (f" ending at {report.head[:12]}..." if report.head else ""),
+                session=sid,
+            )
+    return report
+
+
+def _fail(report: VerifyReport, reason: str, message: str, *, session: str | None = None) -> VerifyReport:
+    return VerifyReport(
+        ok=False,
+        entries=report.entries,
+        sessions=report.sessions,
+        blobs_checked=report.blobs_checked,
+        blobs_absent=report.blobs_absent,
+        reason=reason,
+        message=message,
+        session=session,
+    )
