@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from truss._errors import BundleFormatError, InputError, NotFoundError, TrussError, VerificationError
-from truss.ledger.canonical import canonical
-from truss.ledger.entry import StoredEntry, iter_refs
+from truss.ledger.entry import StoredEntry, entry_bytes, iter_refs
 from truss.ledger.envelope import VerdictStatement, open_verdict, parse_envelope
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
@@ -60,11 +59,11 @@ __all__ = [
     "BUNDLE_FORMAT",
     "BUNDLE_VERSION",
     "MAX_BUNDLE_BYTES",
-    "MAX_BUNDLE_DEPTH",
     "MAX_BUNDLE_ENTRIES",
     "TLOG_PROOF_HEADER",
     "BundleReport",
     "BundleSource",
+    "LogAudit",
     "SinceReport",
     "TlogProof",
     "check_bundle",
@@ -81,7 +80,6 @@ BUNDLE_FORMAT = "truss-bundle"
 BUNDLE_VERSION = 1
 TLOG_PROOF_HEADER = "c2sp.org/tlog-proof@v1"
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
-MAX_BUNDLE_DEPTH = 160
 MAX_BUNDLE_ENTRIES = 1_000_000
 _BUNDLE_KEYS = frozenset(
     {
@@ -232,7 +230,8 @@ def export_bundle(
         "inclusion": [[base64.b64encode(h).decode("ascii") for h in p] for p in proofs],
         "consistency": None,
     }
-    return canonical(bundle)
+    # entry_bytes is canonical() with a fast path for plain JSON; a bundle is mostly entries.
+    return entry_bytes(bundle)
 
 
 def _choose_checkpoint(
@@ -446,11 +445,13 @@ def _step(step: str, action: Callable[[], _T]) -> _T:
 def _parse_bundle(data: bytes) -> dict[str, Any]:
     if len(data) > MAX_BUNDLE_BYTES:
         raise _format(f"a bundle is at most {MAX_BUNDLE_BYTES} bytes, this one is {len(data)}", "too_large")
-    if _depth_exceeds(data, MAX_BUNDLE_DEPTH):
-        raise _format(f"a bundle nests at most {MAX_BUNDLE_DEPTH} levels deep", "too_deep")
     try:
+        # The parser's recursion limit bounds nesting (RecursionError, not a crash); entry bodies
+        # are held to the canonical encoder's 128 levels when each entry is read (B4).
         value: Any = json.loads(data)
-    except (ValueError, RecursionError):
+    except RecursionError:
+        raise _format("a bundle nests too deeply to be read", "too_deep") from None
+    except ValueError:
         raise _format("a bundle is one JSON object", "not_json") from None
     if not isinstance(value, dict):
         raise _format("a bundle is one JSON object", "not_json")
@@ -478,30 +479,6 @@ def _parse_bundle(data: bytes) -> dict[str, Any]:
     consistency: Any = doc["consistency"]
     doc["consistency"] = None if consistency is None else _decode_hashes(consistency)
     return doc
-
-
-def _depth_exceeds(data: bytes, limit: int) -> bool:
-    # Counted on the raw bytes before parsing, so a hostile bundle cannot exhaust the parser's
-    # stack; brackets inside strings only make the estimate higher, never lower.
-    depth = 0
-    in_string = escaped = False
-    for byte in data:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:
-                escaped = True
-            elif byte == 0x22:
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):
-            depth += 1
-            if depth > limit:
-                return True
-        elif byte in (0x5D, 0x7D):
-            depth -= 1
-    return False
 
 
 def _decode_blobs(value: Any) -> dict[str, bytes]:
@@ -571,6 +548,89 @@ def _same_log(
             f"the checkpoints of size {small.size} and {large.size} are not proven to be one log",
             "inconsistent_checkpoints",
         )
+
+
+# -- the log checks of a whole-ledger verification ---------------------------------------------
+
+
+class LogAudit:
+    """The Merkle steps of ``truss ledger verify --all`` (docs/ledger-format.md, L1-L5).
+
+    Plug ``check`` into ``verify.verify_ledger(..., extra=[audit.check])`` (its V12) and call
+    ``finish`` after the stream. It rebuilds the tree from the entries' own bytes, so nothing
+    the store says about the tree is taken on trust:
+
+    L1 every entry is the next leaf: its index is the count of entries before it, and with
+       ``node`` the stored leaf hash at that index equals the hash of its bytes (``leaf_mismatch``);
+    L2 at each stored checkpoint's size, the rebuilt root equals that checkpoint's root
+       (``checkpoint_root_mismatch``), so all checkpoints are prefixes of one tree: mutually
+       consistent by construction;
+    L3 each stored checkpoint's note is signed by a trusted key for this origin and says the
+       size and root its row says (``bad_stored_checkpoint`` or the note's own reason);
+    L4 no checkpoint is larger than the log (``log_shrank``);
+    L5 the rebuilt root equals the store's tree root (``tree_mismatch``).
+    """
+
+    def __init__(
+        self,
+        checkpoints: Sequence[StoredCheckpointLike],
+        trusted: TrustedKeys,
+        origin: str,
+        *,
+        node: Callable[[int, int], bytes] | None = None,
+    ) -> None:
+        self.frontier = Frontier()
+        self._node = node
+        self._roots: dict[int, bytes] = {}
+        self._problem: tuple[str, str] | None = None
+        self.checked = 0
+        for cp in checkpoints:
+            try:
+                opened = open_checkpoint(cp.note.encode("utf-8"), list(trusted), origin=origin)  # L3
+            except (VerificationError, InputError) as exc:
+                reason = str(exc.fields.get("reason") or exc.kind)
+                self._problem = self._problem or (reason, f"stored checkpoint of size {cp.size}: {exc.message}")
+                continue
+            if (opened.size, opened.root) != (cp.size, cp.root):
+                self._problem = self._problem or (
+                    "bad_stored_checkpoint",
+                    f"the stored checkpoint of size {cp.size} does not match its signed note",
+                )
+            self._roots[cp.size] = cp.root
+        self._check_root()
+
+    def _check_root(self) -> tuple[str, str] | None:
+        expected = self._roots.get(self.frontier.size)
+        if expected is not None:
+            self.checked += 1
+            if self.frontier.root() != expected:  # L2
+                return (
+                    "checkpoint_root_mismatch",
+                    f"the first {self.frontier.size} entries do not hash to the root of the checkpoint of that size",
+                )
+        return None
+
+    def check(self, item: StoredEntry) -> tuple[str, str] | None:
+        """The V12 hook: L1 and L2 for one entry, in log order."""
+        index = item.index
+        if index != self.frontier.size:
+            return "leaf_mismatch", f"log index {index} arrives where leaf {self.frontier.size} belongs"
+        leaf = leaf_hash(item.raw)
+        if self._node is not None and self._node(0, index) != leaf:  # L1
+            return "leaf_mismatch", f"the stored Merkle leaf {index} is not the hash of the entry at that index"
+        self.frontier.append(leaf)
+        return self._check_root()
+
+    def finish(self, tree_size: int, tree_root: bytes) -> tuple[str, str] | None:
+        """L3-L5 once every entry went through ``check``; ``None`` when the log checks out."""
+        if self._problem is not None:
+            return self._problem
+        beyond = [size for size in self._roots if size > self.frontier.size]
+        if beyond:  # L4
+            return "log_shrank", f"a checkpoint of size {max(beyond)} was signed, the log holds {self.frontier.size}"
+        if self.frontier.size != tree_size or self.frontier.root() != tree_root:  # L5
+            return "tree_mismatch", "the stored Merkle tree does not match the entries"
+        return None
 
 
 # -- --since ------------------------------------------------------------------------------------
