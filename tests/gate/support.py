@@ -15,7 +15,7 @@ from typing import Any
 from truss.budget import BudgetState
 from truss.contract import Contract, load_contract_text
 from truss.gate import Gate, Journal, Redactor
-from truss.ledger.entry import StoredEntry
+from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.store import SqliteStore, open_store
 from truss.providers.base import Provider, ToolCall, TurnRequest, TurnResponse
@@ -44,6 +44,20 @@ def entries_of(store: SqliteStore, session: str) -> list[StoredEntry]:
 
 def kinds_of(store: SqliteStore, session: str) -> list[str]:
     return [e.kind for e in store.read_session(session)]
+
+
+def steps(store: SqliteStore, session: str = "s_test") -> list[StoredEntry]:
+    """The entries after ``session_started`` (what the gate recorded)."""
+    return list(store.read_session(session, from_seq=1))
+
+
+def step_kinds(store: SqliteStore, session: str = "s_test") -> list[str]:
+    return [e.kind for e in steps(store, session)]
+
+
+def files_containing(root: Path, needle: bytes) -> list[str]:
+    """Every file under ``root`` (database, WAL, logs, anything) whose bytes contain ``needle``."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes())
 
 
 def fake_connector(transport: FakeTransport) -> Callable[..., Any]:
@@ -102,6 +116,8 @@ def make_gate(
     recorded: Iterable[StoredEntry] = (),
 ) -> Gate:
     clock = clock or ManualClock()
+    if store.session(session) is None:
+        store.append(session, [Record("session_started", {"contract": contract.contract.name})])
     return Gate(
         contract=contract,
         journal=Journal(store, session, recorded=recorded),
