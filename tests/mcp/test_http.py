@@ -1,0 +1,159 @@
+"""Streamable HTTP: statuses at connect, secret headers, slow-drip bodies, and server-everything over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import anyio
+import pytest
+
+from tests.conftest import node_peer
+from tests.mcp._util import SERVERS, contract_of
+from truss._clock import SystemClock
+from truss._errors import ServerStartError, ToolCallError
+from truss.mcp.client import connect
+
+pytestmark = pytest.mark.anyio
+
+CLOCK = SystemClock()
+
+
+def _read_marker(stream: IO[bytes], prefix: str, timeout_s: float) -> str:
+    """The value after ``prefix`` on the first line that has it, waiting at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    buffer = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(stream.fileno(), 4096)
+        if not chunk:
+            break
+        buffer += chunk
+        for line in buffer.decode(errors="replace").splitlines():
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+    raise AssertionError(f"no {prefix} line within {timeout_s} s: {buffer[-500:]!r}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+
+
+@pytest.fixture
+def bad_http() -> Iterator[str]:
+    """Base URL of ``servers/http_bad.py``."""
+    process = subprocess.Popen([sys.executable, str(SERVERS / "http_bad.py")], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        port = _read_marker(process.stdout, "PORT=", 10)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(process)
+
+
+@pytest.fixture
+def everything_http() -> Iterator[str]:
+    """URL of server-everything's Streamable HTTP endpoint, bound to 127.0.0.1 by the shim."""
+    node, script = node_peer("server-everything")
+    env = dict(os.environ, PORT="0", NODE_OPTIONS=f"--require {SERVERS / 'loopback_shim.js'}")
+    process = subprocess.Popen([node, script, "streamableHttp"], stderr=subprocess.PIPE, env=env)
+    try:
+        assert process.stderr is not None
+        port = _read_marker(process.stderr, "TRUSS_LISTEN_PORT=", 15)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        _stop(process)
+
+
+def http_server(url: str, **extra: object) -> dict[str, object]:
+    return {"name": "web", "transport": "http", "url": url, "allow_tools": ["echo"], "connect_timeout": "5s", **extra}
+
+
+@pytest.mark.parametrize("status", [401, 500])
+async def test_http_error_status_at_connect_is_a_start_error_with_the_status(
+    tmp_path: Path, bad_http: str, status: int
+) -> None:
+    contract = contract_of(http_server(f"{bad_http}/status{status}/mcp"))
+    with anyio.fail_after(20), pytest.raises(ServerStartError) as info:
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK):
+            pass
+    assert (info.value.server, info.value.status) == ("web", status)
+
+
+async def test_secret_header_is_sent_and_never_shown(tmp_path: Path, bad_http: str) -> None:
+    headers = {"Authorization": {"secret_env": "WEB_TOKEN", "format": "Bearer {}"}}
+    contract = contract_of(http_server(f"{bad_http}/auth/mcp?k=v", headers=headers))
+    with anyio.fail_after(20):
+        async with connect(contract, log_dir=tmp_path, environ={"WEB_TOKEN": "right-token"}, clock=CLOCK) as m:
+            result = await m.call(m.tools["mcp:web:echo"], {}, timeout_s=5)
+            assert result.text == "echo"
+            assert m.servers["web"].protocol_version == "2025-11-25"
+    with anyio.fail_after(20), pytest.raises(ServerStartError) as info:
+        async with connect(contract, log_dir=tmp_path, environ={"WEB_TOKEN": "wrong-token-42"}, clock=CLOCK):
+            pass
+    assert info.value.status == 401
+    shown = info.value.diagnostics() + json.dumps(info.value.to_json())
+    assert "wrong-token-42" not in shown
+    assert "k=v" not in shown
+
+
+async def test_slow_drip_at_connect_fails_at_the_connect_timeout(tmp_path: Path, bad_http: str) -> None:
+    contract = contract_of(http_server(f"{bad_http}/drip/mcp", connect_timeout="1s"))
+    with anyio.fail_after(20), pytest.raises(ServerStartError) as info:
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK):
+            pass
+    assert (info.value.server, info.value.cause) == ("web", "timeout")
+
+
+async def test_slow_drip_during_a_call_times_out_naming_server_and_tool(tmp_path: Path, bad_http: str) -> None:
+    contract = contract_of(http_server(f"{bad_http}/ok/mcp", allow_tools=["echo", "slow"]))
+    with anyio.fail_after(20):
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK) as m:
+            with pytest.raises(ToolCallError) as info:
+                await m.call(m.tools["mcp:web:slow"], {}, timeout_s=0.5)
+            assert (await m.call(m.tools["mcp:web:echo"], {}, timeout_s=5)).text == "echo"
+    assert (info.value.server, info.value.tool, info.value.cause) == ("web", "slow", "timeout")
+
+
+async def test_connection_refused_is_a_start_error(tmp_path: Path) -> None:
+    contract = contract_of(http_server("http://127.0.0.1:9/mcp"))
+    with anyio.fail_after(20), pytest.raises(ServerStartError) as info:
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK):
+            pass
+    assert (info.value.server, info.value.cause) == ("web", "transport")
+
+
+@pytest.mark.peers
+async def test_server_everything_over_streamable_http_with_progress(tmp_path: Path, everything_http: str) -> None:
+    contract = contract_of(http_server(everything_http, allow_tools=["echo", "trigger-long-running-operation"]))
+    progress: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(value)
+
+    with anyio.fail_after(30):
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK) as m:
+            assert m.servers["web"].protocol_version == "2025-11-25"
+            echo = await m.call(m.tools["mcp:web:echo"], {"message": "over http"}, timeout_s=10)
+            long = m.tools["mcp:web:trigger-long-running-operation"]
+            done = await m.call(long, {"duration": 0.3, "steps": 3}, timeout_s=10, progress=on_progress)
+    assert echo.text == "Echo: over http"
+    assert not done.is_error
+    assert progress == [1, 2, 3]
