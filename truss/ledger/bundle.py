@@ -596,7 +596,7 @@ class LogAudit:
                     "bad_stored_checkpoint",
                     f"the stored checkpoint of size {cp.size} does not match its signed note",
                 )
-            self._roots[cp.size] = cp.root
+            self._roots[opened.size] = opened.root
         self._check_root()
 
     def _check_root(self) -> tuple[str, str] | None:

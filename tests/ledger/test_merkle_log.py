@@ -1,0 +1,92 @@
+"""Whole-log Merkle checks (LogAudit) over a real SQLite ledger, tampered where an attacker would."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.ledger.test_bundle import Ledger, build_ledger, trusted
+from truss.ledger.bundle import LogAudit
+from truss.ledger.note import sign_checkpoint_note
+from truss.ledger.verify import verify_ledger
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Iterator[Ledger]:
+    built = build_ledger(tmp_path / "ledger.db")
+    yield built
+    built.store.close()
+
+
+def audit(ledger: Ledger) -> tuple[str, str] | None:
+    store = ledger.store
+    log = LogAudit(store.checkpoints(), trusted(), store.origin, node=store.node)
+    report = verify_ledger(store, trusted(), extra=[log.check])
+    if not report.ok:
+        return (report.reason or "", report.message or "")
+    size, root = store.tree_head()
+    return log.finish(size, root)
+
+
+def _sql(ledger: Ledger, statement: str, *params: object) -> None:
+    with sqlite3.connect(ledger.store.db) as conn:
+        conn.execute(statement, params)
+
+
+def test_an_honest_log_passes_every_merkle_step(ledger: Ledger) -> None:
+    assert audit(ledger) is None
+
+
+def test_every_stored_checkpoint_is_checked_against_the_rebuilt_tree(ledger: Ledger) -> None:
+    store = ledger.store
+    log = LogAudit(store.checkpoints(), trusted(), store.origin)
+    assert verify_ledger(store, trusted(), extra=[log.check]).ok
+    assert log.checked == len(store.checkpoints()) == 2
+
+
+def test_a_stored_leaf_that_is_not_the_entry_at_its_index_is_reported(ledger: Ledger) -> None:
+    _sql(ledger, "UPDATE nodes SET hash = ? WHERE level = 0 AND idx = 5", b"\x09" * 32)
+    finding = audit(ledger)
+    assert finding is not None and finding[0] == "leaf_mismatch"
+
+
+def test_a_signed_checkpoint_whose_root_is_not_the_logs_is_reported(ledger: Ledger) -> None:
+    forged = sign_checkpoint_note(ledger.store.origin, 4, b"\x07" * 32, ledger.key)
+    assert forged.note is not None
+    ledger.store.add_checkpoint(4, b"\x07" * 32, forged.note.decode())
+    finding = audit(ledger)
+    assert finding is not None and finding[0] == "checkpoint_root_mismatch"
+
+
+def test_a_checkpoint_row_that_differs_from_its_note_is_reported(ledger: Ledger) -> None:
+    _sql(ledger, "UPDATE checkpoints SET root = ? WHERE size = (SELECT MIN(size) FROM checkpoints)", b"\x05" * 32)
+    finding = audit(ledger)
+    assert finding is not None and finding[0] == "bad_stored_checkpoint"
+
+
+def test_a_stored_checkpoint_with_a_broken_signature_is_reported(ledger: Ledger) -> None:
+    _sql(ledger, "UPDATE checkpoints SET note = replace(note, 'bundles.truss.test', 'bundles.truss.test ') ")
+    finding = audit(ledger)
+    assert finding is not None
+
+
+def test_a_checkpoint_beyond_the_log_means_the_log_shrank(ledger: Ledger) -> None:
+    size, _ = ledger.store.tree_head()
+    forged = sign_checkpoint_note(ledger.store.origin, size + 3, b"\x07" * 32, ledger.key)
+    assert forged.note is not None
+    ledger.store.add_checkpoint(size + 3, b"\x07" * 32, forged.note.decode())
+    finding = audit(ledger)
+    assert finding is not None and finding[0] == "log_shrank"
+
+
+def test_a_stored_tree_root_that_the_entries_do_not_give_is_reported(ledger: Ledger) -> None:
+    store = ledger.store
+    log = LogAudit(store.checkpoints(), trusted(), store.origin)
+    assert verify_ledger(store, trusted(), extra=[log.check]).ok
+    size, root = store.tree_head()
+    assert log.finish(size, root) is None
+    finding = log.finish(size, b"\x00" * 32)
+    assert finding is not None and finding[0] == "tree_mismatch"
