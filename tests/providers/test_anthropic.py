@@ -76,6 +76,7 @@ async def test_a_model_calling_three_tools_in_one_turn_then_answering_round_trip
                 "name": "mcp__git__git_status",
                 "is_error": False,
                 "text": "clean",
+                "note": "[budget left: tool_calls=7]",
             },
             {
                 "role": "tool",
@@ -129,7 +130,11 @@ async def test_a_model_calling_three_tools_in_one_turn_then_answering_round_trip
             "tool_use_id": "toolu_01A",
             "content": [{"type": "text", "text": '{"datetime":"2026-01-01T14:02:00+01:00"}'}],
         },
-        {"type": "tool_result", "tool_use_id": "toolu_01B", "content": [{"type": "text", "text": "clean"}]},
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_01B",
+            "content": [{"type": "text", "text": "clean\n[budget left: tool_calls=7]"}],
+        },
         {
             "type": "tool_result",
             "tool_use_id": "toolu_01C",

@@ -64,7 +64,7 @@ async def test_a_model_calling_three_tools_in_one_turn_then_answering_round_trip
         conversation = [
             *first_request().messages,
             {"role": "assistant", "text": "", "tool_calls": [c.to_json() for c in first.tool_calls]},
-            {"role": "tool", "call_id": "call_a", "name": "t", "is_error": False, "text": "14:02"},
+            {"role": "tool", "call_id": "call_a", "name": "t", "is_error": False, "text": "14:02", "note": "[left: 7]"},
             {"role": "tool", "call_id": "call_b", "name": "g", "is_error": False, "text": "", "structured": {"ok": 1}},
             {"role": "tool", "call_id": "call_c", "name": "w", "is_error": True, "text": "denied by policy"},
         ]
@@ -137,7 +137,7 @@ async def test_a_model_calling_three_tools_in_one_turn_then_answering_round_trip
         ],
     }
     assert messages[3:] == [
-        {"role": "tool", "tool_call_id": "call_a", "content": "14:02"},
+        {"role": "tool", "tool_call_id": "call_a", "content": "14:02\n[left: 7]"},
         {"role": "tool", "tool_call_id": "call_b", "content": '{"ok":1}'},
         {"role": "tool", "tool_call_id": "call_c", "content": "ERROR: denied by policy"},
     ]

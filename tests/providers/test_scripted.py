@@ -197,6 +197,14 @@ async def test_a_reference_inside_a_tool_result_is_never_expanded() -> None:
     }
 
 
+async def test_the_note_after_a_result_is_not_part_of_the_result() -> None:
+    provider = scripted(
+        [{"tool": "mcp:a:x", "arguments": {}}, {"tool": "mcp:a:y", "arguments": {"copy": "${steps.0.result}"}}]
+    )
+    _, calls = await play(provider, lambda name, args: {**ok("the result"), "note": "[budget left: tool_calls=3]"})
+    assert calls[1][1] == {"copy": "the result"}
+
+
 async def test_a_denied_step_that_nothing_refers_to_does_not_stop_the_plan() -> None:
     provider = scripted([{"tool": "mcp:a:x", "arguments": {}}, {"tool": "mcp:a:y", "arguments": {}}])
     responses, calls = await play(provider, lambda name, args: failed("denied") if name.endswith("x") else ok())

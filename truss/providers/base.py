@@ -10,7 +10,11 @@ Messages are plain JSON objects:
 - ``{"role": "user", "text": "..."}``
 - ``{"role": "assistant", "text": "...", "tool_calls": [{"id", "name", "arguments"}]}``
 - ``{"role": "tool", "call_id": "...", "name": "...", "is_error": bool, "text": "...",
-  "structured": <json or absent>}``
+  "structured": <json or absent>, "note": "..." (optional)}``
+
+A tool message's ``note`` is text the model should read after the result but that is not part of
+it (what is left of the budget): the anthropic and openai providers append it to the result text
+they send; the scripted provider ignores it, so ``${steps.N.result}`` is the tool's text alone.
 
 ``name`` is always the provider-safe name (``mcp__server__tool``); the loop maps it back.
 """

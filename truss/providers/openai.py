@@ -248,10 +248,12 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tool_text(message: dict[str, Any]) -> str:
+    """The result text (or its structured content as JSON when there is no text), then the note."""
     text = message.get("text")
-    if isinstance(text, str) and text:
-        return text
     structured = message.get("structured")
-    if structured is not None:
-        return json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
-    return ""
+    if not (isinstance(text, str) and text):
+        text = "" if structured is None else json.dumps(structured, ensure_ascii=False, separators=(",", ":"))
+    note = message.get("note")
+    if isinstance(note, str) and note:
+        return f"{text}\n{note}" if text else note
+    return text
