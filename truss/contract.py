@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import json
 import math
 import re
 import stat
@@ -577,7 +578,7 @@ def format_path(path: Path_) -> str:
         if isinstance(seg, int):
             out += f"[{seg}]"
         else:
-            text = seg if re.fullmatch(r"[A-Za-z0-9_-]+", seg) else '"' + seg.replace('"', '\\"') + '"'
+            text = seg if re.fullmatch(r"[A-Za-z0-9_-]+", seg) else json.dumps(seg, ensure_ascii=True)
             out += ("." if out else "") + text
     return out
 
