@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 
 from tests.providers._support import WIRE, LoopbackServer, RecordingSleep, Reply, closed_port_url, make_contract, wire
@@ -193,3 +194,38 @@ async def test_the_url_in_errors_drops_user_info_and_query(sleep: RecordingSleep
     for text in _every_text_of(err):
         assert "hunter2" not in text
         assert "token=abc" not in text
+
+
+def _httpx2_errors() -> list[type[Exception]]:
+    found: list[type[Exception]] = []
+    for name in httpx2.__all__:
+        value = getattr(httpx2, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            found.append(value)
+    return found
+
+
+@pytest.mark.parametrize("exc_type", _httpx2_errors(), ids=lambda t: t.__name__)
+async def test_every_httpx2_exception_becomes_a_provider_error(
+    exc_type: type[Exception], sleep: RecordingSleep
+) -> None:
+    # Exception mapping only: a transport that raises, so every class httpx2 exports is covered.
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if issubclass(exc_type, httpx2.RequestError):
+            raise exc_type("simulated", request=request)
+        if issubclass(exc_type, httpx2.HTTPStatusError):
+            raise exc_type("simulated", request=request, response=httpx2.Response(500, request=request))
+        try:
+            error = exc_type("simulated")
+        except TypeError:  # the StreamError family takes no message
+            error = exc_type.__new__(exc_type)
+        raise error
+
+    contract = make_contract(provider="openai", model="m", base_url="http://127.0.0.1:9/v1")
+    provider = make_provider(
+        contract, environ={}, clock=ManualClock(), sleep=sleep, transport=httpx2.MockTransport(handler)
+    )
+    with pytest.raises(ProviderError) as caught:
+        await ask(provider)
+    assert caught.value.provider == "openai"
+    assert caught.value.attempts is not None

@@ -189,10 +189,22 @@ class JsonPoster:
             return _Failure("timeout", None, f"no complete answer within {self.settings.request_timeout_s:g}s")
         except httpx2.UnsupportedProtocol as exc:
             raise self._error(f"unsupported URL scheme ({type(exc).__name__})", None, attempts, "bad_url") from None
+        except httpx2.LocalProtocolError as exc:
+            # Our own request is malformed (say, a key with a line break): sending it again cannot help.
+            raise self._error(
+                f"the request could not be sent ({type(exc).__name__})", None, attempts, "bad_request"
+            ) from None
         except httpx2.TimeoutException as exc:
             return _Failure("timeout", None, type(exc).__name__)
         except httpx2.TransportError as exc:
             return _Failure("transport", None, type(exc).__name__)
+        except httpx2.DecodingError as exc:
+            raise self._error(
+                f"the response body could not be decoded ({type(exc).__name__})", None, attempts, "bad_response"
+            ) from None
+        except (httpx2.HTTPError, httpx2.StreamError, httpx2.CookieConflict) as exc:
+            # Anything else httpx2 raises (too many redirects, a stream misuse) is not worth repeating.
+            raise self._error(f"the request failed ({type(exc).__name__})", None, attempts, "transport") from None
         except httpx2.InvalidURL:
             raise self._error("invalid URL", None, attempts, "bad_url") from None
         except _TooLarge:
