@@ -45,7 +45,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from truss.contract import ArgCondition, Contract, PolicyRule
-from truss.tools import MountedTool, split_namespaced
+from truss.tools import MountedTool, namespaced, split_namespaced
 
 __all__ = [
     "MAX_MATCH_CHARS",
@@ -55,9 +55,11 @@ __all__ = [
     "Decision",
     "Deny",
     "DenyCode",
+    "Finding",
     "RegexProfile",
     "decide",
     "json_equal",
+    "lint",
     "regex_profile",
 ]
 
@@ -441,3 +443,66 @@ def json_equal(a: Any, b: Any, _depth: int = 0) -> bool:
         mb: Mapping[Any, Any] = b  # pyright: ignore[reportUnknownVariableType]
         return ma.keys() == mb.keys() and all(json_equal(ma[k], mb[k], _depth + 1) for k in ma)
     return False
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A policy that is valid but probably not what its author meant. ``path`` is the key path."""
+
+    path: str
+    message: str
+
+
+def lint(contract: Contract) -> list[Finding]:
+    """Findings for ``truss contract check``: valid policies that will not behave as written.
+
+    - a ``regex`` that nests repetition (never run on arguments, so the rule fails closed);
+    - a rule no call can reach, because an earlier rule without argument conditions already
+      decides every tool it covers;
+    - a rule whose tool glob matches no allowlisted tool (only when no server allowlists ``*``).
+    """
+    findings: list[Finding] = []
+    rules = contract.policy.rules
+    known = _allowlisted(contract)
+    for index, rule in enumerate(rules):
+        for name, condition in rule.args.items():
+            if condition.regex is not None and regex_profile(condition.regex).nested:
+                findings.append(
+                    Finding(
+                        f"policy.rules[{index}].args.{name}.regex",
+                        f"{condition.regex!r} nests repetition, so Truss never runs it on an argument and the rule "
+                        "fails closed; make the inner repetition atomic '(?>...)' or possessive ('*+', '++')",
+                    )
+                )
+        covered = [t for t in known or () if fnmatch.fnmatchcase(t, rule.tool)]
+        if known is not None and not covered:
+            findings.append(
+                Finding(f"policy.rules[{index}].tool", f"{rule.tool!r} matches none of the allowlisted tools")
+            )
+            continue
+        for earlier_index, earlier in enumerate(rules[:index]):
+            if earlier.args:
+                continue
+            shadowed = earlier.tool in (rule.tool, "*") or (
+                known is not None and all(fnmatch.fnmatchcase(t, earlier.tool) for t in covered)
+            )
+            if shadowed:
+                findings.append(
+                    Finding(
+                        f"policy.rules[{index}]",
+                        f"never applies: policy rule {earlier_index} ({earlier.tool!r}, {earlier.effect}) "
+                        "already decides every tool it covers",
+                    )
+                )
+                break
+    return findings
+
+
+def _allowlisted(contract: Contract) -> list[str] | None:
+    """Every namespaced tool the contract allowlists, or None when a server allowlists '*'."""
+    names: list[str] = []
+    for server in contract.mcp.servers:
+        if "*" in server.allow_tools:
+            return None
+        names.extend(namespaced(server.name, tool) for tool in server.allow_tools)
+    return names
