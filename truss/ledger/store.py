@@ -315,6 +315,12 @@ class SqliteStore:
 
     def _init_schema(self) -> None:
         conn = self._w
+        try:
+            row = conn.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
+        except sqlite3.OperationalError:
+            row = None  # no meta table yet: a new file
+        if row is not None and int(bytes(row[0]).decode()) == SCHEMA_VERSION:
+            return  # an existing ledger: readers need no write lock to open it
         self._begin(conn)
         try:
             for statement in _SCHEMA.split(";"):

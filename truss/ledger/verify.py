@@ -402,7 +402,12 @@ def verify_ledger(
     if session is not None:
         info: Any = store.session(session)
         if info is None:
-            raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session)
+            raise NotFoundError(
+                f"no session {session!r} in this ledger",
+                remedy="list sessions with `truss ledger list`",
+                what="session",
+                name=session,
+            )
         heads: Mapping[str, tuple[int, str]] = {session: (int(info.entries), str(info.head))}
         report = verify_entries(
             store.read_session(session),

@@ -1,0 +1,304 @@
+"""``truss ledger list|show|verify|erase``: read, check and prune the signed ledger.
+
+Thin: open the store, call ``truss.ledger``, render. ``register`` builds the ``ledger`` command and
+keeps its sub-parsers in ``LEDGER_PARSERS`` so further sub-commands and flags can be added in one
+place; ``open_ledger``/``open_ledger_readonly``/``trusted_from_args`` are the helpers other
+commands share.
+
+Exit codes: 0 ok / verified, 1 does not verify, 2 unusable input (no ledger, unknown session, bad
+key), 4 store failure. Reading commands never create a ledger file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from truss_cli._ctx import Ctx, table
+
+from truss._errors import KeyFileError, NotFoundError, UsageError
+from truss.ledger.entry import StoredEntry
+from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+from truss.ledger.store import SessionInfo, SqliteStore, open_store
+from truss.ledger.verify import VerifyReport, verify_ledger
+
+LEDGER_PARSERS: dict[str, argparse.ArgumentParser] = {}
+"""The ``ledger`` sub-parsers by name, filled by ``register``."""
+
+_PREVIEW_CHARS = 160
+
+
+# -- shared helpers ------------------------------------------------------------------------------
+
+
+def open_ledger(ctx: Ctx) -> tuple[SqliteStore, IdentityKey]:
+    """The home's store opened for writing (created if absent) and its identity key."""
+    key = IdentityKey.load(ctx.key)
+    ctx.home.mkdir(parents=True, exist_ok=True)
+    return open_store(ctx.db, key=key, clock=ctx.clock), key
+
+
+def open_ledger_readonly(ctx: Ctx) -> SqliteStore:
+    """The home's store for reading and verifying; needs no key; refuses a missing file."""
+    return open_store(ctx.db, key=None, clock=ctx.clock, create=False)
+
+
+def add_trusted_key_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trusted-key",
+        action="append",
+        default=[],
+        metavar="VKEY",
+        help="a verifier key (as `truss key show` prints it) or a file of them, one a line; repeatable "
+        "(default: this home's own key)",
+    )
+
+
+def trusted_from_args(args: argparse.Namespace, ctx: Ctx) -> TrustedKeys:
+    """``--trusted-key`` values (vkey text or files of vkeys), else the home's own verifier key."""
+    texts: list[str] = list(getattr(args, "trusted_key", None) or [])
+    trusted = TrustedKeys()
+    for text in texts:
+        for line in _vkey_lines(text):
+            trusted.add(VerifierKey.parse(line))
+    if texts:
+        return trusted
+    try:
+        key = IdentityKey.load(ctx.key)
+    except KeyFileError as exc:
+        raise KeyFileError(
+            exc.message,
+            remedy="pass --trusted-key VKEY (the verifier key of the log that signed it), or fix the identity key",
+            file=exc.fields.get("file"),
+        ) from exc
+    trusted.add(key.verifier)
+    return trusted
+
+
+def _vkey_lines(text: str) -> list[str]:
+    if text.count("+") >= 2 and "\n" not in text and not Path(text).is_file():
+        return [text]
+    path = Path(text)
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(
+            f"--trusted-key {text[:60]!r} is neither a verifier key nor a readable file",
+            remedy="give the line `truss key show` prints, or a file holding such lines",
+            file=text,
+        ) from exc
+    lines = [ln.strip() for ln in content.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise KeyFileError(f"{path}: no verifier key in the file", file=str(path))
+    return lines
+
+
+def _time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _require_session(store: SqliteStore, session: str) -> SessionInfo:
+    info = store.session(session)
+    if info is None:
+        raise NotFoundError(
+            f"no session {session!r} in {store.db}",
+            remedy="list sessions with `truss ledger list`",
+            what="session",
+            name=session,
+        )
+    return info
+
+
+# -- register ------------------------------------------------------------------------------------
+
+
+def register(sub: Any) -> None:
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "ledger",
+        help="list, show, verify and erase payloads of the signed ledger",
+        description="Read and check the signed, hash-chained ledger of this home (--db to use another file).",
+    )
+    commands = parser.add_subparsers(dest="ledger_command", metavar="SUBCOMMAND")
+
+    p = commands.add_parser("list", help="sessions: id, contract, status, entries, started, head")
+    p.add_argument("--status", help="only sessions with this status")
+    p.add_argument("--limit", type=int, default=50, help="at most this many, newest first (default 50; 0 for all)")
+    p.set_defaults(handler=list_sessions)
+    LEDGER_PARSERS["list"] = p
+
+    p = commands.add_parser(
+        "show",
+        help="the entries of one session, readable, with their payloads when kept",
+        description="Print SESSION's entries in order. Payloads (arguments, results) are shown when the "
+        "ledger still holds them, and marked erased when `truss ledger erase` removed them.",
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--from-seq", type=int, default=0, metavar="N", help="start at entry N")
+    p.add_argument("--no-payloads", action="store_true", help="do not print payload contents")
+    p.add_argument("--full", action="store_true", help="print payloads whole instead of a preview")
+    p.set_defaults(handler=show_session)
+    LEDGER_PARSERS["show"] = p
+
+    p = commands.add_parser(
+        "verify",
+        help="check signatures, hash chains, indexes and payload hashes (exit 0 ok, 1 tampered, 2 bad input)",
+        description="Verify SESSION, or the whole log (--all, the default): every entry's signature against "
+        "the trusted keys (never a key the ledger names for itself), prev links and seq order per session, "
+        "contiguous log indexes, payload hashes, and the stored session heads. Steps: docs/ledger-format.md.",
+    )
+    p.add_argument("session", metavar="SESSION", nargs="?")
+    p.add_argument("--all", action="store_true", help="verify the whole log (the default without SESSION)")
+    add_trusted_key_arg(p)
+    p.add_argument("--no-payloads", action="store_true", help="skip payload hash checks")
+    p.set_defaults(handler=verify)
+    LEDGER_PARSERS["verify"] = p
+
+    p = commands.add_parser(
+        "erase",
+        help="remove a session's payload bytes; the chain still verifies",
+        description="Remove the argument and result bytes SESSION recorded. Entries keep their hashes, so "
+        "the session still verifies and `show` marks the payloads erased. Bytes another session also "
+        "recorded stay for that session.",
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("--payloads", action="store_true", help="required: what to erase")
+    p.set_defaults(handler=erase)
+    LEDGER_PARSERS["erase"] = p
+
+
+# -- handlers ------------------------------------------------------------------------------------
+
+
+def list_sessions(args: argparse.Namespace, ctx: Ctx) -> int:
+    with open_ledger_readonly(ctx) as store:
+        limit = None if args.limit == 0 else args.limit
+        rows = store.sessions(status=args.status, limit=limit)
+    human = table(
+        [[s.id, s.contract or "-", s.status, str(s.entries), _time(s.started_ms), s.head[:12]] for s in rows],
+        ["SESSION", "CONTRACT", "STATUS", "ENTRIES", "STARTED (UTC)", "HEAD"],
+    )
+    if not rows:
+        human = "no sessions"
+    elif limit is not None and len(rows) == limit:
+        human += f"\n(the {limit} most recent; --limit 0 for all)"
+    ctx.emit({"sessions": [s.to_json() for s in rows]}, human)
+    return 0
+
+
+def _payload_view(data: bytes, *, full: bool) -> tuple[Any, str]:
+    """The payload for JSON output and a one-line preview for people."""
+    try:
+        text = data.decode("utf-8")
+        value: Any = json.loads(text)
+        preview = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    except (UnicodeDecodeError, ValueError):
+        value = {"base64": base64.b64encode(data).decode("ascii")}
+        preview = f"<{len(data)} bytes, not UTF-8 JSON>"
+    if not full and len(preview) > _PREVIEW_CHARS:
+        preview = preview[:_PREVIEW_CHARS] + f"... ({len(data)} bytes)"
+    return value, preview
+
+
+def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
+    with open_ledger_readonly(ctx) as store:
+        info = _require_session(store, args.session)
+        erased = store.erased_refs(args.session)
+        entries_json: list[dict[str, Any]] = []
+        lines = [
+            f"session {info.id}  contract {info.contract or '-'}  status {info.status}  entries {info.entries}",
+            f"head {info.head}",
+        ]
+        for item in store.read_session(args.session, from_seq=args.from_seq):
+            entry_json, entry_lines = _render_entry(store, item, erased, payloads=not args.no_payloads, full=args.full)
+            entries_json.append(entry_json)
+            if not ctx.json:
+                lines.extend(entry_lines)
+    if erased:
+        lines.append(f"({len(erased)} payload(s) erased with `truss ledger erase`; their hashes remain signed)")
+    ctx.emit({"session": info.to_json(), "entries": entries_json}, "\n".join(lines))
+    return 0
+
+
+def _render_entry(
+    store: SqliteStore, item: StoredEntry, erased: set[str], *, payloads: bool, full: bool
+) -> tuple[dict[str, Any], list[str]]:
+    body = dict(item.body)
+    summary = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if not full and len(summary) > _PREVIEW_CHARS:
+        summary = summary[:_PREVIEW_CHARS] + "..."
+    lines = [f"{item.seq:>4}  #{item.index:<6} {_time(item.ts)}  {item.kind:<20} {summary}"]
+    views: dict[str, dict[str, Any]] = {}
+    for ref in item.refs():
+        if ref in erased:
+            views[ref] = {"state": "erased"}
+            if payloads:
+                lines.append(f"{'':>6}{ref[:19]}...  (erased)")
+            continue
+        data = store.blob(ref)
+        if data is None:
+            views[ref] = {"state": "not_stored"}
+            continue
+        value, preview = _payload_view(data, full=full)
+        views[ref] = {"state": "present", "bytes": len(data)}
+        if payloads:
+            views[ref]["value"] = value
+            lines.append(f"{'':>6}{ref[:19]}...  {preview}")
+    out = {
+        "seq": item.seq,
+        "index": item.index,
+        "ts": item.ts,
+        "kind": item.kind,
+        "hash": item.hash,
+        "keyid": item.keyid,
+        "entry": item.entry,
+        "payloads": views,
+    }
+    return out, lines
+
+
+def verify(args: argparse.Namespace, ctx: Ctx) -> int:
+    if args.session and args.all:
+        raise UsageError("truss ledger verify: give SESSION or --all, not both")
+    trusted = trusted_from_args(args, ctx)
+    with open_ledger_readonly(ctx) as store:
+        report = verify_ledger(store, trusted, session=args.session, payloads=not args.no_payloads)
+    return _render_report(ctx, report, scope=args.session or "all")
+
+
+def _render_report(ctx: Ctx, report: VerifyReport, *, scope: str) -> int:
+    data = {"scope": scope, **report.to_json()}
+    what = f"session {scope}" if scope != "all" else "the whole log"
+    if report.ok:
+        human = (
+            f"verified {what}: {report.entries} entries in {report.sessions} session(s); signatures, hash chains, "
+            f"log indexes; {report.blobs_checked} payload(s) checked, {report.blobs_absent} not held"
+        )
+        ctx.emit(data, human)
+        return 0
+    ctx.emit(data, f"NOT VERIFIED ({report.reason}): {report.message}")
+    if not ctx.json:
+        ctx.progress(
+            "truss: do not trust this record; compare it with an exported bundle or a checkpoint you hold "
+            "(docs/ledger-format.md lists the reasons)"
+        )
+    return 1
+
+
+def erase(args: argparse.Namespace, ctx: Ctx) -> int:
+    if not args.payloads:
+        raise UsageError(
+            "truss ledger erase: say what to erase with --payloads",
+            remedy="run `truss ledger erase SESSION --payloads`",
+        )
+    with open_ledger_readonly(ctx) as store:
+        _require_session(store, args.session)
+        count = store.erase_payloads(args.session)
+    ctx.emit(
+        {"session": args.session, "erased": count},
+        f"erased {count} payload(s) of session {args.session}; its entries and their hashes remain and still verify",
+    )
+    return 0
