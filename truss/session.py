@@ -480,18 +480,25 @@ def _reindexed(journal: Journal, entries: list[StoredEntry]) -> Journal:
 @asynccontextmanager
 async def _stoppable(stop: anyio.Event | None) -> AsyncGenerator[None]:
     """Run the body until it ends or ``stop`` is set (Ctrl-C / SIGTERM in the CLI, a cancel in serve-mcp)."""
-    async with anyio.create_task_group() as group:
-        if stop is not None:
+    try:
+        async with anyio.create_task_group() as group:
+            if stop is not None:
 
-            async def watch() -> None:
-                await stop.wait()
+                async def watch() -> None:
+                    await stop.wait()
+                    group.cancel_scope.cancel()
+
+                group.start_soon(watch)
+            try:
+                yield
+            finally:
                 group.cancel_scope.cancel()
-
-            group.start_soon(watch)
-        try:
-            yield
-        finally:
-            group.cancel_scope.cancel()
+    except BaseExceptionGroup as group_error:
+        # The watcher never fails, so a group holds the body's one error: raise it as itself, so
+        # callers (and the CLI's one handler) see a Truss error, not a group.
+        if len(group_error.exceptions) == 1:
+            raise group_error.exceptions[0] from None
+        raise
 
 
 def _server_json(status: Any) -> dict[str, Any]:

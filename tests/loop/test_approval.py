@@ -1,0 +1,235 @@
+"""Approvals and resumption: suspend on ``ask``, decide, resume; interrupted runs; what is replayed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from tests.gate.support import ListProvider, calls, contract_from, fake_connector, kinds_of, new_store
+from truss._errors import NotFoundError, RunSuspended, UsageError
+from truss.contract import Contract
+from truss.ledger.keys import TrustedKeys
+from truss.ledger.verify import verify_entries
+from truss.providers.base import Provider, TurnResponse
+from truss.session import RunOutcome, approve_call, resume_session, run_contract
+from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
+from truss.tools import MountedTool, ToolResult
+
+pytestmark = pytest.mark.anyio
+
+TEXT = """
+[contract]
+name = "approval-test"
+intent = "write a file after reading"
+[policy]
+default = "allow"
+[[policy.rules]]
+tool = "mcp:srv:write"
+effect = "ask"
+reason = "writes need a person"
+[[mcp.servers]]
+name = "srv"
+command = "unused"
+allow_tools = ["read", "write"]
+retry_in_doubt = ["read"]
+[[done.checks]]
+kind = "tool_succeeded"
+tool = "mcp:srv:write"
+"""
+
+READ, WRITE = "mcp__srv__read", "mcp__srv__write"
+
+
+class World:
+    """One ledger, one fake server, and a model whose answers are fixed: replays must ask it nothing."""
+
+    def __init__(self, tmp_path: Path, responses: list[TurnResponse] | None = None) -> None:
+        self.clock = ManualClock()
+        self.store, self.key = new_store(tmp_path, self.clock)
+        self.home = tmp_path / "home"
+        self.contract: Contract = contract_from(TEXT)
+        self.model = ListProvider(
+            responses
+            or [
+                calls((READ, {"path": "a"})),
+                calls((READ, {"path": "b"}), (WRITE, {"path": "c", "text": "x"})),
+                TurnResponse("wrote it"),
+            ]
+        )
+        self.gate_open = anyio.Event()
+        self.gate_open.set()
+
+        async def handler(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
+            await self.gate_open.wait()
+            return text_result(f"{tool.tool} {arguments.get('path')}")
+
+        schema = {"type": "object"}
+        self.transport = FakeTransport(
+            handler,
+            tools=[mounted_tool("srv", "read", input_schema=schema), mounted_tool("srv", "write", input_schema=schema)],
+        )
+
+    def provider(self, _contract: Contract) -> Provider:
+        return self.model
+
+    async def run(self, **kw: Any) -> RunOutcome:
+        with anyio.fail_after(20):
+            return await run_contract(
+                self.contract,
+                store=self.store,
+                key=self.key,
+                clock=self.clock,
+                home=self.home,
+                environ={},
+                connector=fake_connector(self.transport),
+                provider=self.provider,
+                **kw,
+            )
+
+    async def resume(self, session: str) -> RunOutcome:
+        with anyio.fail_after(20):
+            return await resume_session(
+                session,
+                store=self.store,
+                key=self.key,
+                clock=self.clock,
+                home=self.home,
+                environ={},
+                connector=fake_connector(self.transport),
+                provider=self.provider,
+            )
+
+    def verified(self, session: str) -> bool:
+        report = verify_entries(
+            self.store.read_session(session), TrustedKeys([self.key.verifier]), blobs=self.store.blob
+        )
+        return report.ok
+
+
+async def test_ask_suspends_the_run_and_approval_lets_resume_finish_it(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    first = await w.run()
+    assert first.status == "suspended" and first.exit_code == 3 and first.waiting == ("c2.1",)
+    assert [c.tool for c in w.transport.calls] == ["mcp:srv:read", "mcp:srv:read"]  # the sibling read ran
+    assert kinds_of(w.store, first.session)[-1] == "session_suspended"
+    assert w.verified(first.session)
+
+    approve_call(w.store, first.session, "c2.1", approved=True, reason="looks fine")
+    asked_before = len(w.model.requests)
+    second = await w.resume(first.session)
+    assert second.status == "pass" and second.exit_code == 0
+    # Recorded turns and results came from the ledger: the model was asked only for the new turn,
+    # and only the approved write went to the server.
+    assert len(w.model.requests) == asked_before + 1
+    assert [c.tool for c in w.transport.calls] == ["mcp:srv:read", "mcp:srv:read", "mcp:srv:write"]
+    kinds = kinds_of(w.store, first.session)
+    assert kinds.count("session_resumed") == 1 and kinds.count("approval_decided") == 1
+    assert kinds[-2:] == ["verdict", "session_ended"]
+    assert w.verified(first.session)
+
+
+async def test_a_denied_approval_reaches_the_model_as_a_denial(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    first = await w.run()
+    approve_call(w.store, first.session, "c2.1", approved=False, reason="not today")
+    second = await w.resume(first.session)
+    assert second.status == "fail" and second.exit_code == 1
+    assert [c.tool for c in w.transport.calls] == ["mcp:srv:read", "mcp:srv:read"]
+    last_request = w.model.requests[-1]
+    denial = [m for m in last_request.messages if m["role"] == "tool" and m["call_id"] == "m1"][-1]
+    assert denial["is_error"] is True and "not today" in denial["text"]
+    denied = [e for e in w.store.read_session(first.session) if e.kind == "mcp_tool_denied"]
+    assert [d.body["code"] for d in denied] == ["approval_denied"]
+
+
+async def test_resume_before_a_decision_stays_suspended_and_records_nothing(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    first = await w.run()
+    count = len(kinds_of(w.store, first.session))
+    with pytest.raises(RunSuspended) as caught:
+        await w.resume(first.session)
+    assert caught.value.exit_code == 3 and caught.value.call == "c2.1"
+    assert len(kinds_of(w.store, first.session)) == count
+
+
+async def test_approving_twice_or_an_unknown_call_is_refused(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    first = await w.run()
+    with pytest.raises(NotFoundError):
+        approve_call(w.store, first.session, "c9.9", approved=True)
+    with pytest.raises(NotFoundError):
+        approve_call(w.store, "s_missing", "c2.1", approved=True)
+    approve_call(w.store, first.session, "c2.1", approved=True)
+    with pytest.raises(UsageError):
+        approve_call(w.store, first.session, "c2.1", approved=False)
+
+
+async def test_a_stop_request_records_the_run_as_interrupted_and_resume_finishes_it(tmp_path: Path) -> None:
+    w = World(tmp_path, [calls((READ, {"path": "a"})), TurnResponse("read it")])
+    w.contract = contract_from(TEXT.replace('kind = "tool_succeeded"\ntool = "mcp:srv:write"', 'kind = "no_denials"'))
+    w.gate_open = anyio.Event()  # the read hangs until the test lets it go
+    stop = anyio.Event()
+    outcome: list[RunOutcome] = []
+
+    async def run() -> None:
+        outcome.append(await w.run(stop=stop))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(run)
+            while not w.transport.calls:
+                await anyio.lowlevel.checkpoint()
+            stop.set()
+    [first] = outcome
+    assert first.status == "interrupted" and first.exit_code == 3
+    suspended = list(w.store.read_session(first.session))[-1]
+    assert suspended.kind == "session_suspended"
+    assert suspended.body == {"reason": "interrupted", "in_flight": ["c1.0"]}
+    assert w.verified(first.session)
+    info = w.store.session(first.session)
+    assert info is not None and info.status == "interrupted"
+
+    # The read had an intent and no result; it is declared safe to re-send, so resume re-sends it.
+    w.gate_open.set()
+    second = await w.resume(first.session)
+    assert second.status == "pass"
+    assert len(w.transport.calls) == 2
+    assert w.verified(first.session)
+
+
+async def test_an_interrupted_call_that_is_not_safe_to_resend_is_in_doubt(tmp_path: Path) -> None:
+    w = World(tmp_path, [calls((WRITE, {"path": "a"})), TurnResponse("wrote")])
+    w.contract = contract_from(TEXT.replace('effect = "ask"', 'effect = "allow"'))
+    w.gate_open = anyio.Event()
+    stop = anyio.Event()
+    outcome: list[RunOutcome] = []
+
+    async def run() -> None:
+        outcome.append(await w.run(stop=stop))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(run)
+            while not w.transport.calls:
+                await anyio.lowlevel.checkpoint()
+            stop.set()
+    w.gate_open.set()
+    second = await w.resume(outcome[0].session)
+    assert second.status == "suspended" and second.exit_code == 3
+    assert len(w.transport.calls) == 1  # never re-sent
+    kinds = kinds_of(w.store, outcome[0].session)
+    assert "in_doubt" in kinds and kinds[-1] == "session_suspended"
+
+
+async def test_resume_of_a_finished_session_returns_its_outcome(tmp_path: Path) -> None:
+    w = World(tmp_path, [TurnResponse("nothing to do")])
+    w.contract = contract_from(TEXT.replace('kind = "tool_succeeded"\ntool = "mcp:srv:write"', 'kind = "no_denials"'))
+    first = await w.run()
+    again = await w.resume(first.session)
+    assert again.status == first.status == "pass" and again.head == first.head
+    assert len(w.model.requests) == 1
