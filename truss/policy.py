@@ -26,11 +26,18 @@ Order (the first step that decides wins):
 5. **Default.** No rule matched: ``policy.default`` (allow or deny).
 
 Arguments are untrusted model output. ``decide`` never raises on them: any JSON value (and any
-odd Python value) is handled. String conditions (``glob``, ``not_glob``, ``regex``) only run on
-strings up to ``MAX_MATCH_CHARS`` characters; a longer string tested by such a condition denies
-the call (``bad_arguments``) whatever the rule's effect, so no pattern is ever run over an
-unbounded input. Reasons name arguments and conditions, never argument values, so a secret
-argument can not leak into the ledger or the model's context through a denial.
+odd Python value) is handled. Patterns never run over unbounded input: a ``glob``/``not_glob``
+runs on strings up to ``MAX_MATCH_CHARS`` characters, a ``regex`` on strings up to the limit its
+backtracking shape allows (``regex_profile``), and a longer string tested by a pattern denies the
+call (``bad_arguments``) whatever the rule's effect. A regex that nests repetition (exponential
+on a crafted string) is never run on an argument at all: its condition is unknown. A glob never
+vouches for a value with a ``..`` path segment: unknown too. Reasons name arguments and
+conditions, never argument values, so a secret argument can not leak into the ledger or the
+model's context through a denial.
+
+``lint(contract)`` reports valid policies that will not behave as written, for ``contract check``.
+What this module does not do: interpret paths beyond ``..`` (symlinks, case folding), validate
+arguments against the tool's input schema (the gate does), or count anything.
 """
 
 from __future__ import annotations
