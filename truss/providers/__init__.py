@@ -100,7 +100,14 @@ def _api_key(agent: AgentConfig, environ: Mapping[str, str]) -> str | None:
     if not value:
         raise InputError(
             f"provider {agent.provider!r} needs an API key in the environment variable {name}, which is not set",
-            remedy=f"Export {name}, or set agent.api_key_env to the variable that holds the key",
+            remedy=(
+                f"Export {name}, or set agent.api_key_env to the variable that holds the key"
+                + (
+                    "; a server that needs no key (Ollama, llama.cpp) needs no agent.api_key_env"
+                    if agent.api_key_env
+                    else ""
+                )
+            ),
             provider=agent.provider,
             env=name,
         )
