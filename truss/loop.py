@@ -46,7 +46,7 @@ StopReason = Literal["done", "suspended", "budget", "deadline", "provider_error"
 DEFAULT_SYSTEM = (
     "You are an agent run by Truss. Use the tools offered to do the task; every call is checked "
     "against a policy and a budget, and a refused call comes back as an error result saying why. "
-    "Each tool result ends with what is left of your budget. When the task is done, answer with "
+    "Each tool result is followed by what is left of your budget. When the task is done, answer with "
     "a short summary and no tool calls."
 )
 
@@ -72,7 +72,8 @@ def _budget_note(left: Mapping[str, Any]) -> str:
 
 
 class _Conversation:
-    """The messages so far, each tool message with its budget note kept apart from its text."""
+    """The messages so far; a tool message's budget note is its ``note`` (providers show it after the
+    result; step references never see it) and is left out of the replay key."""
 
     def __init__(self, intent: str) -> None:
         self._messages: list[dict[str, Any]] = [{"role": "user", "text": intent}]
@@ -85,11 +86,7 @@ class _Conversation:
     def rendered(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for message, note in zip(self._messages, self._notes, strict=True):
-            if note is None:
-                out.append(dict(message))
-            else:
-                text = str(message.get("text", ""))
-                out.append({**message, "text": f"{text}\n{note}" if text else note})
+            out.append(dict(message) if note is None else {**message, "note": note})
         return out
 
     def bare(self) -> list[dict[str, Any]]:

@@ -133,7 +133,8 @@ async def test_three_tools_in_one_turn_one_denied_results_go_back_in_order(tmp_p
     assert [m["is_error"] for m in tool_messages] == [False, True, False]
     assert "no writes in this test" in tool_messages[1]["text"]
     assert tool_messages[2]["structured"] == {"sum": 3}
-    assert all("[budget left:" in m["text"] for m in tool_messages)
+    assert all(m["note"].startswith("[budget left: tool_calls=") for m in tool_messages)
+    assert all("budget" not in m["text"] for m in tool_messages)
     kinds = kinds_of(h.store, outcome.session)
     assert kinds[0] == "session_started" and kinds[-2:] == ["verdict", "session_ended"]
     assert kinds.count("mcp_tool_call") == 2 and kinds.count("mcp_tool_denied") == 1
