@@ -1,0 +1,280 @@
+"""Turning a Claude-style ``{"mcpServers": {...}}`` JSON file into ``[[mcp.servers]]`` TOML.
+
+Pure: values in, values and text out; it neither reads files nor connects to servers, and it
+does not import the ``mcp`` SDK. The rules (docs/mcp.md):
+
+- a whole-value ``${VAR}`` in ``env`` becomes ``secret_env = ["VAR"]`` (the variable must keep its
+  name: Truss passes a secret under its own name); in ``headers`` it becomes
+  ``{ secret_env = "VAR", format = "..." }`` (so ``"Bearer ${TOKEN}"`` works);
+- a literal value that looks like a secret (by its key or by its shape) is refused, with every
+  such place named, and nothing is written;
+- ``${...}`` anywhere else (command, args, url, part of a value) is refused: Truss never
+  substitutes into commands, URLs or env;
+- ``allow_tools`` is the operator's decision. Without tools (no probe), the emitted server has
+  ``allow_tools = []``, which ``truss contract check`` refuses until someone fills it in. With the
+  advertised tools (``truss mcp import --probe``), read-only tools are listed with their pins
+  and every other tool is written commented out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import tomli_w
+
+from truss._errors import ContractError
+
+__all__ = ["ImportedServer", "ProbedTool", "convert", "render_toml"]
+
+_SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
+_SECRET_SHAPES = [
+    re.compile(p)
+    for p in (
+        r"^(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}$",
+        r"^github_pat_[A-Za-z0-9_]{20,}$",
+        r"^sk-[A-Za-z0-9_-]{16,}$",
+        r"^xox[abposr]-[A-Za-z0-9-]{10,}$",
+        r"^AKIA[0-9A-Z]{16}$",
+        r"^eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.",
+        r"^(Bearer|Basic|Token)\s+\S{8,}$",
+        r"^[A-Za-z0-9+/_=-]{32,}$",
+    )
+]
+_WHOLE_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_EMBEDDED_VAR = re.compile(r"^(.*)\$\{([A-Za-z_][A-Za-z0-9_]*)\}(.*)$")
+_SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
+
+
+@dataclass(frozen=True)
+class ProbedTool:
+    """One advertised tool, as ``--probe`` saw it."""
+
+    name: str
+    pin: str
+    read_only: bool
+    destructive: bool
+
+
+@dataclass
+class ImportedServer:
+    """One server of the file, as a ``[[mcp.servers]]`` table (``table``) plus notes for the operator."""
+
+    source_name: str
+    table: dict[str, Any]
+    notes: list[str] = field(default_factory=list[str])
+    tools: list[ProbedTool] | None = None
+
+
+def _looks_secret(key: str, value: str) -> bool:
+    if _SECRET_KEY.search(key) and value.strip():
+        return True
+    return any(p.search(value) for p in _SECRET_SHAPES)
+
+
+def _server_name(raw: str, taken: set[str]) -> str:
+    name = re.sub(r"[^a-z0-9_-]+", "-", raw.lower()).strip("-_")[:32] or "server"
+    if not name[0].isalnum():
+        name = "s" + name[:31]
+    base, n = name, 2
+    while name in taken:
+        suffix = f"-{n}"
+        name = base[: 32 - len(suffix)] + suffix
+        n += 1
+    return name
+
+
+def _has_var(value: str) -> bool:
+    return "${" in value
+
+
+def convert(data: Any, *, source: str) -> list[ImportedServer]:
+    """The servers of a parsed Claude-style config; raises ``ContractError`` naming every problem."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("mcpServers"), Mapping):  # pyright: ignore[reportUnknownMemberType]
+        raise ContractError(
+            'expected a JSON object with an "mcpServers" object',
+            remedy='The file should look like {"mcpServers": {"name": {"command": ...}}}',
+            file=source,
+            path="mcpServers",
+        )
+    servers = cast("Mapping[str, Any]", cast("Mapping[str, Any]", data)["mcpServers"])
+    problems: list[str] = []
+    out: list[ImportedServer] = []
+    taken: set[str] = set()
+    for raw_name, spec in servers.items():
+        where = f"mcpServers.{raw_name}"
+        if not isinstance(spec, Mapping):
+            problems.append(f"{where}: expected an object")
+            continue
+        entry: Mapping[str, Any] = spec  # pyright: ignore[reportUnknownVariableType]
+        name = _server_name(str(raw_name), taken)
+        taken.add(name)
+        server = ImportedServer(source_name=str(raw_name), table={"name": name})
+        if name != raw_name:
+            server.notes.append(f"renamed from {raw_name!r} (server names are [a-z0-9_-])")
+        kind = str(entry.get("type") or ("http" if "url" in entry else "stdio")).lower()
+        if kind == "stdio":
+            _stdio(entry, where, server, problems)
+        elif kind in ("http", "streamable-http", "streamablehttp"):
+            _http(entry, where, server, problems)
+        else:
+            problems.append(f"{where}: transport {kind!r} is not supported (Truss speaks stdio and Streamable HTTP)")
+            continue
+        out.append(server)
+    if problems:
+        raise ContractError(
+            f"{len(problems)} problem(s) importing {source}: " + "; ".join(problems),
+            remedy="Move secret values into environment variables and write them as ${VAR}, then import again",
+            file=source,
+            problems=problems,
+        )
+    return out
+
+
+def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str]) -> None:
+    command = entry.get("command")
+    if not isinstance(command, str) or not command:
+        problems.append(f"{where}.command: a stdio server needs a command")
+        return
+    if _has_var(command):
+        problems.append(f"{where}.command: ${{...}} is not substituted into commands")
+    server.table["transport"] = "stdio"
+    server.table["command"] = command
+    args: Any = entry.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):  # pyright: ignore[reportUnknownVariableType]
+        problems.append(f"{where}.args: expected a list of strings")
+        args = []
+    arg_list: list[str] = list(args)  # pyright: ignore[reportUnknownArgumentType]
+    for i, arg in enumerate(arg_list):
+        if _has_var(arg):
+            problems.append(f"{where}.args[{i}]: ${{...}} is not substituted into arguments")
+        elif _looks_secret("", arg) and len(arg) >= 20:
+            problems.append(f"{where}.args[{i}]: looks like a secret; pass it through an environment variable")
+    if arg_list:
+        server.table["args"] = arg_list
+    if isinstance(entry.get("cwd"), str):
+        server.table["cwd"] = entry["cwd"]
+    env: Any = entry.get("env") or {}
+    literal: dict[str, str] = {}
+    secret: list[str] = []
+    if not isinstance(env, Mapping):
+        problems.append(f"{where}.env: expected an object")
+        env = {}
+    for key, value in env.items():  # pyright: ignore[reportUnknownVariableType]
+        path = f"{where}.env.{key}"
+        if not isinstance(value, str):
+            problems.append(f"{path}: expected a string")
+            continue
+        whole = _WHOLE_VAR.match(value)
+        if whole:
+            if whole.group(1) != key:
+                problems.append(
+                    f"{path}: ${{{whole.group(1)}}} under another name; Truss passes a secret under its own "
+                    f"name, so export {key} instead"
+                )
+            else:
+                secret.append(str(key))  # pyright: ignore[reportUnknownArgumentType]
+        elif _has_var(value):
+            problems.append(f"{path}: only a whole value ${{VAR}} can become secret_env")
+        elif _looks_secret(str(key), value):  # pyright: ignore[reportUnknownArgumentType]
+            problems.append(f"{path}: a literal secret; write it as ${{{key}}} and export it")
+        else:
+            literal[str(key)] = value  # pyright: ignore[reportUnknownArgumentType]
+    if literal:
+        server.table["env"] = literal
+    if secret:
+        server.table["secret_env"] = secret
+
+
+def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str]) -> None:
+    url = entry.get("url")
+    if not isinstance(url, str) or not re.match(r"^https?://\S+$", url):
+        problems.append(f"{where}.url: an http server needs an http:// or https:// url")
+        return
+    if _has_var(url):
+        problems.append(f"{where}.url: ${{...}} is not substituted into URLs")
+    elif re.search(r"://[^/@]*:[^/@]*@", url) or re.search(r"[?&](key|token|api_key|access_token|secret)=", url, re.I):
+        problems.append(f"{where}.url: holds credentials; send them in a header from an environment variable")
+    server.table["transport"] = "http"
+    server.table["url"] = url
+    headers: Any = entry.get("headers") or {}
+    if not isinstance(headers, Mapping):
+        problems.append(f"{where}.headers: expected an object")
+        headers = {}
+    out: dict[str, Any] = {}
+    for key, value in headers.items():  # pyright: ignore[reportUnknownVariableType]
+        path = f"{where}.headers.{key}"
+        if not isinstance(value, str):
+            problems.append(f"{path}: expected a string")
+            continue
+        embedded = _EMBEDDED_VAR.match(value)
+        if embedded and not _has_var(embedded.group(1) + embedded.group(3)):
+            fmt = embedded.group(1) + "{}" + embedded.group(3)
+            spec: dict[str, str] = {"secret_env": embedded.group(2)}
+            if fmt != "{}":
+                spec["format"] = fmt
+            out[str(key)] = spec  # pyright: ignore[reportUnknownArgumentType]
+        elif _has_var(value):
+            problems.append(f"{path}: only one ${{VAR}} per header value can become secret_env")
+        elif str(key).lower() in _SECRET_HEADERS or _looks_secret(str(key), value):  # pyright: ignore[reportUnknownArgumentType]
+            problems.append(f"{path}: a literal secret; write it as ${{VAR}} and export VAR")
+        else:
+            out[str(key)] = value  # pyright: ignore[reportUnknownArgumentType]
+    if out:
+        server.table["headers"] = out
+
+
+def _value(value: Any) -> str:
+    """One TOML value; tables are written inline so that a server stays one block."""
+    if isinstance(value, Mapping):
+        items: Mapping[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
+        if not items:
+            return "{}"
+        return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in items.items()) + " }"
+    return tomli_w.dumps({"v": value}).strip()[len("v = ") :]
+
+
+def _key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _value(key)
+
+
+def render_toml(servers: Sequence[ImportedServer], *, source: str) -> str:
+    """``[[mcp.servers]]`` tables for ``servers``, with the operator's to-dos as comments."""
+    lines = [f"# Imported by `truss mcp import` from {source}.", "# Review every allow_tools before use.", ""]
+    for server in servers:
+        lines.append("[[mcp.servers]]")
+        for note in server.notes:
+            lines.append(f"# {note}")
+        for key, value in server.table.items():
+            if key == "headers":
+                continue
+            lines.append(f"{key} = {_value(value)}")
+        lines.extend(_allow_lines(server))
+        headers: dict[str, Any] = server.table.get("headers") or {}
+        if headers:
+            lines.append(f"headers = {_value(headers)}")
+        for tool in server.tools or []:
+            if tool.read_only:
+                lines.extend(["[[mcp.servers.tools]]", f"name = {_value(tool.name)}", f"pin = {_value(tool.pin)}"])
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _allow_lines(server: ImportedServer) -> list[str]:
+    if server.tools is None:
+        return [
+            "# Fill in the tools to mount (`truss mcp probe --contract FILE NAME` lists them, or import with",
+            "# --probe). An empty list is refused by `truss contract check` until you decide.",
+            "allow_tools = []",
+        ]
+    if not server.tools:
+        return ["# The server advertised no tools.", "allow_tools = []"]
+    out = ["# Read-only tools are allowed and pinned; uncomment others only after review.", "allow_tools = ["]
+    for tool in server.tools:
+        hint = "read-only" if tool.read_only else ("destructive" if tool.destructive else "may write")
+        entry = f"{_value(tool.name)},"
+        out.append(f"  {entry:<40} # {hint}" if tool.read_only else f"  # {entry:<38} # {hint}")
+    out.append("]")
+    return out
