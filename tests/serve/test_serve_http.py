@@ -1,0 +1,160 @@
+"""serve-mcp over Streamable HTTP on 127.0.0.1: bearer tokens, principals, both eras, bounds,
+concurrency and clients that go away mid-run."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.serve.conftest import TOKEN_A, TOKEN_B, HttpServer, Site, structured
+from truss._clock import SystemClock
+from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.store import open_store
+from truss.ledger.verify import verify_ledger
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+
+@asynccontextmanager
+async def http_client(url: str, token: str | None, *, mode: str = "auto") -> AsyncGenerator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=120.0)) as http,
+        Client(streamable_http_client(url, http_client=http), mode=mode, read_timeout_seconds=90, cache=None) as client,
+    ):
+        yield client
+
+
+def _initialize() -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+
+
+async def test_http_without_a_valid_bearer_token_gets_401_and_reaches_nothing(http_server: HttpServer) -> None:
+    with anyio.fail_after(30):
+        async with httpx2.AsyncClient(timeout=10) as http:
+            headers = {"Accept": "application/json, text/event-stream"}
+            for auth in (None, "Bearer wrong-token", "Basic " + TOKEN_A, "Bearer " + TOKEN_A[:-1]):
+                sent = dict(headers) | ({"Authorization": auth} if auth else {})
+                response = await http.post(http_server.url, json=_initialize(), headers=sent)
+                assert response.status_code == 401, auth
+                assert response.headers["www-authenticate"].startswith("Bearer")
+            ok = await http.post(
+                http_server.url, json=_initialize(), headers=headers | {"Authorization": f"Bearer {TOKEN_A}"}
+            )
+            assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_delegated_run_over_http_passes_in_both_eras(http_server: HttpServer, mode: str) -> None:
+    with anyio.fail_after(90):
+        async with http_client(http_server.url, TOKEN_A, mode=mode) as client:
+            assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
+            result = await client.call_tool("truss_run_contract", {"contract": "hello"})
+            answer = structured(result)
+            assert not result.is_error and answer["status"] == "pass"
+            status = structured(await client.call_tool("truss_contract_status", {"session": answer["session"]}))
+            assert status["verification"]["ok"] is True
+
+
+async def test_principals_over_http_see_only_their_own_sessions(http_server: HttpServer, serve_site: Site) -> None:
+    with anyio.fail_after(90):
+        async with http_client(http_server.url, TOKEN_A) as alice, http_client(http_server.url, TOKEN_B) as bob:
+            mine = structured(await alice.call_tool("truss_run_contract", {"contract": "hello"}))
+            for tool in ("truss_contract_status", "truss_ledger_verdict", "truss_ledger_export"):
+                theirs = await bob.call_tool(tool, {"session": mine["session"]})
+                assert theirs.is_error and structured(theirs)["error"]["kind"] == "not_found"
+                own = await alice.call_tool(tool, {"session": mine["session"]})
+                assert not own.is_error
+    with sqlite3.connect(serve_site.home / "ledger.db") as db:
+        principals = [row[0] for row in db.execute("SELECT principal FROM sessions")]
+    assert len(principals) == 1 and "alice" in str(principals[0])
+
+
+async def test_an_oversized_http_request_is_refused_before_it_is_parsed(http_server: HttpServer) -> None:
+    body = _initialize()
+    body["params"]["padding"] = "x" * 1_100_000
+    with anyio.fail_after(30):
+        async with httpx2.AsyncClient(timeout=10) as http:
+            response = await http.post(
+                http_server.url,
+                json=body,
+                headers={"Authorization": f"Bearer {TOKEN_A}", "Accept": "application/json, text/event-stream"},
+            )
+    assert response.status_code == 413
+
+
+async def test_fifty_concurrent_runs_with_a_limit_of_four_run_four_and_turn_the_rest_away(
+    http_server: HttpServer, serve_site: Site
+) -> None:
+    flag = serve_site.flag("fifty")
+    results: list[Any] = []
+    busy_all_back = anyio.Event()
+
+    async def one(client: Client, i: int) -> None:
+        result = await client.call_tool("truss_run_contract", {"contract": "gated", "params": {"flag": str(flag)}})
+        results.append(result)
+        if sum(1 for r in results if r.is_error) == 46:
+            busy_all_back.set()
+
+    with anyio.fail_after(120):
+        async with http_client(http_server.url, TOKEN_A) as client, anyio.create_task_group() as tg:
+            for i in range(50):
+                tg.start_soon(one, client, i)
+            await busy_all_back.wait()
+            flag.touch()
+
+    busy = [structured(r)["error"] for r in results if r.is_error]
+    done = [structured(r) for r in results if not r.is_error]
+    assert len(busy) == 46 and all(e["kind"] == "busy" and e["retryable"] is True for e in busy)
+    assert len(done) == 4 and all(a["status"] == "pass" for a in done)
+    key = IdentityKey.load(serve_site.home / "identity.key")
+    store = open_store(serve_site.home / "ledger.db", key=None, clock=SystemClock())
+    try:
+        sessions = store.sessions()
+        assert sorted(s.id for s in sessions) == sorted(a["session"] for a in done)
+        assert all(s.ended and s.status == "pass" for s in sessions)
+        assert verify_ledger(store, TrustedKeys([key.verifier])).ok
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_a_client_that_disconnects_mid_run_finds_the_run_completed(
+    http_server: HttpServer, serve_site: Site, mode: str
+) -> None:
+    flag = serve_site.flag(f"disconnect-{mode}")
+    started = anyio.Event()
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        started.set()
+
+    call = {"contract": "gated", "params": {"flag": str(flag)}, "session_id": f"dc-{mode}"}
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+
+            async def first_client() -> None:
+                async with http_client(http_server.url, TOKEN_A, mode=mode) as client:
+                    await client.call_tool("truss_run_contract", call, progress_callback=on_progress)
+
+            tg.start_soon(first_client)
+            await started.wait()
+            tg.cancel_scope.cancel()  # the client goes away while its run waits mid-call
+        flag.touch()
+        async with http_client(http_server.url, TOKEN_A, mode=mode) as client:
+            answer = structured(await client.call_tool("truss_run_contract", call))
+            status = structured(await client.call_tool("truss_contract_status", {"session": answer["session"]}))
+    assert answer["status"] == "pass"
+    assert status["status"] == "pass" and status["verification"]["ok"] is True
