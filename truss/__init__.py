@@ -29,7 +29,7 @@ from truss._errors import (
     UsageError,
     VerificationError,
 )
-from truss.contract import Contract, contract_hash
+from truss.contract import Contract, contract_hash, load_contract, narrow_budget, render_arguments, render_intent
 
 __version__ = "0.1.0"
 
@@ -60,4 +60,8 @@ __all__ = [
     "VerificationError",
     "__version__",
     "contract_hash",
+    "load_contract",
+    "narrow_budget",
+    "render_arguments",
+    "render_intent",
 ]

@@ -1,0 +1,149 @@
+"""The CLI as a user runs it: help, init, contract check/show, exit codes, and no MCP SDK on cheap commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from tests.conftest import REPO, truss_cmd
+
+
+def _truss(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*truss_cmd(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_help_lists_the_commands_and_exit_codes() -> None:
+    done = _truss("--help")
+    assert done.returncode == 0
+    assert "contract" in done.stdout and "init" in done.stdout
+    assert "Exit codes" in done.stdout
+
+
+def test_unknown_command_is_a_usage_error_with_exit_2_and_no_traceback() -> None:
+    done = _truss("no-such-command")
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("truss: ")
+
+
+def test_init_creates_a_private_home_and_is_idempotent(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    first = _truss("--home", str(home), "init", "--json")
+    assert first.returncode == 0
+    body = json.loads(first.stdout)
+    assert (body["home"], body["created"]) == (str(home), True)
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+    again = _truss("--home", str(home), "--json", "init")
+    assert again.returncode == 0
+    assert json.loads(again.stdout)["created"] is False
+
+
+def test_home_defaults_to_truss_home_from_the_environment(tmp_path: Path) -> None:
+    env = {**os.environ, "TRUSS_HOME": str(tmp_path / "from-env")}
+    done = _truss("init", env=env, cwd=tmp_path)
+    assert done.returncode == 0
+    assert (tmp_path / "from-env").is_dir()
+
+
+def test_home_defaults_to_dot_truss_in_the_current_directory(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRUSS_HOME"}
+    done = _truss("init", env=env, cwd=tmp_path)
+    assert done.returncode == 0
+    assert (tmp_path / ".truss").is_dir()
+
+
+def test_contract_show_json_prints_the_effective_contract_and_its_hash(truss_home: Path) -> None:
+    done = _truss("--home", str(truss_home), "contract", "show", "contracts/hello.toml", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert set(body) == {"hash", "contract"}
+    assert body["hash"].startswith("sha256:") and len(body["hash"]) == 71
+    assert body["contract"]["contract"]["name"] == "hello"
+    assert body["contract"]["param_values"] == {"target_zone": "Asia/Tokyo"}
+
+
+def test_contract_show_prints_toml_that_parses_to_the_same_contract(truss_home: Path) -> None:
+    as_json = json.loads(_truss("--home", str(truss_home), "--json", "contract", "show", "contracts/hello.toml").stdout)
+    done = _truss("--home", str(truss_home), "contract", "show", "contracts/hello.toml")
+    assert done.returncode == 0
+    assert f"# hash: {as_json['hash']}" in done.stdout
+    assert tomllib.loads(done.stdout) == as_json["contract"]
+
+
+def test_contract_check_and_show_take_params_agent_and_overlay(tmp_path: Path, truss_home: Path) -> None:
+    (tmp_path / "agent.toml").write_text("[agent]\nmax_turns = 3\n")
+    (tmp_path / "overlay.toml").write_text('[[mcp.servers]]\nname = "time"\ncall_timeout = "2s"\n')
+    args = ["--param", "target_zone=Europe/Oslo", "--agent", str(tmp_path / "agent.toml")]
+    args += ["--mcp-config", str(tmp_path / "overlay.toml")]
+    done = _truss("--home", str(truss_home), "--json", "contract", "show", "contracts/hello.toml", *args)
+    assert done.returncode == 0, done.stderr
+    contract = json.loads(done.stdout)["contract"]
+    assert contract["param_values"] == {"target_zone": "Europe/Oslo"}
+    assert contract["agent"]["max_turns"] == 3
+    assert contract["mcp"]["servers"][0]["call_timeout"] == "2s"
+    check = _truss("--home", str(truss_home), "contract", "check", "contracts/hello.toml", *args)
+    assert check.returncode == 0
+    assert check.stdout.startswith("ok: contracts/hello.toml")
+
+
+def test_contract_without_a_subcommand_prints_help_and_exits_2() -> None:
+    done = _truss("contract")
+    assert done.returncode == 2
+    assert "check" in done.stdout
+
+
+def _modules_after(argv: list[str], home: Path) -> set[str]:
+    code = (
+        "import sys, io, contextlib\n"
+        "from truss_cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        f"        code = main({argv!r})\n"
+        "    except SystemExit as exc:  # argparse's --help exits by itself\n"
+        "        code = exc.code or 0\n"
+        "assert code == 0, code\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "TRUSS_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split())
+
+
+def test_help_does_not_import_the_mcp_sdk(truss_home: Path) -> None:
+    modules = _modules_after(["--help"], truss_home)
+    assert "truss_cli.main" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("mcp", "mcp_types")}
+
+
+def test_contract_check_does_not_import_the_mcp_sdk(truss_home: Path) -> None:
+    modules = _modules_after(["contract", "check", "contracts/hello.toml"], truss_home)
+    assert "truss.contract" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("mcp", "mcp_types")}
+
+
+def test_python_dash_m_truss_is_the_same_cli() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "truss", "--json", "contract", "check", "contracts/hello.toml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["ok"] is True

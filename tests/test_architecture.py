@@ -1,0 +1,136 @@
+"""Imports point inward (DESIGN section 1). Reads every module's imports with ``ast``, lazy ones too.
+
+A rule may have an allowlist entry only with the reason written beside it.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted([*(ROOT / "truss").rglob("*.py"), *(ROOT / "cli").rglob("*.py")])
+
+
+@dataclass(frozen=True)
+class Import:
+    file: str  # relative to the repository, e.g. "truss/ledger/entry.py"
+    module: str  # the imported module, absolute, e.g. "truss._clock"
+    names: tuple[str, ...]  # for `from module import a, b`
+    line: int
+    top_level: bool  # at module level (runs on import), not inside a function
+
+
+def _module_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] == "cli":
+        parts[0] = "truss_cli"
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    rel = path.relative_to(ROOT).as_posix()
+    package = _module_of(path) if path.name == "__init__.py" else _module_of(path).rpartition(".")[0]
+    top = {id(node) for node in tree.body}
+    for node in tree.body:  # imports under a module-level `if`/`try` run on import too
+        if isinstance(node, ast.If | ast.Try):
+            top.update(id(n) for n in ast.walk(node))
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [Import(rel, a.name, (), node.lineno, id(node) in top) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.append(Import(rel, base, tuple(a.name for a in node.names), node.lineno, id(node) in top))
+    return found
+
+
+ALL = [imp for path in SOURCES for imp in _imports(path)]
+
+
+def _hits(prefixes: tuple[str, ...]) -> list[Import]:
+    return [i for i in ALL if any(i.module == p or i.module.startswith(p + ".") for p in prefixes)]
+
+
+def _show(bad: list[Import]) -> str:
+    return "\n".join(f"{i.file}:{i.line} imports {i.module}" for i in bad)
+
+
+def test_the_sources_were_found() -> None:
+    files = {i.file for i in ALL}
+    assert "truss/contract.py" in files and "cli/main.py" in files
+
+
+def test_only_truss_mcp_imports_the_mcp_sdk() -> None:
+    bad = [i for i in _hits(("mcp", "mcp_types")) if not i.file.startswith("truss/mcp/")]
+    assert not bad, _show(bad)
+
+
+def test_the_cli_imports_the_mcp_tier_only_lazily() -> None:
+    # `truss --help` and the ledger and contract commands must not pay for loading the SDK.
+    bad = [i for i in _hits(("truss.mcp", "mcp", "mcp_types")) if i.file.startswith("cli/") and i.top_level]
+    assert not bad, _show(bad)
+
+
+def test_the_core_never_imports_the_mcp_tier() -> None:
+    # gate, loop, session, verdict, policy, budget, contract, providers and the ledger take the
+    # MCP tier as a parameter (a connector); only the CLI and truss/mcp itself import it.
+    bad = [i for i in _hits(("truss.mcp",)) if i.file.startswith("truss/") and not i.file.startswith("truss/mcp/")]
+    assert not bad, _show(bad)
+
+
+def _ledger_core(imp: Import) -> bool:
+    return imp.file.startswith("truss/ledger/") and imp.file != "truss/ledger/store.py"
+
+
+def test_the_ledger_core_does_no_io_and_reads_no_clock() -> None:
+    banned = ("anyio", "asyncio", "sqlite3", "time", "httpx2", "socket", "subprocess", "mcp", "truss.mcp")
+    bad = [i for i in _hits(banned) if _ledger_core(i)]
+    bad += [i for i in ALL if _ledger_core(i) and i.module == "truss._clock" and "SystemClock" in i.names]
+    bad += [i for i in ALL if _ledger_core(i) and i.module == "truss" and "SystemClock" in i.names]
+    assert not bad, _show(bad)
+
+
+def test_only_the_key_module_imports_pynacl() -> None:
+    bad = [i for i in _hits(("nacl",)) if i.file != "truss/ledger/keys.py"]
+    assert not bad, _show(bad)
+
+
+# Why each exception exists:
+TRUSS_CLI_ALLOWED = {
+    "truss/__main__.py": "`python -m truss` is the CLI's second entry point; it only calls truss_cli.main",
+}
+
+
+def test_the_library_never_imports_the_cli() -> None:
+    bad = [i for i in _hits(("truss_cli",)) if i.file.startswith("truss/") and i.file not in TRUSS_CLI_ALLOWED]
+    assert not bad, _show(bad)
+
+
+def test_only_the_clock_module_imports_time_uuid_or_secrets() -> None:
+    bad = [i for i in _hits(("time", "uuid", "secrets")) if i.file != "truss/_clock.py"]
+    assert not bad, _show(bad)
+
+
+@pytest.mark.parametrize("module", ["truss/policy.py", "truss/budget.py", "truss/contract.py"])
+def test_pure_decision_modules_do_no_io(module: str) -> None:
+    banned = ("anyio", "asyncio", "sqlite3", "httpx2", "socket", "subprocess", "truss.ledger.store", "truss.mcp")
+    bad = [i for i in _hits(banned) if i.file == module]
+    assert not bad, _show(bad)
+
+
+def test_the_rules_see_lazy_imports_inside_functions() -> None:
+    probe = ROOT / "cli" / "main.py"
+    lazy = [i for i in _imports(probe) if not i.top_level]
+    assert lazy, "cli/main.py imports pkgutil inside a function; the reader must see it"
