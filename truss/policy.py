@@ -321,11 +321,12 @@ class RegexProfile:
     """How much backtracking a pattern can do, read from its text (see ``regex_profile``).
 
     ``quantifiers`` counts unbounded quantifiers (``*``, ``+``, ``{n,}``) that can backtrack
-    (not possessive); ``nested`` is set when a repetition of variable length (``*``, ``+``,
-    ``?``, ``{1,3}``) or an alternation sits inside a group that is itself repeated without bound
-    and is not atomic: the shape of exponential backtracking (``(a+)+``, ``(a|aa)*``). ``max_chars`` is the longest
-    input the pattern is run against, so that about ``max_chars ** quantifiers`` steps stay
-    under ``REGEX_STEP_BUDGET``.
+    (not possessive), and back-references (their length is only known at run time). ``nested``
+    is set when a repetition of variable length (``*``, ``+``, ``?``, ``{1,3}``) or an
+    alternation sits inside a group that is itself repeated without bound and is not atomic: the
+    shape of exponential backtracking (``(a+)+``, ``(a|aa)*``). ``max_chars`` is the longest input
+    the pattern is run against, so that about ``max_chars ** quantifiers`` steps stay under
+    ``REGEX_STEP_BUDGET``.
     """
 
     quantifiers: int
@@ -351,6 +352,7 @@ class _Group:
     alternation: bool = False
 
 
+_DIGITS = frozenset("123456789")
 _QUANTIFIER_RE = re.compile(r"(\*|\+|\?|\{(\d*)(,?)(\d*)\})([?+]?)")
 
 
@@ -372,6 +374,10 @@ def regex_profile(pattern: str) -> RegexProfile:
         ch = pattern[i]
         closed: _Group | None = None
         if ch == "\\":
+            # A back-reference matches a length only known at run time: it backtracks like '.*'.
+            if pattern[i + 1 : i + 2] in _DIGITS:
+                count += 1
+                stack[-1].variable_inside = True
             i += 2
         elif ch == "[":
             i = _skip_class(pattern, i)
@@ -380,6 +386,9 @@ def regex_profile(pattern: str) -> RegexProfile:
                 end = pattern.find(")", i)
                 i = n if end < 0 else end + 1
                 continue
+            if pattern.startswith("(?P=", i):
+                count += 1
+                stack[-1].variable_inside = True
             stack.append(_Group(atomic=pattern.startswith("(?>", i)))
             i += 1
             continue

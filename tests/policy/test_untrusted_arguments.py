@@ -83,7 +83,17 @@ def test_regex_profile_flags_nested_repetition(pattern: str, nested: bool) -> No
 
 @pytest.mark.parametrize(
     ("pattern", "quantifiers"),
-    [("abc", 0), ("a*", 1), (r"\d+\.\d+", 2), (".*a.*a.*b", 3), ("a{2,}b{,}", 2), ("a{2,5}", 0), ("a*+b++", 0)],
+    [
+        ("abc", 0),
+        ("a*", 1),
+        (r"\d+\.\d+", 2),
+        (".*a.*a.*b", 3),
+        ("a{2,}b{,}", 2),
+        ("a{2,5}", 0),
+        ("a*+b++", 0),
+        (r"(.*)\1", 2),
+        ("(?P<x>a*)(?P=x)", 2),
+    ],
 )
 def test_regex_profile_counts_repetitions_that_can_backtrack(pattern: str, quantifiers: int) -> None:
     assert regex_profile(pattern).quantifiers == quantifiers
