@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import queue
 import sqlite3
+import subprocess
+import threading
+from typing import IO, Any
 
 import anyio
 import pytest
@@ -112,3 +117,71 @@ async def test_an_async_run_returns_its_handle_at_once_and_status_reports_progre
             )
     assert done["session"] == handle["session"]
     assert done["status"] == "pass"
+
+
+def _line(message: dict[str, Any]) -> str:
+    return json.dumps(message) + "\n"
+
+
+def _call(request_id: int, arguments: dict[str, Any]) -> str:
+    params = {"name": "truss_run_contract", "arguments": arguments}
+    return _line({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
+
+
+def test_stdout_carries_only_protocol_messages_and_oversized_or_deep_requests_get_errors(serve_site: Site) -> None:
+    deep: Any = 1
+    for _ in range(200):
+        deep = [deep]
+    client = {"name": "t", "version": "1"}
+    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": client}
+    requests = [
+        _line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}),
+        _line({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        _call(2, {"contract": "hello", "padding": "x" * 1_100_000}),
+        _call(3, {"contract": "hello", "params": {"p": deep}}),
+        "this is not json\n",
+        _call(4, {"contract": "hello"}),
+    ]
+    proc = subprocess.Popen(
+        serve_site.cmd(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=serve_site.env,
+    )
+    replies: queue.Queue[str] = queue.Queue()
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def read(stream: IO[str]) -> None:
+        for line in stream:
+            replies.put(line)
+
+    reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
+    reader.start()
+    try:
+        proc.stdin.write("".join(requests))
+        proc.stdin.flush()
+        seen: list[dict[str, Any]] = []
+        while not any(r.get("id") == 4 for r in seen):
+            seen.append(json.loads(replies.get(timeout=90)))  # every stdout line is a JSON-RPC message
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        reader.join(timeout=10)
+        stderr = proc.stderr.read() if proc.stderr is not None else ""
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    while not replies.empty():
+        seen.append(json.loads(replies.get()))
+    assert all(r.get("jsonrpc") == "2.0" for r in seen)
+    by_id = {r.get("id"): r for r in seen}
+    assert by_id[2]["error"]["code"] == -32600
+    assert by_id[3]["error"]["code"] == -32600
+    assert by_id[None]["error"]["code"] == -32700
+    assert by_id[4]["result"]["structuredContent"]["status"] == "pass"
+    assert "Traceback" not in stderr
