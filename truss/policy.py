@@ -299,7 +299,14 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
     return _Outcome(_V.HOLDS)
 
 
+_PERCENT_DOT = re.compile(r"%2e", re.IGNORECASE)
+_PERCENT_SEP = re.compile(r"%2f|%5c", re.IGNORECASE)
+
+
 def _has_dot_dot(value: str) -> bool:
+    # Servers that take URLs decode '%2e%2e%2f' into '../' after Truss has looked at the text.
+    if "%" in value:
+        value = _PERCENT_SEP.sub("/", _PERCENT_DOT.sub(".", value))
     return ".." in re.split(r"[/\\]", value)
 
 
