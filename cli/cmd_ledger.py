@@ -14,15 +14,20 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from truss_cli._ctx import Ctx, table
 
-from truss._errors import KeyFileError, NotFoundError, UsageError
+from truss._errors import BundleFormatError, KeyFileError, NotFoundError, UsageError
+from truss.ledger.bundle import MAX_BUNDLE_BYTES, LogAudit, export_bundle, verify_bundle, verify_since
 from truss.ledger.entry import StoredEntry
+from truss.ledger.envelope import open_verdict, parse_envelope
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+from truss.ledger.note import MAX_NOTE_BYTES, sign_checkpoint
 from truss.ledger.store import SessionInfo, SqliteStore, open_store
 from truss.ledger.verify import VerifyReport, verify_ledger
 
@@ -168,6 +173,7 @@ def register(sub: Any) -> None:
     p.add_argument("--payloads", action="store_true", help="required: what to erase")
     p.set_defaults(handler=erase)
     LEDGER_PARSERS["erase"] = p
+    _register_log_commands(commands)
 
 
 # -- handlers ------------------------------------------------------------------------------------
@@ -261,11 +267,17 @@ def _render_entry(
 
 
 def verify(args: argparse.Namespace, ctx: Ctx) -> int:
+    if args.bundle or args.since:
+        return _verify_evidence(args, ctx)
     if args.session and args.all:
         raise UsageError("truss ledger verify: give SESSION or --all, not both")
     trusted = trusted_from_args(args, ctx)
     with open_ledger_readonly(ctx) as store:
-        report = verify_ledger(store, trusted, session=args.session, payloads=not args.no_payloads)
+        audit = None if args.session else LogAudit(store.checkpoints(), trusted, store.origin, node=store.node)
+        extra = [] if audit is None else [audit.check]
+        report = verify_ledger(store, trusted, session=args.session, payloads=not args.no_payloads, extra=extra)
+        if audit is not None:
+            report = _audit_log(store, report, audit)
     return _render_report(ctx, report, scope=args.session or "all")
 
 
@@ -300,5 +312,190 @@ def erase(args: argparse.Namespace, ctx: Ctx) -> int:
     ctx.emit(
         {"session": args.session, "erased": count},
         f"erased {count} payload(s) of session {args.session}; its entries and their hashes remain and still verify",
+    )
+    return 0
+
+
+# -- the log: checkpoints, bundles, verdicts, --since (engineer C) -------------------------------
+
+
+def _register_log_commands(commands: Any) -> None:
+    verify_parser = LEDGER_PARSERS["verify"]
+    verify_parser.add_argument(
+        "--bundle",
+        metavar="FILE",
+        help="verify an exported bundle offline instead of this home's ledger (with --trusted-key)",
+    )
+    verify_parser.add_argument(
+        "--since",
+        metavar="FILE",
+        help="prove the current log extends the signed checkpoint in FILE (one you kept earlier)",
+    )
+
+    p = commands.add_parser(
+        "export",
+        help="write one session as a self-contained, offline-verifiable bundle",
+        description="Write SESSION's entries, payloads (unless --no-payloads), verdict envelope, a signed "
+        "checkpoint, inclusion proofs and the log's verifier key as one JSON file. Anyone holding the "
+        "verifier key checks it with `truss ledger verify --bundle FILE --trusted-key VKEY`.",
+    )
+    p.add_argument("session", metavar="SESSION")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
+    p.add_argument("--no-payloads", action="store_true", help="leave argument and result bytes out")
+    p.set_defaults(handler=export_session)
+    LEDGER_PARSERS["export"] = p
+
+    p = commands.add_parser(
+        "checkpoint",
+        help="sign a checkpoint of the log as it is now and print it",
+        description="Sign a C2SP checkpoint (origin, size, root) of the whole log with the identity key, "
+        "after proving it extends the last one signed. Keep the printed note: `truss ledger verify --since "
+        "FILE` later proves the log was not rewritten since.",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the signed note here")
+    p.set_defaults(handler=checkpoint_log)
+    LEDGER_PARSERS["checkpoint"] = p
+
+    p = commands.add_parser(
+        "verdict",
+        help="print a session's verdict envelope and verify its signature",
+        description="Print SESSION's DSSE verdict envelope (an in-toto statement) after checking its "
+        "signature against the trusted keys and that it names the session's recorded head.",
+    )
+    p.add_argument("session", metavar="SESSION")
+    add_trusted_key_arg(p)
+    p.set_defaults(handler=show_verdict)
+    LEDGER_PARSERS["verdict"] = p
+
+
+def _open_for_signing(ctx: Ctx) -> tuple[SqliteStore, IdentityKey]:
+    key = IdentityKey.load(ctx.key)
+    return open_store(ctx.db, key=key, clock=ctx.clock, create=False), key
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    # All or nothing: a reader never sees half a bundle, and a failed write leaves no file.
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {path}: {exc.strerror}", remedy="choose a writable path") from exc
+
+
+def _read_input(path_text: str, what: str, limit: int) -> bytes:
+    path = Path(path_text)
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise BundleFormatError(f"{path}: {size} bytes is more than a {what} may hold ({limit})", file=str(path))
+        return path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read the {what} {path}: {exc.strerror}", remedy="check the path") from exc
+
+
+def export_session(args: argparse.Namespace, ctx: Ctx) -> int:
+    store, key = _open_for_signing(ctx)
+    with store:
+        data = export_bundle(store, args.session, vkey=key.verifier.vkey, payloads=not args.no_payloads, signer=key)
+    if args.output is None:
+        sys.stdout.buffer.write(data + b"\n")
+        sys.stdout.buffer.flush()
+        return 0
+    _write_file(Path(args.output), data + b"\n")
+    ctx.emit(
+        {"session": args.session, "file": args.output, "bytes": len(data) + 1, "payloads": not args.no_payloads},
+        f"wrote the bundle of session {args.session} to {args.output} ({len(data) + 1} bytes); verify it with\n"
+        f"  truss ledger verify --bundle {args.output} --trusted-key '{key.verifier.vkey}'",
+    )
+    return 0
+
+
+def checkpoint_log(args: argparse.Namespace, ctx: Ctx) -> int:
+    store, key = _open_for_signing(ctx)
+    with store:
+        cp = sign_checkpoint(store, key)
+    assert cp.note is not None
+    note = cp.note.decode("utf-8")
+    if args.output:
+        _write_file(Path(args.output), cp.note)
+    ctx.emit(
+        {"origin": cp.origin, "size": cp.size, "root": base64.b64encode(cp.root).decode("ascii"), "note": note},
+        note.rstrip("\n"),
+    )
+    return 0
+
+
+def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
+    if args.bundle and (args.since or args.session or args.all):
+        raise UsageError("truss ledger verify: --bundle checks a file on its own; give no SESSION, --all or --since")
+    trusted = trusted_from_args(args, ctx)
+    if args.bundle:
+        report = verify_bundle(_read_input(args.bundle, "bundle", MAX_BUNDLE_BYTES), trusted)
+        if report.ok:
+            human = (
+                f"verified bundle of session {report.session}: {report.entries} entries, each proven in the "
+                f"checkpoint of size {report.checkpoint_size}; verdict {report.verdict or 'none'}; "
+                f"head {(report.head or '')[:16]}; {report.blobs_checked} payload(s) checked, "
+                f"{report.blobs_absent} not included"
+            )
+            ctx.emit(report.to_json(), human)
+            return 0
+        ctx.emit(report.to_json(), f"NOT VERIFIED at {report.step} ({report.reason}): {report.message}")
+        return report.exit_code
+    note = _read_input(args.since, "checkpoint", MAX_NOTE_BYTES)
+    with open_ledger_readonly(ctx) as store:
+        since = verify_since(store, note, trusted)
+    if since.ok:
+        ctx.emit(
+            since.to_json(),
+            f"the log extends the checkpoint of size {since.old_size}: it now holds {since.size} entries "
+            f"and nothing before entry {since.old_size} was changed",
+        )
+        return 0
+    ctx.emit(since.to_json(), f"NOT VERIFIED ({since.reason}): {since.message}")
+    return since.exit_code
+
+
+def _audit_log(store: SqliteStore, report: VerifyReport, audit: LogAudit) -> VerifyReport:
+    if not report.ok:
+        return report
+    finding = audit.finish(*store.tree_head())
+    if finding is None:
+        return report
+    return VerifyReport(
+        ok=False,
+        entries=report.entries,
+        sessions=report.sessions,
+        blobs_checked=report.blobs_checked,
+        blobs_absent=report.blobs_absent,
+        reason=finding[0],
+        message=finding[1],
+    )
+
+
+def show_verdict(args: argparse.Namespace, ctx: Ctx) -> int:
+    trusted = trusted_from_args(args, ctx)
+    with open_ledger_readonly(ctx) as store:
+        info = _require_session(store, args.session)
+        raw = store.envelope(args.session)
+    if raw is None:
+        raise NotFoundError(
+            f"session {args.session} has no verdict envelope",
+            remedy="a verdict is issued when a run ends; see `truss ledger show` for where it stopped",
+            what="verdict",
+            name=args.session,
+        )
+    envelope = parse_envelope(raw).to_json()
+    verdict = open_verdict(raw, trusted, session=args.session, head=info.head)
+    ctx.emit(
+        {"session": args.session, "verified": True, "envelope": envelope, "statement": verdict.statement},
+        json.dumps(envelope, indent=2)
+        + f"\nverified: verdict {verdict.status} for session {args.session}, head {verdict.head[:16]}, "
+        f"signed by a trusted key",
     )
     return 0
