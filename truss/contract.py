@@ -14,7 +14,7 @@ Every problem becomes a ``ContractError`` naming the file, the key path and, whe
 shows it, the line: pydantic's own text never reaches a user.
 
 ``${params.X}`` and ``${env.X}`` are checked at load (declared params, valid names, and only in
-``contract.intent`` and step ``arguments``) but substituted at run time by ``render_intent`` and
+``contract.intent``, step ``arguments`` and ``agent.final``) but substituted at run time by ``render_intent`` and
 ``render_arguments``: the effective contract keeps the templates, so environment values are never
 hashed into it. ``${steps.N...}`` references are left for the scripted provider.
 
@@ -1034,6 +1034,8 @@ def _template_scope(path: Path_) -> frozenset[str] | None:
         return frozenset({"params", "env"})
     if len(path) >= 4 and path[:2] == ("agent", "steps") and path[3] == "arguments":
         return frozenset({"params", "env", "steps"})
+    if path == ("agent", "final"):  # the scripted provider's closing answer, written after every step
+        return frozenset({"params", "env", "steps"})
     return None
 
 
@@ -1112,7 +1114,9 @@ def _check_templates(layers: list[_Layer], effective: dict[str, Any], params: Ma
                 )
         else:
             found = _STEP_REF_RE.match(ref)
-            step = path[2]
+            steps: Any = effective.get("agent", {}).get("steps", [])
+            planned = len(cast(list[Any], steps)) if isinstance(steps, list) else 0
+            step = path[2] if path[:2] == ("agent", "steps") else planned
             if not found:
                 raise _error_in(
                     layers,
@@ -1126,7 +1130,7 @@ def _check_templates(layers: list[_Layer], effective: dict[str, Any], params: Ma
                     layers,
                     effective,
                     path,
-                    f"${{{ref}}} in step {step} refers to a step that has not run yet",
+                    f"${{{ref}}} in {format_path(path[:3])} refers to a step that has not run by then",
                     remedy="A step may refer only to earlier steps (lower numbers, counting from 0)",
                 )
 
@@ -1152,6 +1156,7 @@ def _env_refs(contract: Contract) -> list[str]:
             names.extend(r[4:] for r in template_refs(value) if r.startswith("env."))
 
     walk(contract.contract.intent)
+    walk(contract.agent.final)
     for step in contract.agent.steps:
         walk(step.arguments)
     return list(dict.fromkeys(names))

@@ -180,3 +180,25 @@ def test_narrow_budget_refuses_raising_unknown_or_bad_values(overrides: dict[str
 def test_unset_max_tokens_can_be_narrowed_to_any_limit() -> None:
     contract = load_contract_text('[contract]\nname = "a"\nintent = "b"\n', source="a.toml")
     assert narrow_budget(contract, {"max_tokens": 10}).budget.max_tokens == 10
+
+
+BASE = '[contract]\nname = "f"\nintent = "i"\n[[agent.steps]]\ntool = "mcp:a:b"\n[agent]\n'
+
+
+def test_agent_final_may_refer_to_any_planned_step_and_to_params() -> None:
+    contract = load_contract_text(BASE + 'final = "got ${steps.0.result/x}"\n', source="f.toml")
+    assert contract.agent.final == "got ${steps.0.result/x}"
+
+
+@pytest.mark.parametrize(
+    ("line", "path"),
+    [
+        ('final = "${steps.1.result}"', "agent.final"),  # only one step is planned
+        ('system = "${env.HOME}"', "agent.system"),  # no substitution in the system prompt
+        ('model = "${params.m}"', "agent.model"),
+    ],
+)
+def test_references_outside_intent_arguments_and_final_are_refused(line: str, path: str) -> None:
+    with pytest.raises(ContractError) as caught:
+        load_contract_text(BASE + line + "\n", source="f.toml")
+    assert caught.value.fields["path"] == path
