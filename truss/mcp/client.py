@@ -57,9 +57,6 @@ __all__ = ["Mounts", "ServerStatus", "ToolStatus", "connect", "tool_definition"]
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _MAX_LIST_PAGES = 1000
 _MAX_NAMES_IN_ERROR = 30
-# A call is bounded by the SDK's per-request timeout; this outer bound only catches a transport
-# that never lets the SDK's timer fire.
-_BACKSTOP_S = 5.0
 
 _calling: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("truss_mcp_calling", default=None)
 
@@ -360,13 +357,14 @@ class Mounts:
 
         token = _calling.set((tool.server, tool.tool))
         try:
-            with anyio.fail_after(timeout_s + _BACKSTOP_S):
-                result = await client.call_tool(
-                    tool.tool,
-                    dict(arguments),
-                    read_timeout_seconds=timeout_s,
-                    progress_callback=_safe_progress(progress) if progress is not None else None,
-                )
+            # The SDK's per-request timer bounds the call (also against a body that drips bytes
+            # forever) and sends the courtesy cancel; an extra cancel scope here would only add cost.
+            result = await client.call_tool(
+                tool.tool,
+                dict(arguments),
+                read_timeout_seconds=timeout_s,
+                progress_callback=_safe_progress(progress) if progress is not None else None,
+            )
         except PinMismatchError:
             raise
         except Exception as exc:
