@@ -206,16 +206,20 @@ def test_inclusion_proofs_verify_for_every_index_and_size_up_to_300() -> None:
                 assert proof == ref_path(index, leaves[:size])
 
 
+@pytest.mark.slow
 def test_inclusion_fails_for_any_changed_hash_index_or_size() -> None:
-    tree = _tree(130)
-    leaves = _leaves(130)
-    roots = [tree.root(n) for n in range(131)]
-    for size in range(1, 130):
+    tree = _tree(301)
+    leaves = _leaves(301)
+    roots = [tree.root(n) for n in range(302)]
+    for size in range(1, 301):
         root = roots[size]
         for index in range(size):
             proof = inclusion_proof(index, size, tree.get_node)
-            leaf = leaves[index]
-            for i in range(len(proof)):
+            leaf = leaf_hash(index.to_bytes(4, "big"))
+            assert leaf == leaves[index]
+            # Every position of the proof up to size 64; beyond, one position per case, rotating.
+            positions = range(len(proof)) if size <= 64 else [(index + size) % len(proof)] if proof else []
+            for i in positions:
                 changed = [*proof[:i], _flip(proof[i]), *proof[i + 1 :]]
                 assert not verify_inclusion(leaf, index, size, changed, root)
             assert not verify_inclusion(_flip(leaf), index, size, proof, root)
