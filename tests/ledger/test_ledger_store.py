@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import anyio
@@ -95,6 +96,28 @@ async def test_16_tasks_appending_to_16_sessions_leave_16_valid_chains(tmp_path:
     assert sorted(e.index for e in store.read_range(0, 10_000)) == list(range(16 * 26))
     for n in range(16):
         assert verify_ledger(store, trusted, session=f"s_{n:02d}").ok
+    store.close()
+
+
+def test_concurrent_durable_appends_share_commits(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "l.db", key=_key(), clock=ManualClock())
+    barrier = threading.Barrier(16)
+
+    def writer(n: int) -> None:
+        store.append(f"s_{n}", [Record("session_started", {"contract": "c"})])
+        barrier.wait(timeout=30)
+        for i in range(20):
+            store.append(f"s_{n}", [Record("model_turn", {"i": i})])
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    stats = store.stats()
+    assert stats["batches"] == 16 * 21
+    assert stats["commits"] < stats["batches"], "concurrent writers share transactions"
+    assert verify_ledger(store, TrustedKeys([_key().verifier])).ok
     store.close()
 
 

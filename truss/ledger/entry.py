@@ -106,21 +106,30 @@ def entry_bytes(value: Any) -> bytes:
 
 
 def _plain(value: Any, depth: int) -> bool:
+    # Exact types only (a str or int subclass takes the reference path); scalars inline, since this
+    # runs for every entry written and verified.
+    kind: object = type(value)  # pyright: ignore[reportUnknownVariableType]
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
     if depth > 100:
         return False
-    if isinstance(value, str) or value is None or value is True or value is False:
-        return True
-    if isinstance(value, int):
-        return -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
-    if isinstance(value, dict):
-        for key, item in value.items():  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
-            if not isinstance(key, str) or (not key.isascii() and max(key) > "\uffff"):
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
                 return False
-            if not _plain(item, depth + 1):
+            item_kind: object = type(item)  # pyright: ignore[reportUnknownVariableType]
+            if item_kind is str or item_kind is bool or item is None:
+                continue
+            if item_kind is int:
+                if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                    return False
+            elif not _plain(item, depth + 1):
                 return False
         return True
-    if isinstance(value, list):
-        return all(_plain(item, depth + 1) for item in value)  # pyright: ignore[reportUnknownVariableType]
+    if kind is list:
+        return all(_plain(item, depth + 1) for item in value)
     return False
 
 

@@ -215,7 +215,7 @@ def _as_bytes(value: object) -> bytes:
 class _Pending:
     """One caller's batch waiting for a group commit."""
 
-    __slots__ = ("done", "durable", "error", "expect_seq", "records", "result", "session")
+    __slots__ = ("done", "durable", "error", "expect_seq", "records", "result", "session", "wake")
 
     def __init__(self, session: str, records: Sequence[Record], durable: bool, expect_seq: int | None) -> None:
         self.session = session
@@ -225,6 +225,7 @@ class _Pending:
         self.result: list[StoredEntry] = []
         self.error: TrussError | None = None
         self.done = False
+        self.wake = threading.Event()
 
 
 def open_store(
@@ -282,6 +283,9 @@ class SqliteStore:
         self._qlock = threading.Lock()
         self._rlock = threading.Lock()
         self._queue: list[_Pending] = []
+        self._leading = False
+        self._commits = 0
+        self._batches = 0
         self._sync_full: bool | None = None
         self._frontier: Frontier | None = None
         self._closed = False
@@ -385,6 +389,10 @@ class SqliteStore:
                 }
         return out
 
+    def stats(self) -> dict[str, int]:
+        """Append transactions committed and batches they carried since opening (group commit at work)."""
+        return {"commits": self._commits, "batches": self._batches}
+
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"{self.db}: the store is closed", db=str(self.db))
@@ -407,22 +415,37 @@ class SqliteStore:
         for record in records:
             check_record(record)
         pending = _Pending(session, list(records), durable, expect_seq)
-        with self._qlock:
-            self._queue.append(pending)
-        while not pending.done:
+        if not self._group:
             with self._wlock:
-                if pending.done:
-                    break
-                with self._qlock:
-                    if self._group:
-                        group, self._queue = self._queue, []
-                    else:
-                        self._queue.remove(pending)
-                        group = [pending]
-                self._commit_group(group)
+                self._commit_group([pending])
+        else:
+            # Leader/follower: the first caller to find no leader commits everything queued, then
+            # hands leadership to the oldest waiter, if any. Followers wait on their own event, so a
+            # finished follower returns at once instead of queueing behind the next commit.
+            with self._qlock:
+                self._queue.append(pending)
+                lead = not self._leading
+                self._leading = True
+            if not lead:
+                pending.wake.wait()
+            if not pending.done:
+                self._lead()
         if pending.error is not None:
             raise pending.error
         return pending.result
+
+    def _lead(self) -> None:
+        try:
+            with self._qlock:
+                group, self._queue = self._queue, []
+            with self._wlock:
+                self._commit_group(group)
+        finally:
+            with self._qlock:
+                if self._queue:
+                    self._queue[0].wake.set()  # not done: it wakes as the next leader
+                else:
+                    self._leading = False
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -509,6 +532,8 @@ class SqliteStore:
             conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('frontier', ?)", (frontier.to_state(),))
             conn.execute("COMMIT")
             self._frontier = frontier
+            self._commits += 1
+            self._batches += len(group)
         except BaseException as exc:
             self._frontier = None
             with contextlib.suppress(sqlite3.Error):
@@ -523,6 +548,7 @@ class SqliteStore:
             return
         for pending in group:
             pending.done = True
+            pending.wake.set()
 
     @staticmethod
     def _fail_all(group: list[_Pending], exc: TrussError) -> None:
@@ -530,6 +556,7 @@ class SqliteStore:
             pending.result = []
             pending.error = exc
             pending.done = True
+            pending.wake.set()
 
     def _apply(self, conn: sqlite3.Connection, pending: _Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
         key = self._key
