@@ -18,7 +18,7 @@ import binascii
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -338,9 +338,16 @@ def iter_refs(value: Any) -> Iterator[str]:
     if isinstance(value, str):
         if len(value) == 71 and REF_RE.fullmatch(value):
             yield value
-    elif isinstance(value, dict):
-        for item in value.values():  # pyright: ignore[reportUnknownVariableType]
-            yield from iter_refs(item)
+        return
+    if isinstance(value, dict):
+        items = cast(Iterable[Any], value.values())  # pyright: ignore[reportUnknownMemberType]
     elif isinstance(value, list):
-        for item in value:  # pyright: ignore[reportUnknownVariableType]
+        items = cast(Iterable[Any], value)
+    else:
+        return
+    for item in items:
+        if type(item) is str:  # the common case, without a generator per string
+            if len(item) == 71 and REF_RE.fullmatch(item):
+                yield item
+        elif isinstance(item, dict | list | str):
             yield from iter_refs(item)

@@ -38,6 +38,7 @@ bundles and verdict envelopes (``merkle``, ``note``, ``bundle``, ``envelope``).
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -99,7 +100,7 @@ BlobLookup = Callable[[str], bytes | None]
 EntryCheck = Callable[[StoredEntry], Finding | None]
 """A caller's extra per-entry check (V13): ``None`` when the entry passes."""
 
-_HEX = frozenset("0123456789abcdef")
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 # How far past a seq gap to look for the missing entry before calling it a gap, not a reorder.
 _REORDER_LOOKAHEAD = 4096
 
@@ -185,20 +186,20 @@ def _parse(item: StoredEntry) -> None:
     if type(version) is not int or version != ENTRY_VERSION:
         problems.append(f"v is {entry['v']!r}, not {ENTRY_VERSION}")
     for name in ("log", "session", "kind"):
-        if not isinstance(entry[name], str) or not entry[name]:
+        if type(entry[name]) is not str or not entry[name]:
             problems.append(f"{name} is not a non-empty string")
     for name in ("seq", "index", "ts"):
         value = entry[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if type(value) is not int or value < 0:
             problems.append(f"{name} is not a non-negative integer")
-    if isinstance(entry["kind"], str) and entry["kind"] not in KINDS:
+    if entry["kind"] not in KINDS and type(entry["kind"]) is str:
         problems.append(f"kind {entry['kind']!r} is not a ledger entry kind")
-    if not isinstance(entry["body"], dict):
+    if type(entry["body"]) is not dict:
         problems.append("body is not an object")
     prev = entry["prev"]
-    if not isinstance(prev, str) or len(prev) != 64 or not set(prev) <= _HEX:
+    if type(prev) is not str or not _HEX64.fullmatch(prev):
         problems.append("prev is not 64 lower-case hex digits")
-    if not isinstance(item.hash, str) or not isinstance(item.keyid, str) or not isinstance(item.sig, bytes):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if type(item.hash) is not str or type(item.keyid) is not str or type(item.sig) is not bytes:
         problems.append("hash, keyid or sig has the wrong type")
     if problems:
         raise _Failed("malformed", f"{_where(entry)}: " + "; ".join(problems))
