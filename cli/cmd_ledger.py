@@ -23,7 +23,14 @@ from typing import Any
 from truss_cli._ctx import Ctx, table
 
 from truss._errors import BundleFormatError, KeyFileError, NotFoundError, UsageError
-from truss.ledger.bundle import MAX_BUNDLE_BYTES, LogAudit, export_bundle, verify_bundle, verify_since
+from truss.ledger.bundle import (
+    MAX_BUNDLE_BYTES,
+    LogAudit,
+    SessionInLog,
+    export_bundle,
+    verify_bundle,
+    verify_since,
+)
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict, parse_envelope
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
@@ -274,7 +281,8 @@ def verify(args: argparse.Namespace, ctx: Ctx) -> int:
     trusted = trusted_from_args(args, ctx)
     with open_ledger_readonly(ctx) as store:
         audit = None if args.session else LogAudit(store.checkpoints(), trusted, store.origin, node=store.node)
-        extra = [] if audit is None else [audit.check]
+        in_log = SessionInLog(store.checkpoints(), trusted, store.origin, store.node) if args.session else None
+        extra = [audit.check] if audit is not None else [in_log.check] if in_log is not None else []
         report = verify_ledger(store, trusted, session=args.session, payloads=not args.no_payloads, extra=extra)
         if audit is not None:
             report = _audit_log(store, report, audit)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.ledger.test_bundle import Ledger, build_ledger, trusted
-from truss.ledger.bundle import LogAudit
+from truss.ledger.bundle import LogAudit, SessionInLog
 from truss.ledger.note import sign_checkpoint_note
 from truss.ledger.verify import verify_ledger
 
@@ -90,3 +90,19 @@ def test_a_stored_tree_root_that_the_entries_do_not_give_is_reported(ledger: Led
     assert log.finish(size, root) is None
     finding = log.finish(size, b"\x00" * 32)
     assert finding is not None and finding[0] == "tree_mismatch"
+
+
+def test_each_entry_of_one_session_is_proven_against_the_latest_checkpoint(ledger: Ledger) -> None:
+    store = ledger.store
+    in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.node)
+    report = verify_ledger(store, trusted(), session="s_verdict", extra=[in_log.check])
+    assert report.ok and in_log.proven == report.entries == 9
+
+
+def test_a_session_whose_stored_tree_was_altered_is_not_proven(ledger: Ledger) -> None:
+    # Leaf 4's own proof does not read leaf 4; the proof of its sibling, leaf 5, does.
+    _sql(ledger, "UPDATE nodes SET hash = ? WHERE level = 0 AND idx = 4", b"\x09" * 32)
+    store = ledger.store
+    in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.node)
+    report = verify_ledger(store, trusted(), session="s_verdict", extra=[in_log.check])
+    assert not report.ok and report.reason == "not_in_log" and report.index == 5

@@ -64,6 +64,7 @@ __all__ = [
     "BundleReport",
     "BundleSource",
     "LogAudit",
+    "SessionInLog",
     "SinceReport",
     "TlogProof",
     "check_bundle",
@@ -631,6 +632,48 @@ class LogAudit:
         if self.frontier.size != tree_size or self.frontier.root() != tree_root:  # L5
             return "tree_mismatch", "the stored Merkle tree does not match the entries"
         return None
+
+
+class SessionInLog:
+    """The Merkle step of ``truss ledger verify SESSION`` (L6), a V12 hook.
+
+    Each entry of the session must be the leaf at its index: proven by an inclusion proof (from
+    the stored nodes) against the latest stored checkpoint whose signed note verifies under the
+    trusted keys, or, for entries appended after that checkpoint, equal to the stored leaf
+    (``not_in_log``). Without any trusted checkpoint only the stored leaves are compared.
+    """
+
+    def __init__(
+        self,
+        checkpoints: Sequence[StoredCheckpointLike],
+        trusted: TrustedKeys,
+        origin: str,
+        node: Callable[[int, int], bytes],
+    ) -> None:
+        self._node = node
+        self.checkpoint: Checkpoint | None = None
+        for cp in sorted(checkpoints, key=lambda c: c.size, reverse=True):
+            try:
+                self.checkpoint = open_checkpoint(cp.note.encode("utf-8"), list(trusted), origin=origin)
+                break
+            except (VerificationError, InputError):
+                continue  # an unusable checkpoint proves nothing; LogAudit (--all) names it
+        self.proven = 0
+
+    def check(self, item: StoredEntry) -> tuple[str, str] | None:
+        leaf = leaf_hash(item.raw)
+        index = item.index
+        try:
+            cp = self.checkpoint
+            if cp is not None and index < cp.size:
+                if verify_inclusion(leaf, index, cp.size, inclusion_proof(index, cp.size, self._node), cp.root):
+                    self.proven += 1
+                    return None
+            elif self._node(0, index) == leaf:
+                return None
+        except TrussError as exc:
+            return "not_in_log", f"entry {item.seq}: the Merkle tree cannot prove it ({exc.message})"
+        return "not_in_log", f"entry {item.seq}: it is not the leaf at log index {index}"
 
 
 # -- --since ------------------------------------------------------------------------------------
