@@ -13,14 +13,15 @@ import os
 import signal
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from truss_cli._ctx import Ctx, table
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
-from truss.gate import ProgressEvent
-from truss.session import RunOutcome, approve_call, outcome_of
+if TYPE_CHECKING:  # the session modules load only in the handlers: other commands stay fast
+    from truss.gate import ProgressEvent
+    from truss.session import RunOutcome
 
 _STATUS_WORD = {
     "pass": "pass",
@@ -74,6 +75,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.session import check_session_id, outcome_of
+
+    if args.session is not None:
+        check_session_id(args.session)
     environ = dict(os.environ)
     contract = load_from_args(args, ctx, environ=environ)
     store, key = _open_ledger(ctx)
@@ -132,6 +137,8 @@ def resume(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def approve(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.session import approve_call
+
     store, _ = _open_ledger(ctx)
     try:
         entry = approve_call(store, args.session, args.call, approved=not args.deny, reason=args.reason)
@@ -202,7 +209,13 @@ def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[ProgressEvent], Non
         assert outcome is not None
         return outcome
 
-    return anyio.run(main)
+    try:
+        return anyio.run(main)
+    except BaseExceptionGroup as group:
+        # The signal watcher never fails: a group holds the run's one error; let the one handler see it.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 class _Progress:

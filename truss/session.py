@@ -69,6 +69,7 @@ __all__ = [
     "MountSet",
     "RunOutcome",
     "approve_call",
+    "check_session_id",
     "outcome_of",
     "pending_approvals",
     "resume_session",
@@ -146,11 +147,7 @@ async def run_contract(
 ) -> RunOutcome:
     """Run ``contract`` as a new session and return its outcome (see the module docstring)."""
     if session_id is not None:
-        if not SESSION_ID_RE.match(session_id):
-            raise UsageError(
-                f"session id {session_id!r} is not usable",
-                remedy="Use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
-            )
+        check_session_id(session_id)
         if store.session(session_id) is not None:
             return outcome_of(store, session_id)
     session = session_id or clock.new_id("s")
@@ -194,6 +191,15 @@ async def resume_session(
     journal = Journal(store, session, recorded=entries)
     run = _Run(contract, store, key, clock, home, environ, connector, journal, on_progress, provider, stop)
     return await run.drive(principal=started.get("principal"), resumed_from=started)
+
+
+def check_session_id(session_id: str) -> None:
+    """Refuse a caller's session id that is not 1-64 of ``[A-Za-z0-9_.-]`` starting alphanumeric."""
+    if not SESSION_ID_RE.match(session_id):
+        raise UsageError(
+            f"session id {session_id!r} is not usable",
+            remedy="Use 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
+        )
 
 
 def approve_call(
