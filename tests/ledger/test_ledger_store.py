@@ -237,3 +237,14 @@ def test_a_read_only_store_refuses_to_append(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         store.append("s", [Record("session_started", {})])
     store.close()
+
+
+def test_reads_page_through_sessions_and_ranges_longer_than_one_page(tmp_path: Path) -> None:
+    key = _key()
+    with open_store(tmp_path / "l.db", key=key, clock=ManualClock()) as store:
+        records = [Record("session_started", {"contract": "c"})] + [Record("model_turn", {"i": i}) for i in range(2499)]
+        assert store.bulk_append([("s_long", records), ("s_short", records[:3])], per_txn=1) == 2503
+        assert [e.seq for e in store.read_session("s_long")] == list(range(2500))
+        assert [e.seq for e in store.read_session("s_long", from_seq=999)] == list(range(999, 2500))
+        assert [e.index for e in store.read_range(998, 2502)] == list(range(998, 2502))
+        assert verify_ledger(store, TrustedKeys([key.verifier])).ok
