@@ -26,6 +26,7 @@ from mcp.client.stdio import stdio_client
 
 from tests.conftest import REPO, peers_path_env, python_peer, truss_cmd
 from truss.ledger.keys import IdentityKey
+from truss.mcp.server import ERROR_META
 
 HERE = Path(__file__).resolve().parent
 TOKEN_A = "token-for-alice-0123456789"
@@ -145,6 +146,16 @@ def text_of(result: Any) -> str:
     block = result.content[0]
     assert isinstance(block.text, str)
     return block.text
+
+
+def error_of(result: Any) -> dict[str, Any]:
+    """The machine-readable error of an ``isError`` answer (in ``_meta``; no structuredContent)."""
+    assert result.is_error, result
+    assert result.structured_content is None
+    meta: dict[str, Any] = result.meta or {}
+    value = meta.get(ERROR_META)
+    assert isinstance(value, dict), result
+    return value  # pyright: ignore[reportUnknownVariableType]
 
 
 def structured(result: Any) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import anyio
 import pytest
 from mcp import Client, MCPError
 
-from tests.serve.conftest import HERE, Site, structured, text_of
+from tests.serve.conftest import HERE, Site, error_of, structured, text_of
 from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey
 from truss.ledger.store import open_store
@@ -57,11 +57,6 @@ def _fixed(principal: Principal) -> Any:
         return principal
 
     return principal_of
-
-
-def error_of(result: Any) -> dict[str, Any]:
-    assert result.is_error, result
-    return structured(result)["error"]
 
 
 @pytest.mark.parametrize("attack", sorted(NAMES))

@@ -14,7 +14,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.serve.conftest import TOKEN_A, TOKEN_B, HttpServer, Site, structured
+from tests.serve.conftest import TOKEN_A, TOKEN_B, HttpServer, Site, error_of, structured
 from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.store import open_store
@@ -75,7 +75,7 @@ async def test_principals_over_http_see_only_their_own_sessions(http_server: Htt
             mine = structured(await alice.call_tool("truss_run_contract", {"contract": "hello"}))
             for tool in ("truss_contract_status", "truss_ledger_verdict", "truss_ledger_export"):
                 theirs = await bob.call_tool(tool, {"session": mine["session"]})
-                assert theirs.is_error and structured(theirs)["error"]["kind"] == "not_found"
+                assert error_of(theirs)["kind"] == "not_found"
                 own = await alice.call_tool(tool, {"session": mine["session"]})
                 assert not own.is_error
     with sqlite3.connect(serve_site.home / "ledger.db") as db:
@@ -116,7 +116,7 @@ async def test_fifty_concurrent_runs_with_a_limit_of_four_run_four_and_turn_the_
             await busy_all_back.wait()
             flag.touch()
 
-    busy = [structured(r)["error"] for r in results if r.is_error]
+    busy = [error_of(r) for r in results if r.is_error]
     done = [structured(r) for r in results if not r.is_error]
     assert len(busy) == 46 and all(e["kind"] == "busy" and e["retryable"] is True for e in busy)
     assert len(done) == 4 and all(a["status"] == "pass" for a in done)

@@ -57,6 +57,9 @@ __all__ = [
 
 _log = logging.getLogger("truss.serve")
 
+ERROR_META = "dev.truss/error"
+"""The ``_meta`` key of an ``isError`` result holding the error's fields (kind, reason, retryable, ...)."""
+
 # Statuses of a finished run that are failures of the delegated work (isError answers). "pass"
 # is success, "running" and "suspended" are states a caller polls or waits on.
 _ERROR_STATUSES = frozenset({"fail", "error", "interrupted", "diverged"})
@@ -526,10 +529,12 @@ def _error(exc: TrussError, contracts_dir: Path, **extra: Any) -> types.CallTool
     data = {k: v for k, v in exc.to_json().items() if k not in ("file",)}
     data["message"] = str(data.get("message", "")).replace(root + "/", "").replace(root, "<contracts>")
     data.update(extra)
+    # No structuredContent: clients validate it against the tool's outputSchema even on errors
+    # (the TypeScript SDK does), so the machine-readable error rides in the result's _meta.
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
-        structured_content={"error": data},
         is_error=True,
+        _meta={ERROR_META: data},
     )
 
 
