@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record
 from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.merkle import consistency_proof
 from truss.ledger.note import sign_checkpoint, sign_checkpoint_note
 from truss.ledger.store import SqliteStore, open_store
 from truss.testing import ManualClock
@@ -329,3 +331,32 @@ def flip_b64(text: str) -> str:
     raw = bytearray(base64.b64decode(text))
     raw[0] ^= 1
     return base64.b64encode(bytes(raw)).decode()
+
+
+def _with_verdict_checkpoint(ledger: Ledger, doc: dict[str, Any], note: str) -> dict[str, Any]:
+    head = doc["entries"][-1]["hash"]
+    statement = verdict_statement(
+        session=VERDICT_SESSION, head=head, status="pass", checks=[], contract_hash="sha256:x", checkpoint=note
+    )
+    return tamper(doc, envelope=sign_verdict(statement, ledger.key).to_json())
+
+
+def test_a_verdict_naming_a_later_checkpoint_needs_a_consistency_proof(ledger: Ledger) -> None:
+    doc = json.loads(export(ledger))
+    later = ledger.store.checkpoints()[-1]
+    first = ledger.store.checkpoints()[0]
+    assert later.size > first.size
+    without = _with_verdict_checkpoint(ledger, doc, later.note)
+    report = verify_bundle(canonical(without), trusted())
+    assert (report.ok, report.step, report.reason) == (False, "B8", "inconsistent_checkpoints")
+    proof = consistency_proof(first.size, later.size, ledger.store.node)
+    with_proof = tamper(without, consistency=[base64.b64encode(h).decode() for h in proof])
+    assert check_bundle(canonical(with_proof), trusted()).ok
+
+
+def test_export_refuses_a_checkpoint_the_stored_tree_does_not_match(ledger: Ledger) -> None:
+    with sqlite3.connect(ledger.store.db) as conn:
+        conn.execute("UPDATE nodes SET hash = ? WHERE level = 3 AND idx = 0", (b"\x09" * 32,))
+    with pytest.raises(VerificationError) as err:
+        export(ledger)
+    assert err.value.reason == "checkpoint_root_mismatch"
