@@ -13,7 +13,7 @@ import httpx2
 import pytest
 
 from tests.providers._support import WIRE, LoopbackServer, RecordingSleep, Reply, closed_port_url, make_contract, wire
-from truss._errors import ProviderError
+from truss._errors import InputError, ProviderError, TrussError
 from truss.providers import Provider, ToolSpec, TurnRequest, make_provider, retry_after_s
 from truss.testing import ManualClock
 
@@ -150,7 +150,7 @@ def _every_text_of(err: BaseException) -> Iterator[str]:
     yield str(err)
     yield repr(err)
     yield "".join(traceback.format_exception(err))
-    if isinstance(err, ProviderError):
+    if isinstance(err, TrussError):
         yield err.diagnostics()
         yield json.dumps(err.to_json())
         yield repr(err.fields)
@@ -229,3 +229,29 @@ async def test_every_httpx2_exception_becomes_a_provider_error(
         await ask(provider)
     assert caught.value.provider == "openai"
     assert caught.value.attempts is not None
+
+
+@pytest.mark.parametrize("bad_key", ["sk-line\r\nX-Injected: 1", "sk-clé-unicode", "sk with space", "sk-tab\t", ""])
+def test_an_unusable_key_value_is_refused_at_start_without_showing_it(bad_key: str) -> None:
+    contract = make_contract(provider="openai", model="m", base_url="http://127.0.0.1:9/v1", api_key_env="K")
+    with pytest.raises(InputError) as caught:
+        make_provider(contract, environ={"K": bad_key}, clock=ManualClock())
+    assert caught.value.env == "K"
+    if bad_key:
+        for text in _every_text_of(caught.value):
+            assert bad_key not in text
+
+
+async def test_a_conversation_json_cannot_carry_is_a_provider_error_before_anything_is_sent(
+    loopback: LoopbackServer, sleep: RecordingSleep
+) -> None:
+    provider = anthropic_at(loopback.url, sleep)
+    call = {"id": "c", "name": "mcp__a__b", "arguments": {"x": float("nan")}}
+    request = TurnRequest("", [{"role": "assistant", "text": "", "tool_calls": [call]}], [], 1)
+    with pytest.raises(ProviderError) as caught:
+        try:
+            await provider.next_turn(request)
+        finally:
+            await provider.aclose()
+    assert (caught.value.reason, caught.value.attempts) == ("bad_request", 0)
+    assert loopback.requests == []

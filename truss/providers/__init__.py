@@ -111,4 +111,13 @@ def _api_key(agent: AgentConfig, environ: Mapping[str, str]) -> str | None:
             provider=agent.provider,
             env=name,
         )
+    if not value.isascii() or not value.isprintable() or any(ch.isspace() for ch in value):
+        # Checked here because httpx2 would otherwise fail later with the value in its message.
+        raise InputError(
+            f"the environment variable {name} does not hold a usable API key: it must be printable ASCII"
+            " without spaces or line breaks",
+            remedy=f"Check the value of {name} (a stray newline from a file is the usual cause)",
+            provider=agent.provider,
+            env=name,
+        )
     return value

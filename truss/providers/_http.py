@@ -168,7 +168,13 @@ class JsonPoster:
 
     async def post(self, body: Mapping[str, Any]) -> Any:
         """The parsed JSON answer of a 2xx response; ``ProviderError`` otherwise."""
-        payload = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        try:
+            payload = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        except (TypeError, ValueError, RecursionError) as exc:
+            # The conversation holds a value JSON cannot carry (NaN, a non-JSON object): a caller's bug.
+            raise self._error(
+                f"the request cannot be encoded as JSON ({type(exc).__name__})", None, 0, "bad_request"
+            ) from None
         attempts = 0
         while True:
             attempts += 1
@@ -189,7 +195,7 @@ class JsonPoster:
             return _Failure("timeout", None, f"no complete answer within {self.settings.request_timeout_s:g}s")
         except httpx2.UnsupportedProtocol as exc:
             raise self._error(f"unsupported URL scheme ({type(exc).__name__})", None, attempts, "bad_url") from None
-        except httpx2.LocalProtocolError as exc:
+        except (httpx2.LocalProtocolError, UnicodeError) as exc:
             # Our own request is malformed (say, a key with a line break): sending it again cannot help.
             raise self._error(
                 f"the request could not be sent ({type(exc).__name__})", None, attempts, "bad_request"
