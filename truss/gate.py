@@ -510,7 +510,7 @@ class Gate:
             "args": args_ref,
             "result": result_ref,
             "is_error": result.is_error,
-            "duration_ms": duration_ms,
+            "duration_ms": round(duration_ms),  # whole milliseconds: entry bodies hold no floats
             "pin": tool.pin,
             "intent": intent.seq,
         }
