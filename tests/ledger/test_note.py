@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from truss._errors import BundleFormatError, VerificationError
 from truss.ledger.keys import IdentityKey, VerifierKey
-from truss.ledger.merkle import MemoryTree
+from truss.ledger.merkle import MemoryTree, verify_consistency
 from truss.ledger.note import (
     Checkpoint,
     format_checkpoint,
@@ -231,3 +231,11 @@ def test_malformed_checkpoint_bodies_are_refused(body: str) -> None:
 @given(st.integers(0, 2**63 - 1), st.binary(min_size=32, max_size=32))
 def test_checkpoint_bodies_round_trip(size: int, root: bytes) -> None:
     assert parse_checkpoint(format_checkpoint(ORIGIN, size, root)) == Checkpoint(ORIGIN, size, root)
+
+
+def test_two_valid_checkpoints_of_one_size_with_different_roots_are_a_fork() -> None:
+    honest = open_checkpoint(_read("checkpoint_valid.note"), [_log_key()])
+    forked = open_checkpoint(_read("checkpoint_fork_same_size_other_root.note"), [_log_key()])
+    assert honest.size == forked.size and honest.root != forked.root
+    # Each is validly signed on its own; together no proof can make them one log.
+    assert not verify_consistency(honest.size, forked.size, honest.root, forked.root, [])
