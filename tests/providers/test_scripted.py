@@ -218,6 +218,12 @@ async def test_the_final_text_may_refer_to_results() -> None:
     assert responses[-1].text == "The time is 2026-01-01T12:00:00+00:00."
 
 
+async def test_a_final_text_that_is_one_reference_to_an_object_is_written_as_json() -> None:
+    provider = scripted([{"tool": "mcp:time:now", "arguments": {}}], final="${steps.0.result/a~1b}")
+    responses, _ = await play(provider, lambda name, args: ok("", TIME))
+    assert responses[-1].text == '{"~k":7}'
+
+
 async def test_without_steps_the_first_turn_is_the_final_one() -> None:
     responses, calls = await play(scripted([]), lambda name, args: ok())
     assert calls == []

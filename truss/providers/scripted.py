@@ -127,7 +127,7 @@ class ScriptedProvider:
             text = _substitute(self._final, outcomes, len(self._steps), None)
         except _BrokenReference as broken:
             return _stop(f"Scripted plan could not write its final answer: {broken.reference} {broken.why}.")
-        return _stop(str(text))
+        return _stop(_as_text(text))
 
 
 def _stop(text: str) -> TurnResponse:
