@@ -32,6 +32,7 @@ import math
 import re
 import stat
 import tomllib
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast, get_args, get_origin
@@ -90,10 +91,16 @@ def _check_duration(value: str) -> str:
 
 
 def _check_regex(value: str) -> str:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"invalid regular expression {value!r}: {exc}") from exc
+    with warnings.catch_warnings():
+        # Python warns (FutureWarning) about patterns whose meaning will change, such as '[a--z]'
+        # or a nested set; refusing them keeps a rule meaning the same on every Python version.
+        warnings.simplefilter("error")
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {value!r}: {exc}") from exc
+        except Warning as exc:
+            raise ValueError(f"ambiguous regular expression {value!r}: {exc}; escape the character") from exc
     return value
 
 
@@ -110,7 +117,12 @@ def _check_glob(value: str) -> str:
             depth -= 1
     if depth:
         raise ValueError(f"invalid glob {value!r}: '[' without a closing ']'")
-    re.compile(fnmatch.translate(value))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            re.compile(fnmatch.translate(value))
+        except (re.error, Warning) as exc:
+            raise ValueError(f"invalid glob {value!r}: {exc}") from exc
     return value
 
 

@@ -28,6 +28,11 @@ LAYER_SUFFIXES = (".overlay.toml", ".agent.toml", ".config.toml")
 # name -> (file that is blamed, key path, line); None where the mistake has no key path or line.
 EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "agent_file_with_budget_table": ("agent_file_with_budget_table.agent.toml", "budget", 4),
+    "ambiguous_regex_set_difference": (
+        "ambiguous_regex_set_difference.toml",
+        "policy.rules[0].args.timezone.regex",
+        8,
+    ),
     "allowlist_entry_twice": ("allowlist_entry_twice.toml", "mcp.servers[0].allow_tools", 8),
     "allowlist_not_an_array": ("allowlist_not_an_array.toml", "mcp.servers[0].allow_tools", 8),
     "allowlist_star_with_others": ("allowlist_star_with_others.toml", "mcp.servers[0].allow_tools", 8),
