@@ -388,6 +388,8 @@ class Mounts:
         out: dict[str, Any] = {"content": content, "isError": bool(wire.get("isError", False))}
         if "structuredContent" in wire:
             out["structuredContent"] = wire["structuredContent"]
+        if _text_only_bound(content) <= self._max_result_bytes and "structuredContent" not in out:
+            return ToolResult(out)
         try:
             # The compact JSON form has the length of the canonical bytes for everything a result
             # holds but unusual number spellings, and costs a fraction of canonicalising a large text.
@@ -410,6 +412,24 @@ class Mounts:
                 extra={"refused": "max_result_bytes", "result_bytes": size},
             )
         return ToolResult(out)
+
+
+def _text_only_bound(content: list[Any]) -> int:
+    """An upper bound of the JSON size of text-only content (any other block: unbounded).
+
+    A JSON string takes at most 6 bytes per character (a ``\\u00XX`` escape), so small text
+    results skip measuring, which is most of the tier's cost on a small call.
+    """
+    total = 64
+    for block in content:
+        if not isinstance(block, dict):
+            return 1 << 62
+        typed: dict[str, Any] = block  # pyright: ignore[reportUnknownVariableType]
+        text = typed.get("text")
+        if set(typed) - {"type", "text"} or not isinstance(text, str):
+            return 1 << 62
+        total += 6 * len(text) + 32
+    return total
 
 
 def _closed(server: str, tool: str, cause: McpError | None = None) -> ToolCallError:
