@@ -255,3 +255,29 @@ async def test_a_conversation_json_cannot_carry_is_a_provider_error_before_anyth
             await provider.aclose()
     assert (caught.value.reason, caught.value.attempts) == ("bad_request", 0)
     assert loopback.requests == []
+
+
+@pytest.mark.parametrize(
+    ("base_url", "allowed"),
+    [
+        ("https://llm.example.com/v1", True),
+        ("http://127.0.0.1:11434/v1", True),
+        ("http://[::1]:8000/v1", True),
+        ("http://localhost:1234/v1", True),
+        ("http://llm.example.com/v1", False),
+        ("http://10.0.0.7:8000/v1", False),
+        ("http://127.0.0.1.example.com/v1", False),
+    ],
+)
+async def test_a_key_is_sent_in_clear_text_only_to_this_machine(base_url: str, allowed: bool) -> None:
+    contract = make_contract(provider="openai", model="m", base_url=base_url, api_key_env="K")
+    if allowed:
+        provider = make_provider(contract, environ={"K": KEY}, clock=ManualClock())
+        await provider.aclose()
+        return
+    with pytest.raises(InputError) as caught:
+        make_provider(contract, environ={"K": KEY}, clock=ManualClock())
+    assert caught.value.env == "K"
+    # Without a key the same server is fine (a LAN Ollama needs none).
+    keyless = make_contract(provider="openai", model="m", base_url=base_url)
+    await make_provider(keyless, environ={"K": KEY}, clock=ManualClock()).aclose()

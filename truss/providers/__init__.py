@@ -5,11 +5,14 @@ the environment mapping it is given, under the name ``agent.api_key_env``; when 
 provider's usual variable (``ANTHROPIC_API_KEY``, ``OPENAI_API_KEY``) is read only for the
 provider's own host: a contract that sets ``base_url`` gets a key only by naming its variable, so
 a key is never sent to a host its owner did not pair it with. The key lives inside the provider's
-HTTP client and never in a ``TurnRequest``, a ``TurnResponse``, a repr or an error.
+HTTP client and never in a ``TurnRequest``, a ``TurnResponse``, a repr or an error, and it is
+sent in clear text only to this machine: a plain ``http://`` base_url on another host with a key
+is refused.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable, Mapping
 
 import httpx2
@@ -70,6 +73,14 @@ def make_provider(
             f"provider {agent.provider!r} needs a model", remedy="Set agent.model", provider=agent.provider
         )
     api_key = _api_key(agent, environ)
+    if api_key is not None and agent.base_url is not None and not _key_may_travel_to(agent.base_url):
+        raise InputError(
+            f"agent.base_url {_host_of(agent.base_url)!r} is plain http on a host other than this machine:"
+            f" the API key in {agent.api_key_env} would cross the network unencrypted",
+            remedy="Use an https:// base_url, or drop agent.api_key_env for a server that needs no key",
+            provider=agent.provider,
+            env=agent.api_key_env,
+        )
     kind = AnthropicProvider if agent.provider == "anthropic" else OpenAIProvider
     return kind(
         model=model,
@@ -88,6 +99,30 @@ def make_provider(
 def http_settings(agent: AgentConfig) -> HttpSettings:
     """Timeouts and attempts from ``[agent]``; the other bounds keep their defaults."""
     return HttpSettings(request_timeout_s=duration_ms(agent.request_timeout) / 1000.0, max_attempts=agent.max_attempts)
+
+
+def _host_of(url: str) -> str:
+    try:
+        return httpx2.URL(url).host
+    except httpx2.InvalidURL:
+        return "<invalid URL>"
+
+
+def _key_may_travel_to(url: str) -> bool:
+    """True for https, and for plain http only to this machine (a local Ollama or vLLM)."""
+    try:
+        parsed = httpx2.URL(url)
+    except httpx2.InvalidURL:
+        return False
+    if parsed.scheme == "https":
+        return True
+    host = parsed.host.lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _api_key(agent: AgentConfig, environ: Mapping[str, str]) -> str | None:
