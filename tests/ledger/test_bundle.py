@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from truss._errors import BundleFormatError, NotFoundError, VerificationError
 from truss.ledger.bundle import (
@@ -32,7 +34,7 @@ from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import consistency_proof
 from truss.ledger.note import sign_checkpoint, sign_checkpoint_note
 from truss.ledger.store import SqliteStore, open_store
-from truss.testing import ManualClock
+from truss.testing import ManualClock, MemoryStore
 
 TAMPERED = Path(__file__).parent / "tampered_bundles"
 LOG_NAME = "bundles.truss.test"
@@ -360,3 +362,30 @@ def test_export_refuses_a_checkpoint_the_stored_tree_does_not_match(ledger: Ledg
     with pytest.raises(VerificationError) as err:
         export(ledger)
     assert err.value.reason == "checkpoint_root_mismatch"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["s_a", "s_b", "s_c"]), st.dictionaries(st.text(max_size=5), st.integers(-(2**53), 2**53))
+        ),
+        max_size=30,
+    ),
+    st.sampled_from(["s_a", "s_b", "s_c"]),
+    st.booleans(),
+)
+def test_any_interleaving_of_sessions_exports_a_bundle_that_verifies(
+    steps: list[tuple[str, dict[str, int]]], session: str, payloads: bool
+) -> None:
+    key = log_key()
+    store = MemoryStore(key=key, clock=ManualClock())
+    for sid in ("s_a", "s_b", "s_c"):
+        store.append(sid, [Record("session_started", {"contract": sid})])
+    for sid, body in steps:
+        ref, data = _blob(body)
+        store.append(sid, [Record("model_turn", {"body": body, "request": ref}, {ref: data})])
+    data = export_bundle(store, session, vkey=key.verifier.vkey, payloads=payloads, signer=key)
+    report = verify_bundle(data, trusted())
+    assert report.ok, report.message
+    assert report.entries == 1 + sum(1 for sid, _ in steps if sid == session)
