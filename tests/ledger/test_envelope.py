@@ -175,3 +175,12 @@ def test_an_envelope_of_another_statement_type_is_not_a_verdict() -> None:
     with pytest.raises(VerificationError) as err:
         open_verdict(sign_verdict(statement, key), _trusted(key))
     assert err.value.reason == "bad_statement"
+
+
+def test_an_envelope_in_url_safe_base64_without_padding_verifies() -> None:
+    key = _key()
+    payload = b"\xfb\xff\xfe" * 7
+    doc = sign_envelope(payload, "application/example", [key]).to_json()
+    doc["payload"] = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+    doc["signatures"][0]["sig"] = doc["signatures"][0]["sig"].replace("+", "-").replace("/", "_").rstrip("=")
+    assert verify_envelope(doc, _trusted(key)) == payload

@@ -306,10 +306,14 @@ def _member(value: Any, key: str | int) -> Any:
 
 
 def _b64(text: str) -> bytes:
+    # DSSE allows standard or URL-safe base64; Truss writes standard.
     try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
+        raw = text.encode("ascii")
+        if b"-" in raw or b"_" in raw:
+            raw = raw.replace(b"-", b"+").replace(b"_", b"/")
+        return base64.b64decode(raw + b"=" * (-len(raw) % 4), validate=True)
     except (binascii.Error, UnicodeEncodeError):
-        raise _bad("envelope fields are standard, padded base64") from None
+        raise _bad("envelope fields are base64 (standard or URL-safe)") from None
 
 
 def _bad(message: str) -> BundleFormatError:
