@@ -42,7 +42,7 @@ from truss._errors import (
     StoreError,
     TrussError,
 )
-from truss.ledger.canonical import canonical
+from truss.ledger.canonical import CanonicalError, canonical
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, check_record, seal
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier, leaf_hash
@@ -597,17 +597,22 @@ class SqliteStore:
                 )
             if i and record.kind == "session_started":
                 raise StoreError(f"session {session}: session_started may only be its first entry", session=session)
-            entry = seal(
-                key,
-                log=self.origin,
-                session=session,
-                seq=seq,
-                index=index,
-                ts=self._clock.now_ms(),
-                kind=record.kind,
-                body=record.body,
-                prev=prev,
-            )
+            try:
+                entry = seal(
+                    key,
+                    log=self.origin,
+                    session=session,
+                    seq=seq,
+                    index=index,
+                    ts=self._clock.now_ms(),
+                    kind=record.kind,
+                    body=record.body,
+                    prev=prev,
+                )
+            except CanonicalError as exc:
+                raise StoreError(
+                    f"the body of a {record.kind} entry is not canonical JSON: {exc}", reason="bad_body"
+                ) from exc
             out.append(entry)
             entry_rows.append(
                 (

@@ -20,7 +20,7 @@ from typing import Any
 
 from truss._clock import Clock
 from truss._errors import NotFoundError, StoreConflictError, StoreError, TrussError
-from truss.ledger.canonical import canonical, sha256_ref
+from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, check_record, seal
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree, leaf_hash, root_at
@@ -85,7 +85,7 @@ class MemoryStore:
                     raise StoreConflictError(f"session {session} has ended", session=session, seq=seq + i)
                 if i and record.kind == "session_started":
                     raise StoreError(f"session {session}: session_started may only be its first entry")
-                entry = seal(
+                entry = _seal_or_refuse(
                     self._key,
                     log=self.origin,
                     session=session,
@@ -93,7 +93,7 @@ class MemoryStore:
                     index=index + i,
                     ts=self._clock.now_ms(),
                     kind=record.kind,
-                    body=json.loads(canonical(record.body)),  # a private copy: callers may mutate theirs
+                    body=_private_copy(record.body),
                     prev=prev,
                 )
                 out.append(entry)
@@ -239,6 +239,21 @@ class MemoryStore:
         return None
 
 
+def _seal_or_refuse(key: IdentityKey, **fields: Any) -> StoredEntry:
+    try:
+        return seal(key, **fields)
+    except CanonicalError as exc:
+        raise StoreError(f"the body is not canonical JSON: {exc}", reason="bad_body") from exc
+
+
+def _private_copy(body: dict[str, Any]) -> dict[str, Any]:
+    # Callers may mutate their dict after appending; the stored entry must not change with it.
+    try:
+        return json.loads(canonical(body))
+    except CanonicalError as exc:
+        raise StoreError(f"the body is not canonical JSON: {exc}", reason="bad_body") from exc
+
+
 # -- conformance ------------------------------------------------------------------------------
 
 StoreFactory = Callable[[IdentityKey, ManualClock], LedgerStore]
@@ -331,6 +346,8 @@ def _session_rules_are_enforced(store: LedgerStore, key: IdentityKey, clock: Man
     )
     assert conflict.fields.get("session") == "s_x"
     store.append("s_x", [Record("model_turn", {})], expect_seq=1)
+    surrogate = _expect(StoreError, lambda: store.append("s_x", [Record("model_turn", {"t": "\ud800"})]), "a surrogate")
+    assert surrogate.fields.get("reason") == "bad_body", "a body that cannot be encoded is refused as such"
     store.append("s_x", [Record("session_ended", {})])
     _expect(StoreConflictError, lambda: store.append("s_x", [Record("model_turn", {})]), "appending after the end")
     _expect(StoreError, lambda: store.append("s_x", [Record("no_such_kind", {})]), "an unknown kind")
