@@ -17,6 +17,7 @@ import tomli_w
 from truss_cli._ctx import Ctx
 
 from truss.contract import Contract, load_contract
+from truss.policy import lint
 
 
 def add_contract_args(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
@@ -67,8 +68,19 @@ def register(sub: Any) -> None:
 def run_check(args: argparse.Namespace, ctx: Ctx) -> int:
     contract = load_from_args(args, ctx)
     servers = ", ".join(s.name for s in contract.mcp.servers) or "none"
+    # Valid but probably unintended policies are warnings: they never change the exit code.
+    warnings = [{"path": f.path, "message": f.message} for f in lint(contract)]
+    if not ctx.json:
+        for warning in warnings:
+            ctx.progress(f"truss: warning: {args.contract} at {warning['path']}: {warning['message']}")
     ctx.emit(
-        {"ok": True, "file": args.contract, "name": contract.contract.name, "hash": contract.hash},
+        {
+            "ok": True,
+            "file": args.contract,
+            "name": contract.contract.name,
+            "hash": contract.hash,
+            "warnings": warnings,
+        },
         f"ok: {args.contract}: contract {contract.contract.name!r}, servers: {servers}\nhash: {contract.hash}",
     )
     return 0

@@ -147,3 +147,13 @@ def test_python_dash_m_truss_is_the_same_cli() -> None:
     )
     assert done.returncode == 0
     assert json.loads(done.stdout)["ok"] is True
+
+
+def test_contract_check_warns_about_a_rule_that_matches_no_allowlisted_tool(tmp_path: Path) -> None:
+    text = (REPO / "contracts" / "hello.toml").read_text().replace('tool = "mcp:time:*"', 'tool = "mcp:tiem:*"')
+    (tmp_path / "typo.toml").write_text(text)
+    done = _truss("contract", "check", "typo.toml", cwd=tmp_path)
+    assert done.returncode == 0
+    assert "warning: typo.toml at policy.rules[0].tool" in done.stderr
+    as_json = _truss("--json", "contract", "check", "typo.toml", cwd=tmp_path)
+    assert json.loads(as_json.stdout)["warnings"][0]["path"] == "policy.rules[0].tool"

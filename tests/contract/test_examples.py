@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import tomllib
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest
 
 from truss.contract import Contract, load_contract, render_arguments, render_intent
+from truss.policy import lint
 
 CONTRACTS = Path(__file__).resolve().parent.parent.parent / "contracts"
 FILES = sorted(CONTRACTS.glob("*.toml"))
@@ -49,7 +50,13 @@ def test_hello_plans_get_current_time_then_convert_time_from_its_result() -> Non
 
 def test_git_triage_denies_writes_even_when_the_allowlist_is_widened() -> None:
     contract = load_contract(CONTRACTS / "git-triage.toml")
-    denied = {r.tool for r in contract.policy.rules if r.effect == "deny"}
-    assert {"mcp:git:git_reset", "mcp:git:git_commit"} <= denied
-    raw = tomllib.loads((CONTRACTS / "git-triage.toml").read_text())
-    assert "git_reset" not in raw["mcp"]["servers"][0]["allow_tools"]
+    assert contract.policy.default == "deny"
+    for write in ("git_reset", "git_commit", "git_add", "git_checkout", "git_create_branch"):
+        assert write not in contract.mcp.servers[0].allow_tools
+        allowing = [r for r in contract.policy.rules if fnmatchcase(f"mcp:git:{write}", r.tool) and r.effect != "deny"]
+        assert not allowing, write
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_example_contract_policy_has_no_lint_findings(path: Path) -> None:
+    assert lint(load_contract(path)) == []
