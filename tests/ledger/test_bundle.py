@@ -10,6 +10,7 @@ import base64
 import hashlib
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,3 +390,70 @@ def test_any_interleaving_of_sessions_exports_a_bundle_that_verifies(
     report = verify_bundle(data, trusted())
     assert report.ok, report.message
     assert report.entries == 1 + sum(1 for sid, _ in steps if sid == session)
+
+
+def test_concurrent_sessions_ending_together_all_get_consistent_checkpoints(tmp_path: Path) -> None:
+    key = log_key()
+    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    errors: list[BaseException] = []
+
+    def session(n: int) -> None:
+        try:
+            sid = f"s_{n}"
+            store.append(sid, [Record("session_started", {"contract": "x"})])
+            for _ in range(5):
+                store.append(sid, [Record("model_turn", {"n": n})])
+            store.append(sid, [Record("session_ended", {})])
+            sign_checkpoint(store, key)
+        except BaseException as exc:  # collected for the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=session, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    size, _ = store.tree_head()
+    assert store.checkpoints()[-1].size == size == 8 * 7
+    for n in range(8):
+        data = export_bundle(store, f"s_{n}", vkey=key.verifier.vkey)
+        assert check_bundle(data, trusted()).ok
+    store.close()
+
+
+class _RacingStore:
+    """A store where another session appends and signs right after a head is read."""
+
+    def __init__(self, store: SqliteStore, key: IdentityKey) -> None:
+        self.inner = store
+        self.key = key
+        self.origin = store.origin
+        self.raced = False
+
+    def tree_head(self) -> tuple[int, bytes]:
+        head = self.inner.tree_head()
+        if not self.raced:
+            self.raced = True
+            self.inner.append("s_racer", [Record("session_started", {"contract": "x"})])
+            sign_checkpoint(self.inner, self.key)
+        return head
+
+    def node(self, level: int, index: int) -> bytes:
+        return self.inner.node(level, index)
+
+    def checkpoints(self) -> list[Any]:
+        return list(self.inner.checkpoints())
+
+    def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
+        self.inner.add_checkpoint(size, root, note)
+
+
+def test_a_checkpoint_signed_by_another_session_meanwhile_is_not_mistaken_for_a_shrunk_log(tmp_path: Path) -> None:
+    key = log_key()
+    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    store.append("s_a", [Record("session_started", {"contract": "x"})])
+    signed = sign_checkpoint(_RacingStore(store, key), key)
+    assert signed.size == 1
+    assert sorted(cp.size for cp in store.checkpoints()) == [1, 2]
+    store.close()

@@ -338,8 +338,10 @@ def sign_checkpoint(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
     ``bad_stored_checkpoint`` when a stored note does not say what its row says. When the latest
     checkpoint already covers the whole tree, it is returned instead of signing a duplicate.
     """
-    size, root = store.tree_head()
+    # Checkpoints first, then the head: the tree only grows, so every checkpoint read here was
+    # signed over a size at most the head's, even while other sessions append and sign.
     stored = list(store.checkpoints())
+    size, root = store.tree_head()
     larger = [cp.size for cp in stored if cp.size > size]
     if larger:
         raise VerificationError(
