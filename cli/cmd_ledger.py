@@ -22,7 +22,7 @@ from typing import Any
 
 from truss_cli._ctx import Ctx, table
 
-from truss._errors import BundleFormatError, KeyFileError, NotFoundError, UsageError
+from truss._errors import BundleFormatError, KeyFileError, NotFoundError, StoreError, UsageError
 from truss.ledger.bundle import (
     MAX_BUNDLE_BYTES,
     LogAudit,
@@ -34,6 +34,7 @@ from truss.ledger.bundle import (
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict, parse_envelope
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+from truss.ledger.merkle import root_at
 from truss.ledger.note import MAX_NOTE_BYTES, sign_checkpoint
 from truss.ledger.store import SessionInfo, SqliteStore, open_store
 from truss.ledger.verify import VerifyReport, verify_ledger
@@ -472,7 +473,12 @@ def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
 def _audit_log(store: SqliteStore, report: VerifyReport, audit: LogAudit) -> VerifyReport:
     if not report.ok:
         return report
-    finding = audit.finish(*store.tree_head())
+    # The tree as of the entries just verified: appends that land meanwhile are not this run's.
+    size = audit.frontier.size
+    try:
+        finding = audit.finish(size, root_at(size, store.node))
+    except StoreError as exc:
+        finding = ("tree_mismatch", exc.message)
     if finding is None:
         return report
     return VerifyReport(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -115,3 +116,11 @@ def test_verdict_under_a_key_that_is_not_trusted_exits_1(home: Path) -> None:
 def test_verify_all_includes_the_merkle_checks(home: Path) -> None:
     checked = run(home, "--json", "ledger", "verify", "--all")
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_verify_all_fails_when_the_stored_merkle_tree_was_altered(home: Path) -> None:
+    with sqlite3.connect(home / "ledger.db") as conn:
+        conn.execute("UPDATE nodes SET hash = ? WHERE level = 3 AND idx = 0", (b"\x09" * 32,))
+    checked = run(home, "--json", "ledger", "verify", "--all")
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert json.loads(checked.stdout)["reason"] == "tree_mismatch"
