@@ -1511,7 +1511,10 @@ def _split_key(text: str) -> list[str]:
     for match in re.finditer(_KEY_PART, text):
         part = match.group(0)
         if part.startswith('"'):
-            part = part[1:-1].encode("utf-8").decode("unicode_escape") if "\\" in part else part[1:-1]
+            try:  # let tomllib decode the escapes, exactly as it did for the data
+                part = next(iter(tomllib.loads(f"{part} = 0")))
+            except tomllib.TOMLDecodeError:
+                part = part[1:-1]
         elif part.startswith("'"):
             part = part[1:-1]
         parts.append(part)
