@@ -22,8 +22,10 @@ from hypothesis import strategies as st
 
 from truss._errors import BundleFormatError, NotFoundError, VerificationError
 from truss.ledger.bundle import (
+    TlogProof,
     check_bundle,
     export_bundle,
+    format_tlog_proof,
     parse_tlog_proof,
     verify_bundle,
     verify_since,
@@ -457,3 +459,31 @@ def test_a_checkpoint_signed_by_another_session_meanwhile_is_not_mistaken_for_a_
     assert signed.size == 1
     assert sorted(cp.size for cp in store.checkpoints()) == [1, 2]
     store.close()
+
+
+@given(
+    st.integers(0, 2**63 - 1),
+    st.lists(st.binary(min_size=32, max_size=32), max_size=64),
+    st.none() | st.binary(max_size=40),
+)
+def test_tlog_proofs_round_trip(index: int, hashes: list[bytes], extra: bytes | None) -> None:
+    note = (TAMPERED / "original.json").read_bytes()
+    checkpoint = json.loads(note)["checkpoint"].encode()
+    proof = TlogProof(index, tuple(hashes), checkpoint, extra)
+    assert parse_tlog_proof(format_tlog_proof(proof)) == proof
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "c2sp.org/tlog-proof@v2\nindex 1\n\ncp\n",
+        "c2sp.org/tlog-proof@v1\nindex 01\n\ncp\n",
+        "c2sp.org/tlog-proof@v1\nindex 1\nAAAA\n\ncp\n",
+        "c2sp.org/tlog-proof@v1\n\ncp\n",
+        "c2sp.org/tlog-proof@v1\nindex 1",
+    ],
+    ids=["other_version", "leading_zero", "short_hash", "no_index", "no_checkpoint"],
+)
+def test_malformed_tlog_proofs_are_refused(text: str) -> None:
+    with pytest.raises(BundleFormatError):
+        parse_tlog_proof(text)
