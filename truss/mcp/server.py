@@ -35,6 +35,7 @@ import anyio.abc
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
+from mcp.server.streamable_http import EventMessage, EventStore
 from mcp.shared.exceptions import MCPError
 
 from truss._clock import Clock
@@ -625,6 +626,8 @@ async def serve_http(
             streamable_http_path=path,
             host=host,
             max_request_body_size=config.limits.max_request_bytes,
+            event_store=_RecentEvents(config.clock),
+            retry_interval=1000,
         )
         asgi: Any = _BearerGate(starlette, tokens) if tokens is not None else starlette
         server = uvicorn.Server(
@@ -645,6 +648,35 @@ async def serve_http(
         if app.active_runs:
             _stderr(f"truss serve-mcp: stopping; interrupting {app.active_runs} run(s)")
         await app.shutdown()
+
+
+class _RecentEvents(EventStore):
+    """The last SSE events in memory, so a legacy-era client that loses its stream mid-run can
+    resume it (``Last-Event-ID``). Event ids are random (from the clock), so one caller cannot
+    guess its way into another's stream; the buffer is bounded."""
+
+    def __init__(self, clock: Clock, limit: int = 10_000) -> None:
+        self._clock = clock
+        self._limit = limit
+        self._events: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+
+    async def store_event(self, stream_id: Any, message: Any) -> str:
+        event_id = self._clock.new_id("e")
+        self._events[event_id] = (stream_id, message)
+        while len(self._events) > self._limit:
+            self._events.popitem(last=False)
+        return event_id
+
+    async def replay_events_after(self, last_event_id: str, send_callback: Any) -> Any:
+        if last_event_id not in self._events:
+            return None
+        stream_id = self._events[last_event_id][0]
+        after = False
+        for event_id, (stream, message) in list(self._events.items()):
+            if after and stream == stream_id and message is not None:
+                await send_callback(EventMessage(message, event_id))
+            after = after or event_id == last_event_id
+        return stream_id
 
 
 class _BearerGate:
