@@ -25,8 +25,15 @@ $(PEERS)/node/node_modules/@modelcontextprotocol/server-everything/package.json:
 	mkdir -p $(PEERS)/node
 	cd $(PEERS)/node && npm install --silent --no-audit --no-fund --prefix . '@modelcontextprotocol/server-everything@2026.8.31'
 
+# Node 22 (the system Node may be older), the MCP Inspector CLI and the conformance suite: the
+# independent clients that test `truss serve-mcp` (tests/serve, conformance/run.py).
+$(PEERS)/node22/node_modules/.bin/conformance:
+	mkdir -p $(PEERS)/node22
+	cd $(PEERS)/node22 && npm install --silent --no-audit --no-fund --prefix . 'node@22' '@modelcontextprotocol/inspector@0.15.0' '@modelcontextprotocol/conformance@0.2.0-alpha.12'
+
 peers: $(PEERS)/py/bin/mcp-server-time
 	@command -v npm >/dev/null && $(MAKE) -s $(PEERS)/node/node_modules/@modelcontextprotocol/server-everything/package.json || echo "npm not found: tests that need server-everything will be skipped"
+	@command -v npm >/dev/null && $(MAKE) -s $(PEERS)/node22/node_modules/.bin/conformance || echo "npm not found: serve-mcp's Inspector and conformance tests will be skipped"
 
 demo: venv peers
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss init
