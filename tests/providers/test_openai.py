@@ -245,3 +245,10 @@ async def test_a_named_key_variable_that_is_not_set_is_an_input_error_naming_it(
     with pytest.raises(InputError) as caught:
         make_provider(contract, environ={"OTHER": "x"}, clock=ManualClock())
     assert (caught.value.env, caught.value.provider, caught.value.exit_code) == ("MY_KEY", "openai", 2)
+
+
+def test_an_empty_assistant_message_is_sent_with_empty_content_not_null() -> None:
+    request = TurnRequest("", [{"role": "user", "text": "hi"}, {"role": "assistant", "text": ""}], [], 2)
+    body = to_wire(request, model="m", max_output_tokens=1)
+    assert body["messages"][1] == {"role": "assistant", "content": ""}
+    assert "tools" not in body

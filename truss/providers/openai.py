@@ -232,6 +232,8 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
             )
         if calls:
             out["tool_calls"] = calls
+        elif out["content"] is None:
+            out["content"] = ""  # an assistant message needs content or calls; never both absent
         return out
     if role == "tool":
         content = _tool_text(message)
