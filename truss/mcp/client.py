@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import anyio
+import anyio.abc
 import httpx2
 from mcp import Client, StdioServerParameters, types
 from mcp.client.caching import CacheMode
@@ -650,8 +651,10 @@ def _mount(live: _Live, client: Client, tools: list[types.Tool], connect_ms: flo
     )
 
 
-async def _watch_changes(live: _Live, client: Client) -> None:
-    """Re-list when the server says its tools changed (a notification, or a 2026 subscription)."""
+async def _watch_changes(live: _Live, client: Client, connect_scope: anyio.CancelScope) -> None:
+    """Mark the server ready, then re-list whenever it says its tools changed: a 2025-11-25
+    notification, or a 2026-07-28 ``subscriptions/listen`` event. The subscription is
+    acknowledged before ``connect`` yields, so no change after that can be missed."""
 
     async def relister() -> None:
         while True:
@@ -663,19 +666,26 @@ async def _watch_changes(live: _Live, client: Client) -> None:
                 live.dead = live.dead or _closed(live.name, "tools/list")
                 return
 
-    async def listener() -> None:
+    async def listener(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        started = False
         try:
             async with client.listen(tools_list_changed=True) as subscription:
+                task_status.started()
+                started = True
                 async for _event in subscription:
                     live.relist_wanted.set()
-        except Exception:  # noqa: S110 - a lost subscription leaves explicit re-lists working
-            pass
+        except Exception:
+            # A refused or lost subscription leaves notifications and explicit re-lists working.
+            if not started:
+                task_status.started()
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(relister)
         caps = client.server_capabilities.tools
         if client.protocol_version >= "2026-07-28" and caps is not None and caps.list_changed:
-            tg.start_soon(listener)
+            await tg.start(listener)
+        connect_scope.deadline = math.inf
+        live.ready.set()
         await live.stop.wait()
         tg.cancel_scope.cancel()
 
@@ -694,9 +704,7 @@ async def _run(live: _Live, contract: Contract, log_dir: Path, environ: Mapping[
                 live.client = client
                 tools = await _list_all(client)
                 _mount(live, client, tools, (clock.monotonic() - start) * 1000.0, log)
-                scope.deadline = math.inf
-                live.ready.set()
-                await _watch_changes(live, client)
+                await _watch_changes(live, client, scope)
         if not live.ready.is_set():
             live.error = ServerStartError(
                 f"MCP server {server.name!r} did not finish connecting within its connect_timeout of "
