@@ -331,4 +331,5 @@ def _display_url(url: str) -> str:
     except httpx2.InvalidURL:
         return "<invalid URL>"
     port = f":{parsed.port}" if parsed.port is not None else ""
-    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}"
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    return f"{parsed.scheme}://{host}{port}{parsed.path}"
