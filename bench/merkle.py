@@ -96,6 +96,9 @@ class _Source:
     def blob(self, ref: str) -> bytes | None:
         return None
 
+    def erased_refs(self, session: str) -> set[str]:
+        return set()
+
     def envelope(self, session: str) -> bytes | None:
         return self._envelope
 
@@ -115,7 +118,7 @@ class _Source:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--sample", type=int, default=2000, help="entries sealed per append round")

@@ -487,3 +487,18 @@ def test_tlog_proofs_round_trip(index: int, hashes: list[bytes], extra: bytes | 
 def test_malformed_tlog_proofs_are_refused(text: str) -> None:
     with pytest.raises(BundleFormatError):
         parse_tlog_proof(text)
+
+
+def test_payloads_a_session_erased_stay_out_of_its_bundle_even_if_another_session_holds_them(tmp_path: Path) -> None:
+    key = log_key()
+    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    ref, data = _blob({"secretish": "value"})
+    for sid in ("s_keep", "s_erase"):
+        store.append(sid, [Record("session_started", {"contract": "x"})])
+        store.append(sid, [Record("model_turn", {"request": ref}, {ref: data})])
+    store.erase_payloads("s_erase")
+    erased = json.loads(export_bundle(store, "s_erase", vkey=key.verifier.vkey, signer=key))
+    kept = json.loads(export_bundle(store, "s_keep", vkey=key.verifier.vkey, signer=key))
+    assert erased["blobs"] == {} and ref in kept["blobs"]
+    assert check_bundle(canonical(erased), trusted()).blobs_absent == 1
+    store.close()

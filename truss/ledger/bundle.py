@@ -161,6 +161,8 @@ class BundleSource(Protocol):
 
     def blob(self, ref: str) -> bytes | None: ...
 
+    def erased_refs(self, session: str) -> set[str]: ...
+
     def envelope(self, session: str) -> bytes | None: ...
 
     def tree_head(self) -> tuple[int, bytes]: ...
@@ -184,7 +186,8 @@ def export_bundle(
 
     The checkpoint is the one the verdict envelope names when there is one (so the bundle and
     the verdict agree), else the earliest stored checkpoint covering the session's last entry,
-    else (with ``signer``) a new one signed now. Raises ``NotFoundError`` for an unknown session
+    else (with ``signer``) a new one signed now. Payloads the session erased are left out.
+    Raises ``NotFoundError`` for an unknown session
     or when no checkpoint covers it and there is no signer, and ``VerificationError`` when the
     chosen checkpoint does not match the stored tree (nothing is written in either case).
     """
@@ -210,9 +213,11 @@ def export_bundle(
     proofs = [inclusion_proof(e.index, checkpoint.size, store.node) for e in entries]
     blobs: dict[str, str] = {}
     if payloads:
+        # A payload this session erased stays out, even if another session still holds the bytes.
+        erased = store.erased_refs(session)
         for entry in entries:
             for ref in iter_refs(entry.body):
-                if ref not in blobs:
+                if ref not in blobs and ref not in erased:
                     data = store.blob(ref)
                     if data is not None:
                         blobs[ref] = base64.b64encode(data).decode("ascii")
