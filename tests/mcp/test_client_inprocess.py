@@ -12,7 +12,7 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from tests.mcp._util import contract_of
-from truss._errors import PinMismatchError, ToolCallError, ToolNotAdvertisedError
+from truss._errors import PinMismatchError, ServerStartError, ToolCallError, ToolNotAdvertisedError
 from truss.mcp.client import connect
 from truss.testing import ManualClock
 from truss.tools import pin_of, split_namespaced
@@ -44,6 +44,12 @@ def build_server() -> MCPServer:
     def blob(size: int) -> str:
         """A result of ``size`` characters."""
         return "y" * size
+
+    @app.tool()
+    async def sleepy() -> str:
+        """Takes a long time."""
+        await anyio.sleep(30)
+        return "woke"
 
     return app
 
@@ -79,13 +85,9 @@ async def test_only_allowlisted_tools_are_mounted_and_the_rest_are_listed_as_fil
             assert sorted(m.tools) == ["mcp:srv:echo", "mcp:srv:work"]
             status = m.servers["srv"]
             assert status.protocol_version == "2026-07-28"
-            assert status.filtered == {"fail": "not_allowlisted", "blob": "not_allowlisted"}
-            assert {t.name: t.mounted for t in status.tools} == {
-                "echo": True,
-                "fail": False,
-                "work": True,
-                "blob": False,
-            }
+            assert set(status.filtered) == {"fail", "blob", "sleepy"}
+            assert set(status.filtered.values()) == {"not_allowlisted"}
+            assert {t.name for t in status.tools if t.mounted} == {"echo", "work"}
             assert status.server_info is not None and status.server_info["name"] == "inproc"
 
 
@@ -133,7 +135,7 @@ async def test_allowlisted_tool_the_server_does_not_advertise_is_an_error_at_sta
 async def test_wildcard_mounts_every_advertised_tool(tmp_path: Path) -> None:
     contract = contract_of(server_entry(["*"]))
     async with connect(contract, log_dir=tmp_path, clock=ManualClock(), inprocess={"srv": build_server()}) as m:
-        assert sorted(m.tools) == ["mcp:srv:blob", "mcp:srv:echo", "mcp:srv:fail", "mcp:srv:work"]
+        assert sorted(m.tools) == ["mcp:srv:blob", "mcp:srv:echo", "mcp:srv:fail", "mcp:srv:sleepy", "mcp:srv:work"]
         for provider, name in m.by_provider_name.items():
             assert m.tools[name].provider_name == provider
             assert split_namespaced(name) == ("srv", m.tools[name].tool)
@@ -219,3 +221,26 @@ async def test_tools_changed_event_on_the_stateless_era_refuses_the_changed_tool
                 await m.call(echo, {"text": "x"}, timeout_s=5)
             assert list(m.changed()) == ["mcp:srv:echo"]
     assert info.value.expected == echo.pin and info.value.actual != echo.pin
+
+
+async def test_cancelling_a_call_leaves_the_server_usable(tmp_path: Path) -> None:
+    contract = contract_of(server_entry(["echo", "sleepy"]))
+    with anyio.fail_after(10):
+        async with connect(contract, log_dir=tmp_path, clock=ManualClock(), inprocess={"srv": build_server()}) as m:
+            with anyio.move_on_after(0.2) as scope:
+                await m.call(m.tools["mcp:srv:sleepy"], {}, timeout_s=30)
+            assert scope.cancelled_caught
+            assert (await m.call(m.tools["mcp:srv:echo"], {"text": "still here"}, timeout_s=5)).text == "still here"
+
+
+async def test_only_connects_the_named_servers_and_refuses_unknown_names(tmp_path: Path) -> None:
+    other = {"name": "other", "command": "/nonexistent/never-started", "allow_tools": ["x"]}
+    contract = contract_of(server_entry(["echo"]), other)
+    async with connect(
+        contract, log_dir=tmp_path, clock=ManualClock(), only=["srv"], inprocess={"srv": build_server()}
+    ) as m:
+        assert list(m.servers) == ["srv"]
+    with pytest.raises(ServerStartError) as info:
+        async with connect(contract, log_dir=tmp_path, clock=ManualClock(), only=["ghost"]):
+            pass
+    assert (info.value.server, info.value.cause) == ("ghost", "not_declared")
