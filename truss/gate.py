@@ -210,9 +210,16 @@ _CALL_SLOTS = {
 class Journal:
     """Appends one session's records, in order, and indexes the entries recorded before (resume).
 
-    ``append`` runs the store's (synchronous, thread-safe, group-committing) ``append`` in a worker
-    thread that is never abandoned: a cancelled run still finishes the write it started, so there
-    is never a half-recorded step. Blobs are scrubbed of secrets by the caller.
+    Where ``append`` runs the store's (synchronous, thread-safe, group-committing) ``append``:
+
+    - on the event loop itself when the write needs no fsync, or when no other call of this run is
+      in flight (``busy`` counts them): a thread hand-off costs more than such a write, and on a
+      loaded machine several times more (docs/benchmarks.md, bench/gate.py);
+    - in a worker thread when other calls are in flight, so their intents and results queue in the
+      store together and share fsyncs (group commit) while the loop serves the others.
+
+    Either way the write is never abandoned: a cancelled run still finishes the write it started,
+    so there is never a half-recorded step. Blobs are scrubbed of secrets by the caller.
     """
 
     def __init__(self, store: Any, session: str, *, recorded: Iterable[StoredEntry] = ()) -> None:
@@ -222,6 +229,7 @@ class Journal:
         self.turns: dict[int, StoredEntry] = {}
         self.entries: list[StoredEntry] = []
         self.denials = 0
+        self.busy = 0  # calls of this run between their intent and their result
         for entry in recorded:
             self._index(entry)
 
@@ -248,9 +256,17 @@ class Journal:
             self.denials += 1
 
     async def append(self, *records: Record, durable: bool = True, expect_seq: int | None = None) -> list[StoredEntry]:
-        stored: list[StoredEntry] = await anyio.to_thread.run_sync(
-            lambda: self.store.append(self.session, list(records), durable=durable, expect_seq=expect_seq)
-        )
+        def write() -> list[StoredEntry]:
+            written: list[StoredEntry] = self.store.append(
+                self.session, list(records), durable=durable, expect_seq=expect_seq
+            )
+            return written
+
+        if not durable or self.busy <= 1:
+            stored = write()
+            await anyio.lowlevel.checkpoint()  # still a point where the run can be cancelled
+        else:
+            stored = await anyio.to_thread.run_sync(write)
         for entry in stored:
             self._index(entry)
         return stored
@@ -463,6 +479,15 @@ class Gate:
         return await self._execute(request, tool, arguments, stored_args)
 
     async def _execute(
+        self, request: CallRequest, tool: MountedTool, arguments: dict[str, Any], stored_args: dict[str, Any]
+    ) -> CallOutcome:
+        self.journal.busy += 1
+        try:
+            return await self._send(request, tool, arguments, stored_args)
+        finally:
+            self.journal.busy -= 1
+
+    async def _send(
         self, request: CallRequest, tool: MountedTool, arguments: dict[str, Any], stored_args: dict[str, Any]
     ) -> CallOutcome:
         args_bytes = canonical(stored_args)

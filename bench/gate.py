@@ -1,0 +1,195 @@
+"""The gate's cost: an audited call (policy, budget, intent and result committed and signed) vs a raw call.
+
+Same stdio server (mcp-server-time, ``get_current_time {timezone: UTC}``), same run:
+
+1. sequential: the raw SDK ``Client.call_tool`` vs ``Gate.call`` through ``truss.mcp.client`` in
+   ``power`` durability (intent and result fsynced) and in ``process`` durability (intent
+   committed without its own fsync); ``--calls`` (default 500) calls each, in ``--rounds``
+   interleaved rounds so that load on the machine hits all three alike; medians per call and
+   the ratio to raw;
+2. where the difference goes: one durable (fsynced) single-entry append and one non-durable
+   append, measured in the same rounds: an audited call in power mode pays two fsyncs, in
+   process mode one, so on a disk whose fsync costs as much as a call the ratio is set by the
+   disk, not by the gate; ``--db-dir /dev/shm`` (a RAM file system, where fsync is nearly free)
+   shows the gate's own cost;
+3. 16 concurrent: 16 tasks sharing one client (raw) or one gate (audited, power), throughput in
+   calls/s and the ratio to raw (group commit lets concurrent intents and results share fsyncs).
+
+Usage: ``python bench/gate.py [--calls N] [--rounds R] [--concurrent-calls N] [--db-dir DIR]``;
+needs ``make peers``. Results go to stdout; record them in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+
+from truss._clock import SystemClock  # noqa: E402
+from truss.budget import BudgetState  # noqa: E402
+from truss.contract import Contract  # noqa: E402
+from truss.gate import CallRequest, Gate, Journal, Redactor  # noqa: E402
+from truss.ledger.entry import Record  # noqa: E402
+from truss.ledger.keys import IdentityKey  # noqa: E402
+from truss.ledger.store import open_store  # noqa: E402
+from truss.mcp.client import connect  # noqa: E402
+
+SERVER = REPO / ".peers" / "py" / "bin" / "mcp-server-time"
+TOOL, ARGS = "get_current_time", {"timezone": "UTC"}
+CLOCK = SystemClock()
+
+
+def contract(durability: str) -> Contract:
+    return Contract.model_validate(
+        {
+            "contract": {"name": "bench-gate", "intent": "benchmark"},
+            "budget": {"max_tool_calls": 1_000_000, "deadline": "2h", "call_timeout": "30s"},
+            "policy": {"default": "allow", "rules": [{"tool": "mcp:time:get_*", "effect": "allow"}]},
+            "ledger": {"durability": durability},
+            "mcp": {
+                "servers": [
+                    {
+                        "name": "time",
+                        "command": str(SERVER),
+                        "args": ["--local-timezone", "UTC"],
+                        "allow_tools": [TOOL],
+                    }
+                ]
+            },
+        }
+    )
+
+
+class Audited:
+    """A gate over a real mount of the server, recording into a fresh SQLite ledger."""
+
+    def __init__(self, mounts: Any, store: Any, c: Contract, session: str) -> None:
+        store.append(session, [Record("session_started", {"contract": c.contract.name})])
+        self.gate = Gate(
+            contract=c,
+            journal=Journal(store, session),
+            transport=mounts,
+            tools=mounts.tools,
+            clock=CLOCK,
+            budget=BudgetState.start(CLOCK.now_ms()),
+            redactor=Redactor(c, {}),
+        )
+        self.n = 0
+
+    async def call(self) -> None:
+        self.n += 1
+        outcome = await self.gate.call(CallRequest(f"c{self.n}.0", f"mcp:time:{TOOL}", ARGS, self.n))
+        assert outcome.outcome == "ok", outcome
+
+
+async def timed(fn: Any, n: int) -> list[float]:
+    out: list[float] = []
+    for _ in range(n):
+        start = time.perf_counter()
+        await fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+async def throughput(fn: Any, total: int, width: int = 16) -> float:
+    per = total // width
+    start = time.perf_counter()
+
+    async def worker() -> None:
+        for _ in range(per):
+            await fn()
+
+    async with anyio.create_task_group() as group:
+        for _ in range(width):
+            group.start_soon(worker)
+    return per * width / (time.perf_counter() - start)
+
+
+def ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.3f} ms"
+
+
+async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | None) -> None:
+    if not SERVER.exists():
+        sys.exit("mcp-server-time is not installed: run `make peers`")
+    tmp = Path(tempfile.mkdtemp(prefix="truss-bench-gate-", dir=db_dir))
+    key = IdentityKey.from_seed(bytes(range(32)), "bench.truss.test")
+    store = open_store(tmp / "ledger.db", key=key, clock=CLOCK)
+    errlog = open(os.devnull, "w")  # noqa: ASYNC230, SIM115 - one handle for the whole run
+    params = StdioServerParameters(command=str(SERVER), args=["--local-timezone", "UTC"])
+    power_c, process_c = contract("power"), contract("process")
+    async with (
+        Client(stdio_client(params, errlog=errlog), mode="auto", cache=None, read_timeout_seconds=30) as raw,
+        connect(power_c, log_dir=tmp / "logs-power", environ={}, clock=CLOCK) as power_mounts,
+        connect(process_c, log_dir=tmp / "logs-process", environ={}, clock=CLOCK) as process_mounts,
+    ):
+
+        async def raw_call() -> None:
+            result = await raw.call_tool(TOOL, ARGS)
+            assert not result.is_error
+
+        power = Audited(power_mounts, store, power_c, "s_power")
+        process = Audited(process_mounts, store, process_c, "s_process")
+        store.append("s_fsync", [Record("session_started", {"contract": "fsync"})])
+
+        def appender(durable: bool) -> Any:
+            record = Record("mcp_tool_intent", {"call": "c", "tool": "t"})
+
+            async def append() -> None:
+                await anyio.to_thread.run_sync(lambda: store.append("s_fsync", [record], durable=durable))
+
+            return append
+
+        fns = {
+            "raw": raw_call,
+            "power": power.call,
+            "process": process.call,
+            "mounts": lambda: power_mounts.call(power_mounts.tools[f"mcp:time:{TOOL}"], ARGS, timeout_s=30),
+            "fsync": appender(True),
+            "no-fsync": appender(False),
+        }
+        for fn in fns.values():  # warm up imports, caches and the WAL
+            await timed(fn, 20)
+        samples: dict[str, list[float]] = {name: [] for name in fns}
+        per_round = max(1, calls // rounds)
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                samples[name] += await timed(fn, per_round)
+        base = statistics.median(samples["raw"])
+        print(f"sequential, {per_round * rounds} calls each, {rounds} interleaved rounds (medians per call):")
+        print(f"  ledger in {tmp}")
+        for name in fns:
+            ratio = statistics.median(samples[name]) / base
+            p90 = statistics.quantiles(samples[name], n=10)[-1] * 1000
+            print(f"  {name:<8} {ms(samples[name])}  p90 {p90:.3f} ms  ratio {ratio:.2f}")
+
+        raw_tp = await throughput(raw_call, concurrent_calls)
+        audited_tp = await throughput(power.call, concurrent_calls)
+        print(f"16 concurrent, {concurrent_calls} calls each:")
+        print(f"  raw      {raw_tp:.0f} calls/s")
+        print(f"  audited  {audited_tp:.0f} calls/s (power)  ratio {audited_tp / raw_tp:.2f}")
+    errlog.close()
+    store.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrent-calls", type=int, default=800)
+    parser.add_argument("--db-dir", help="where the benchmark ledger goes (default: the system temp dir)")
+    ns = parser.parse_args()
+    anyio.run(main, ns.calls, ns.rounds, ns.concurrent_calls, ns.db_dir)
