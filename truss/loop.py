@@ -5,7 +5,7 @@ conversation so far, the mounted tools under provider-safe names); get the respo
 the ledger when the session already recorded this turn, else from the provider); record a
 ``model_turn`` entry (request and response canonical bytes as blobs, usage, stop reason); run the
 proposed calls through the gate, several at once up to ``agent.max_parallel_calls``; append one
-tool message per call, in the order the model proposed them, each ending with what is left of the
+tool message per call, in the order the model proposed them, each with a note of what is left of the
 budget. The loop stops when the model answers without calls (``done``), a budget or the deadline
 refuses the next turn, the provider fails, or a call waits for approval (``suspended``).
 
