@@ -133,7 +133,7 @@ def _first_leaf(exc: BaseException) -> BaseException:
     return found[0] if found else exc
 
 
-def to_call_error(exc: BaseException, *, server: str, tool: str) -> McpError:
+def to_call_error(exc: BaseException, *, server: str, tool: str, timeout_s: float | None = None) -> McpError:
     """A ``ToolCallError`` for a failed call (already-Truss errors pass through)."""
     if isinstance(exc, McpError):
         return exc
@@ -141,6 +141,8 @@ def to_call_error(exc: BaseException, *, server: str, tool: str) -> McpError:
     if isinstance(leaf, McpError):
         return leaf
     cause, retryable, text, code = classify(leaf)
+    if cause == "timeout" and timeout_s is not None:
+        text = f"no answer within {timeout_s:g} s"
     return ToolCallError(
         f"calling tool {tool!r} on MCP server {server!r} failed: {text}",
         remedy=_remedy(cause),
@@ -164,9 +166,12 @@ def to_start_error(exc: BaseException, *, server: str, **fields: Any) -> McpErro
     status = fields.get("status")
     if status is not None:
         text = f"HTTP status {status} ({text})"
+    remedy = fields.pop("remedy", None) or _start_remedy(cause, status)
+    if fields.get("stderr_log"):
+        remedy += f"; its stderr is in {fields['stderr_log']}"
     return ServerStartError(
         f"MCP server {server!r} could not be started or connected: {text}",
-        remedy=fields.pop("remedy", None) or _start_remedy(cause, status),
+        remedy=remedy,
         retryable=retryable,
         server=server,
         cause=cause,
@@ -191,4 +196,4 @@ def _start_remedy(cause: str, status: int | None) -> str:
         return "The server refused the credentials: check the secret_env variables named in the server's headers"
     if cause == "timeout":
         return "The server did not finish its handshake: raise connect_timeout, or check it speaks MCP on stdout"
-    return "Check the server's command, arguments or URL, and its stderr log under the session's log directory"
+    return "Check the server's command, arguments or URL"

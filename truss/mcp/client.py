@@ -161,6 +161,7 @@ class _Live:
         self.relisted = anyio.Event()
         self.garbage = 0
         self.pid: int | None = None
+        self.log: Path | None = None
         self.http_statuses: list[int] = []
 
     # -- list changes ---------------------------------------------------------------------
@@ -369,7 +370,10 @@ class Mounts:
         except PinMismatchError:
             raise
         except Exception as exc:
-            error = to_call_error(exc, server=tool.server, tool=tool.tool)
+            error = to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s)
+            if live.log is not None and error.cause in ("connection_closed", "transport"):
+                error.fields["stderr_log"] = str(live.log)
+                error.remedy = f"The server exited or failed; its stderr is in {live.log}"
             if live.garbage:
                 error.fields["garbage_lines"] = live.garbage
                 error.message += f" (the server also wrote {live.garbage} line(s) that are not MCP messages)"
@@ -697,6 +701,7 @@ async def _run(live: _Live, contract: Contract, log_dir: Path, environ: Mapping[
     scope = anyio.CancelScope(deadline=anyio.current_time() + connect_s)
     start = clock.monotonic()
     log = log_dir / f"{server.name}.stderr.log" if server.transport == "stdio" and live.inprocess is None else None
+    live.log = log
     try:
         with scope:
             async with AsyncExitStack() as stack:
@@ -706,11 +711,12 @@ async def _run(live: _Live, contract: Contract, log_dir: Path, environ: Mapping[
                 _mount(live, client, tools, (clock.monotonic() - start) * 1000.0, log)
                 await _watch_changes(live, client, scope)
         if not live.ready.is_set():
+            where = f" in {log}" if log is not None else ""
             live.error = ServerStartError(
                 f"MCP server {server.name!r} did not finish connecting within its connect_timeout of "
                 f"{server.connect_timeout}",
-                remedy="Check that the command starts an MCP server on stdout (see its stderr log), or raise "
-                "connect_timeout",
+                remedy=f"Check that the command starts an MCP server on stdout (see its stderr log{where}), or "
+                "raise connect_timeout",
                 retryable=True,
                 server=server.name,
                 cause="timeout",
@@ -737,6 +743,8 @@ def _start_error(exc: BaseException, live: _Live) -> McpError:
         fields["url"] = safe_url(server.url)
     elif server.command is not None:
         fields["command"] = server.command
+        if live.log is not None:
+            fields["stderr_log"] = str(live.log)
     for leaf in leaves(exc):
         if isinstance(leaf, McpError):
             for key, value in fields.items():
