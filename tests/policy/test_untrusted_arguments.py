@@ -117,3 +117,21 @@ def test_regex_profile_counts_repetitions_that_can_backtrack(pattern: str, quant
 def test_json_equal_follows_json_not_python(a: Any, b: Any, equal: bool) -> None:
     assert json_equal(a, b) is equal
     assert json_equal(b, a) is equal
+
+
+def test_json_equal_gives_up_on_two_equally_deep_values_instead_of_overflowing_the_stack() -> None:
+    left: Any = 0
+    right: Any = 0
+    for _ in range(5_000):
+        left, right = [left], [right]
+    assert json_equal(left, right) is False
+
+
+def test_a_mount_set_entry_filed_under_another_tools_name_is_not_mounted() -> None:
+    contract = contract_of(
+        {"default": "allow"}, [{"name": "t", "command": "t-server", "allow_tools": ["echo", "delete"]}]
+    )
+    forged = {"mcp:t:echo": mount_all(contract)["mcp:t:delete"]}
+    decision = decide(contract, "mcp:t:echo", {}, forged)
+    assert isinstance(decision, Deny)
+    assert decision.code == "not_mounted"
