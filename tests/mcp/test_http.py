@@ -157,3 +157,14 @@ async def test_server_everything_over_streamable_http_with_progress(tmp_path: Pa
     assert echo.text == "Echo: over http"
     assert not done.is_error
     assert progress == [1, 2, 3]
+
+
+async def test_secret_with_a_line_break_is_refused_before_any_request(tmp_path: Path) -> None:
+    headers = {"Authorization": {"secret_env": "WEB_TOKEN", "format": "Bearer {}"}}
+    contract = contract_of(http_server("http://127.0.0.1:9/mcp", headers=headers))
+    environ = {"WEB_TOKEN": "tok\r\nX-Injected: yes"}
+    with anyio.fail_after(10), pytest.raises(ServerStartError) as info:
+        async with connect(contract, log_dir=tmp_path, environ=environ, clock=CLOCK):
+            pass
+    assert (info.value.cause, info.value.variable) == ("bad_secret", "WEB_TOKEN")
+    assert "X-Injected" not in info.value.diagnostics() + json.dumps(info.value.to_json())
