@@ -555,7 +555,8 @@ async def _open(
         headers = _http_headers(server, environ)
 
         async def on_response(response: httpx2.Response) -> None:
-            live.http_statuses.append(response.status_code)
+            if not live.ready.is_set():  # only connect-time statuses are reported
+                live.http_statuses.append(response.status_code)
 
         http = httpx2.AsyncClient(
             headers=headers,
