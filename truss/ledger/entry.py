@@ -68,6 +68,7 @@ KINDS: frozenset[str] = frozenset(
 )
 
 REF_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 _MAX_SAFE_INT = 2**53
 
 
@@ -99,7 +100,7 @@ def entry_bytes(value: Any) -> bytes:
     """
     if _plain(value, 0):
         try:
-            return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            return _ENCODER.encode(value).encode("utf-8")
         except UnicodeEncodeError:
             pass  # a lone surrogate: the reference encoder names where it is
     return canonical(value)
