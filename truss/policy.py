@@ -29,11 +29,11 @@ Arguments are untrusted model output. ``decide`` never raises on them: any JSON 
 odd Python value) is handled. Patterns never run over unbounded input: a ``glob``/``not_glob``
 runs on strings up to ``MAX_MATCH_CHARS`` characters, a ``regex`` on strings up to the limit its
 backtracking shape allows (``regex_profile``), and a longer string tested by a pattern denies the
-call (``bad_arguments``) whatever the rule's effect. A regex that nests repetition (exponential
-on a crafted string) is never run on an argument at all: its condition is unknown. A glob never
-vouches for a value with a ``..`` path segment: unknown too. Reasons name arguments and
-conditions, never argument values, so a secret argument can not leak into the ledger or the
-model's context through a denial.
+call (``bad_arguments``) whatever the rule's effect, unless another of the rule's conditions
+fails. A regex that nests repetition (exponential on a crafted string) is never run on an
+argument at all: its condition is unknown. A glob never vouches for a value with a ``..`` path
+segment: unknown too. Reasons name arguments and conditions, never argument values, so a secret
+argument can not leak into the ledger or the model's context through a denial.
 
 ``lint(contract)`` reports valid policies that will not behave as written, for ``contract check``.
 What this module does not do: interpret paths beyond ``..`` (symlinks, case folding), validate
@@ -242,6 +242,7 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
     given = condition.model_fields_set
     fails = False
     unknown: _Why | None = None
+    limit = 0
 
     def record(holds: bool) -> None:
         nonlocal fails
@@ -257,7 +258,8 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
         if not isinstance(value, str):
             unknown = "type"
         elif len(value) > profile.max_chars:
-            return _Outcome(_V.UNKNOWN, name, "too_long", profile.max_chars)
+            # Never run the pattern; the call is denied unless another condition already fails.
+            unknown, limit = "too_long", profile.max_chars
         else:
             if condition.glob is not None or condition.not_glob is not None:
                 # A '..' segment can climb out of the directory a glob names ('/srv/work/../etc'
@@ -295,7 +297,7 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
     if fails:
         return _Outcome(_V.FAILS)
     if unknown is not None:
-        return _Outcome(_V.UNKNOWN, name, unknown)
+        return _Outcome(_V.UNKNOWN, name, unknown, limit)
     return _Outcome(_V.HOLDS)
 
 

@@ -135,3 +135,12 @@ def test_a_mount_set_entry_filed_under_another_tools_name_is_not_mounted() -> No
     decision = decide(contract, "mcp:t:echo", {}, forged)
     assert isinstance(decision, Deny)
     assert decision.code == "not_mounted"
+
+
+def test_a_long_argument_does_not_deny_through_a_rule_whose_other_condition_fails() -> None:
+    huge = "a" * (MAX_MATCH_CHARS + 1)
+    rules = [{"tool": "*", "effect": "allow", "args": {"s": {"glob": "a*"}, "mode": {"equals": "fast"}}}]
+    assert _decide(rules, {"s": huge, "mode": "slow"}) == Allow(None)
+    decision = _decide(rules, {"s": huge, "mode": "fast"})
+    assert isinstance(decision, Deny)
+    assert (decision.code, decision.rule) == ("bad_arguments", 0)
