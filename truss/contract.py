@@ -552,7 +552,7 @@ _CONTRACT_KEYS = ("contract", "agent", "budget", "policy", "mcp", "done", "ledge
 _CONFIG_KEYS = ("agent", "budget", "policy", "mcp", "ledger", "harness")
 _DURATION_KEYS = frozenset({"deadline", "call_timeout", "connect_timeout", "request_timeout", "memo"})
 
-Path_ = tuple[str | int, ...]
+KeyPath = tuple[str | int, ...]
 ParamValue = str | int | float | bool
 
 
@@ -564,9 +564,9 @@ class _Layer:
         self.file = file
         self.text = text
         self.data = data
-        self._lines: dict[Path_, tuple[int, int]] | None = None
+        self._lines: dict[KeyPath, tuple[int, int]] | None = None
 
-    def where(self, path: Path_) -> tuple[int | None, int | None]:
+    def where(self, path: KeyPath) -> tuple[int | None, int | None]:
         """Line and column of the deepest prefix of ``path`` that the source text shows."""
         if self._lines is None:
             self._lines = _key_lines(self.text)
@@ -576,14 +576,14 @@ class _Layer:
                 return found
         return None, None
 
-    def error(self, message: str, path: Path_ = (), *, remedy: str | None = None, **fields: Any) -> ContractError:
+    def error(self, message: str, path: KeyPath = (), *, remedy: str | None = None, **fields: Any) -> ContractError:
         line, column = self.where(path) if path else (None, None)
         return ContractError(
             message, remedy=remedy, file=self.file, path=format_path(path) or None, line=line, column=column, **fields
         )
 
 
-def format_path(path: Path_) -> str:
+def format_path(path: KeyPath) -> str:
     """``("mcp", "servers", 1, "allow_tools", 0)`` -> ``mcp.servers[1].allow_tools[0]``."""
     out = ""
     for seg in path:
@@ -690,7 +690,7 @@ def _parse(text: str, *, file: str, role: str) -> _Layer:
     return layer
 
 
-def _check_values(layer: _Layer, value: Any, path: Path_) -> None:
+def _check_values(layer: _Layer, value: Any, path: KeyPath) -> None:
     """Refuse values that have no exact JSON form (so cannot be hashed) before anything else."""
     if len(path) > MAX_NESTING:
         raise layer.error(
@@ -758,6 +758,18 @@ def _servers_of(layer: _Layer) -> list[dict[str, Any]]:
     return out
 
 
+def _only_servers(layer: _Layer, what: str) -> None:
+    """The layer's ``[mcp]`` table, if any, holds nothing but ``servers``."""
+    mcp: Any = layer.data.get("mcp", {})
+    if not isinstance(mcp, dict):
+        raise layer.error("[mcp] must be a table", ("mcp",), remedy="Declare servers as [[mcp.servers]] tables")
+    for key in cast(dict[str, Any], mcp):
+        if key != "servers":
+            raise layer.error(
+                f"{what} holds only [[mcp.servers]], not mcp.{key}", ("mcp", key), remedy="Remove the key"
+            )
+
+
 def _deep_merge(base: Any, top: Any) -> Any:
     """Tables merge key by key; anything else (arrays included) in ``top`` replaces ``base``."""
     if isinstance(base, dict) and isinstance(top, dict):
@@ -808,13 +820,9 @@ def _merge_layers(
                     (key,),
                     remedy="Put other settings in the contract or the agent file",
                 )
-        for key in cast(dict[str, Any], overlay.data.get("mcp", {})):
-            if key != "servers":
-                raise overlay.error(
-                    f"an --mcp-config overlay holds only [[mcp.servers]], not mcp.{key}",
-                    ("mcp", key),
-                    remedy="Remove the key",
-                )
+        _only_servers(overlay, "an --mcp-config overlay")
+    if config is not None:
+        _only_servers(config, "the operator config")
 
     effective: dict[str, Any] = {}
     config_servers: dict[str, dict[str, Any]] = {}
@@ -845,7 +853,7 @@ def _merge_layers(
     return effective
 
 
-def _blame(layers: list[_Layer], effective: dict[str, Any], path: Path_) -> _Layer:
+def _blame(layers: list[_Layer], effective: dict[str, Any], path: KeyPath) -> _Layer:
     """The layer that supplied the value at ``path`` of the effective data (the last one that has it)."""
     best: tuple[int, int, _Layer] | None = None
     for rank, layer in enumerate(layers):
@@ -856,7 +864,7 @@ def _blame(layers: list[_Layer], effective: dict[str, Any], path: Path_) -> _Lay
     return best[2]
 
 
-def _depth_in(layer: _Layer, effective: dict[str, Any], path: Path_) -> int:
+def _depth_in(layer: _Layer, effective: dict[str, Any], path: KeyPath) -> int:
     """How many leading segments of the effective ``path`` exist in ``layer`` (server indices by name)."""
     mapped = _to_layer_path(layer, effective, path)
     cur: Any = layer.data
@@ -872,7 +880,7 @@ def _depth_in(layer: _Layer, effective: dict[str, Any], path: Path_) -> int:
     return depth
 
 
-def _to_layer_path(layer: _Layer, effective: dict[str, Any], path: Path_) -> Path_:
+def _to_layer_path(layer: _Layer, effective: dict[str, Any], path: KeyPath) -> KeyPath:
     if len(path) >= 3 and path[0] == "mcp" and path[1] == "servers" and isinstance(path[2], int):
         servers = cast(list[dict[str, Any]], effective.get("mcp", {}).get("servers", []))
         if path[2] < len(servers):
@@ -885,7 +893,7 @@ def _to_layer_path(layer: _Layer, effective: dict[str, Any], path: Path_) -> Pat
     return path
 
 
-def _error_in(layers: list[_Layer], effective: dict[str, Any], path: Path_, message: str, **kw: Any) -> ContractError:
+def _error_in(layers: list[_Layer], effective: dict[str, Any], path: KeyPath, message: str, **kw: Any) -> ContractError:
     layer = _blame(layers, effective, path)
     err = layer.error(message, _to_layer_path(layer, effective, path), **kw)
     # The path users read is the effective one (what `contract show` prints); the line is the file's.
@@ -929,7 +937,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _loc_to_path(data: Any, loc: tuple[str | int, ...], error_type: str) -> Path_:
+def _loc_to_path(data: Any, loc: tuple[str | int, ...], error_type: str) -> KeyPath:
     """Keep the loc segments that are real keys or indices of ``data`` (drop union member labels)."""
     path: list[str | int] = []
     cur: Any = data
@@ -945,7 +953,7 @@ def _loc_to_path(data: Any, loc: tuple[str | int, ...], error_type: str) -> Path
     return tuple(path)
 
 
-def _model_at(path: Path_) -> type[BaseModel] | None:
+def _model_at(path: KeyPath) -> type[BaseModel] | None:
     """The model class whose table sits at ``path`` of a contract (for listing the allowed keys)."""
     model: type[BaseModel] = Contract
     annotation: Any = Contract
@@ -1040,7 +1048,7 @@ _STEP_REF_RE = re.compile(r"^steps\.(\d+)\.(result(/.*)?|is_error)$")
 _PARAM_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 
 
-def _template_scope(path: Path_) -> frozenset[str] | None:
+def _template_scope(path: KeyPath) -> frozenset[str] | None:
     """Which references a string at ``path`` may hold; None where no substitution is done."""
     if path == ("contract", "intent"):
         return frozenset({"params", "env"})
@@ -1052,7 +1060,7 @@ def _template_scope(path: Path_) -> frozenset[str] | None:
 
 
 def _check_templates(layers: list[_Layer], effective: dict[str, Any], params: Mapping[str, ParamSpec]) -> None:
-    def walk(value: Any, path: Path_) -> None:
+    def walk(value: Any, path: KeyPath) -> None:
         if isinstance(value, dict):
             for key, item in cast(dict[str, Any], value).items():
                 if "${" in key:
@@ -1070,7 +1078,7 @@ def _check_templates(layers: list[_Layer], effective: dict[str, Any], params: Ma
         elif isinstance(value, str) and "$" in value:
             _check_string(value, path)
 
-    def _check_string(text: str, path: Path_) -> None:
+    def _check_string(text: str, path: KeyPath) -> None:
         if "${" not in text:
             return
         scope = _template_scope(path)
@@ -1094,7 +1102,7 @@ def _check_templates(layers: list[_Layer], effective: dict[str, Any], params: Ma
         for match in _REF_RE.finditer(text):
             _check_ref(match.group(1), scope, path)
 
-    def _check_ref(ref: str, scope: frozenset[str], path: Path_) -> None:
+    def _check_ref(ref: str, scope: frozenset[str], path: KeyPath) -> None:
         head, _, rest = ref.partition(".")
         if head not in scope:
             allowed = ", ".join(f"${{{s}.…}}" for s in sorted(scope))
@@ -1521,16 +1529,16 @@ def _split_key(text: str) -> list[str]:
     return parts
 
 
-def _key_lines(text: str) -> dict[Path_, tuple[int, int]]:
+def _key_lines(text: str) -> dict[KeyPath, tuple[int, int]]:
     """Map each table header and ``key =`` line to its (line, column), with array-of-table indices.
 
     A light scanner, not a parser: it runs only on text ``tomllib`` has accepted, tracks multi-line
     strings and arrays so their insides are not taken for keys, and leaves keys inside inline
     tables to the line of the key that holds them.
     """
-    out: dict[Path_, tuple[int, int]] = {}
-    counts: dict[Path_, int] = {}
-    table: Path_ = ()
+    out: dict[KeyPath, tuple[int, int]] = {}
+    counts: dict[KeyPath, int] = {}
+    table: KeyPath = ()
     depth = 0
     in_string: str | None = None
     for number, line in enumerate(text.split("\n"), start=1):

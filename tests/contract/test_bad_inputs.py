@@ -26,6 +26,7 @@ BAD = Path(__file__).parent / "bad"
 LAYER_SUFFIXES = (".overlay.toml", ".agent.toml", ".config.toml")
 
 # name -> (file that is blamed, key path, line); None where the mistake has no key path or line.
+# HOME/ stands for the Truss home the test makes (the operator config lives there).
 EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "agent_file_with_budget_table": ("agent_file_with_budget_table.agent.toml", "budget", 4),
     "ambiguous_regex_set_difference": (
@@ -33,6 +34,9 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
         "policy.rules[0].args.timezone.regex",
         8,
     ),
+    "config_with_contract_table": ("HOME/config.toml", "contract", 4),
+    "config_with_unknown_mcp_key": ("HOME/config.toml", "mcp.default_timeout", 3),
+    "overlay_mcp_not_a_table": ("overlay_mcp_not_a_table.overlay.toml", "mcp", 2),
     "allowlist_entry_twice": ("allowlist_entry_twice.toml", "mcp.servers[0].allow_tools", 8),
     "allowlist_not_an_array": ("allowlist_not_an_array.toml", "mcp.servers[0].allow_tools", 8),
     "allowlist_star_with_others": ("allowlist_star_with_others.toml", "mcp.servers[0].allow_tools", 8),
@@ -138,10 +142,15 @@ def _assert_one_paragraph(stderr: str, file: str) -> None:
     assert file in text
 
 
-def _check_cli_result(name: str, code: int, stdout: str, stderr: str) -> None:
+def _expected(name: str, home: Path) -> tuple[str, str | None, int | None]:
+    file, path, line = EXPECTED[name]
+    return file.replace("HOME", str(home), 1) if file.startswith("HOME/") else file, path, line
+
+
+def _check_cli_result(name: str, home: Path, code: int, stdout: str, stderr: str) -> None:
     assert code == 2, stderr
     assert stdout == ""
-    file, path, line = EXPECTED[name]
+    file, path, line = _expected(name, home)
     _assert_one_paragraph(stderr, file)
     if line is not None:
         assert f"{file}:{line}" in stderr
@@ -160,7 +169,7 @@ def test_bad_contract_is_refused_by_the_cli_handler_with_exit_2_and_one_paragrap
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["--home", str(truss_home), "contract", "check", f"{name}.toml", *argv])
-    _check_cli_result(name, code, out.getvalue(), err.getvalue())
+    _check_cli_result(name, truss_home, code, out.getvalue(), err.getvalue())
 
 
 # One of each kind of mistake also goes through `truss` as a separate process, as a user runs it.
@@ -184,7 +193,7 @@ SUBPROCESS_SAMPLE = [
 def test_bad_contract_is_refused_by_truss_with_exit_2_and_one_paragraph(name: str, truss_home: Path) -> None:
     argv, _ = _layers(name, truss_home)
     done = _run([*truss_cmd(), "--home", str(truss_home), "contract", "check", f"{name}.toml", *argv], cwd=BAD)
-    _check_cli_result(name, done.returncode, done.stdout, done.stderr)
+    _check_cli_result(name, truss_home, done.returncode, done.stdout, done.stderr)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -195,7 +204,7 @@ def test_bad_contract_error_names_file_key_path_and_line(
     _, kwargs = _layers(name, truss_home)
     with pytest.raises(ContractError) as caught:
         load_contract(f"{name}.toml", **kwargs)  # pyright: ignore[reportArgumentType]
-    file, path, line = EXPECTED[name]
+    file, path, line = _expected(name, truss_home)
     assert caught.value.fields["file"] == file
     assert caught.value.fields.get("path") == path
     assert caught.value.fields.get("line") == line

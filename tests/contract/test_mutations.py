@@ -25,8 +25,8 @@ KINDS = ["delete", "duplicate", "replace", "insert", "drop_line", "dup_line", "s
 
 
 @st.composite
-def mutated(draw: st.DrawFn) -> str:
-    text = draw(st.sampled_from(SOURCES))
+def mutated(draw: st.DrawFn, sources: list[str] = SOURCES) -> str:
+    text = draw(st.sampled_from(sources))
     for _ in range(draw(st.integers(min_value=1, max_value=4))):
         kind = draw(
             st.sampled_from(["delete", "duplicate", "replace", "insert", "drop_line", "dup_line", "swap_lines"])
@@ -88,3 +88,39 @@ def test_mutated_contract_through_the_cli_exits_0_or_2_without_a_traceback(text:
         assert err.getvalue().count("\n") == 1
     else:
         assert "hash: sha256:" in out.getvalue()
+
+
+HELLO = (CONTRACTS / "hello.toml").read_text()
+CONFIG = """[budget]
+max_model_turns = 9
+[agent]
+max_parallel_calls = 2
+[[mcp.servers]]
+name = "time"
+connect_timeout = "5s"
+[harness]
+allow_commands = ["mcp-server-time"]
+"""
+AGENT = '[agent]\nmax_turns = 5\nsystem = "be brief"\n'
+OVERLAY = '[[mcp.servers]]\nname = "time"\ncall_timeout = "2s"\nenv = { TZ = "UTC" }\n'
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(["config", "agent", "overlay"]),
+    st.data(),
+)
+def test_mutated_config_agent_or_overlay_loads_or_fails_with_an_input_error(layer: str, data: st.DataObject) -> None:
+    texts = {"config": CONFIG, "agent": AGENT, "overlay": OVERLAY}
+    texts[layer] = data.draw(mutated([texts[layer]]))
+    try:
+        load_contract_text(
+            HELLO,
+            source="hello.toml",
+            config=("config.toml", texts["config"]),
+            agent=("agent.toml", texts["agent"]),
+            overlay=("overlay.toml", texts["overlay"]),
+        )
+    except InputError as exc:
+        assert "\n" not in exc.diagnostics()
+        assert exc.remedy
