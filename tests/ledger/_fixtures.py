@@ -11,6 +11,7 @@ import base64
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,10 @@ def _payload(value: Any) -> tuple[str, bytes]:
     return sha256_ref(data), data
 
 
-def build_store(key: IdentityKey) -> MemoryStore:
+def build_store(key: IdentityKey, factory: Callable[[IdentityKey, ManualClock], Any] | None = None) -> Any:
     """Two interleaved sessions: ``s_alpha`` (7 entries, with payloads) and ``s_beta`` (4)."""
     clock = ManualClock()
-    store = MemoryStore(key=key, clock=clock)
+    store = MemoryStore(key=key, clock=clock) if factory is None else factory(key, clock)
     args_ref, args = _payload({"repo_path": "/srv/work/demo"})
     result_ref, result = _payload({"content": [{"type": "text", "text": "On branch main"}], "isError": False})
     store.append(

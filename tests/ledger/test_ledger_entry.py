@@ -55,6 +55,20 @@ def test_golden_entries_reproduce_byte_for_byte_from_the_fixed_seed_key() -> Non
     assert tree.root().hex() == golden["tree_root_hex"]
 
 
+def test_the_sqlite_store_writes_the_golden_bytes(tmp_path: Path) -> None:
+    from tests.ledger._fixtures import build_store
+    from truss.ledger.store import open_store
+
+    golden = _golden()
+    key = IdentityKey.from_seed(bytes.fromhex(golden["key"]["seed_hex"]), golden["key"]["name"])
+    store = build_store(key, lambda k, clock: open_store(tmp_path / "golden.db", key=k, clock=clock))
+    written = list(store.read_range(0, store.tree_size()))
+    assert [e.raw.decode() for e in written] == [v["canonical"] for v in golden["entries"]]
+    assert [base64.b64encode(e.sig).decode() for e in written] == [v["sig_b64"] for v in golden["entries"]]
+    assert store.tree_root().hex() == golden["tree_root_hex"]
+    store.close()
+
+
 def test_golden_entries_verify_and_chain() -> None:
     golden = _golden()
     trusted = TrustedKeys.from_texts([golden["key"]["vkey"]])
@@ -93,6 +107,36 @@ def test_the_fast_entry_encoder_always_equals_rfc8785(value: Any) -> None:
             entry_bytes(value)
         return
     assert entry_bytes(value) == expected
+
+
+@given(
+    body=st.dictionaries(st.text(max_size=6), st.integers(-(2**53), 2**53) | st.text(max_size=8), max_size=4),
+    session=st.text(min_size=1, max_size=12),
+    kind=st.sampled_from(sorted(KINDS)),
+    seq=st.integers(0, 2**40),
+    ts=st.integers(0, 2**50),
+)
+def test_sealing_with_pre_encoded_body_bytes_gives_the_same_entry(
+    body: dict[str, Any], session: str, kind: str, seq: int, ts: int
+) -> None:
+    key = IdentityKey.from_seed(bytes(32), "seal.truss.test")
+    fields: dict[str, Any] = {
+        "log": key.name,
+        "session": session,
+        "seq": seq,
+        "index": seq + 7,
+        "ts": ts,
+        "kind": kind,
+        "prev": "ab" * 32,
+    }
+    try:
+        body_bytes = entry_bytes(body)
+    except CanonicalError:
+        return
+    plain = seal(key, body=body, **fields)
+    spliced = seal(key, body=body, body_bytes=body_bytes, **fields)
+    assert spliced.raw == plain.raw == canonical(plain.entry)
+    assert spliced.sig == plain.sig
 
 
 def test_keys_outside_the_bmp_sort_by_utf16_code_units() -> None:

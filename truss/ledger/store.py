@@ -43,7 +43,7 @@ from truss._errors import (
     TrussError,
 )
 from truss.ledger.canonical import CanonicalError, canonical
-from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, check_record, seal
+from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, check_record, entry_bytes, seal
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier, leaf_hash
 
@@ -212,12 +212,22 @@ def _as_bytes(value: object) -> bytes:
     return b""
 
 
+def _encode_body(record: Record) -> bytes:
+    check_record(record)
+    try:
+        return entry_bytes(record.body)
+    except CanonicalError as exc:
+        raise StoreError(f"the body of a {record.kind} entry is not canonical JSON: {exc}", reason="bad_body") from exc
+
+
 class _Pending:
     """One caller's batch waiting for a group commit."""
 
-    __slots__ = ("done", "durable", "error", "expect_seq", "records", "result", "session", "wake")
+    __slots__ = ("bodies", "done", "durable", "error", "expect_seq", "records", "result", "session", "wake")
 
     def __init__(self, session: str, records: Sequence[Record], durable: bool, expect_seq: int | None) -> None:
+        # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
+        self.bodies = [_encode_body(record) for record in records]
         self.session = session
         self.records = records
         self.durable = durable
@@ -412,8 +422,6 @@ class SqliteStore:
             raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=str(self.db))
         if not records:
             return []
-        for record in records:
-            check_record(record)
         pending = _Pending(session, list(records), durable, expect_seq)
         if not self._group:
             with self._wlock:
@@ -472,8 +480,6 @@ class SqliteStore:
             chunk.clear()
 
         for session, records in batches:
-            for record in records:
-                check_record(record)
             chunk.append(_Pending(session, list(records), False, None))
             if len(chunk) >= per_txn:
                 flush(False)
@@ -608,6 +614,7 @@ class SqliteStore:
                     kind=record.kind,
                     body=record.body,
                     prev=prev,
+                    body_bytes=pending.bodies[i],
                 )
             except CanonicalError as exc:
                 raise StoreError(
