@@ -91,6 +91,11 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "toml_syntax_error_missing_value": ("toml_syntax_error_missing_value.toml", None, 6),
     "unknown_key_in_policy_rule": ("unknown_key_in_policy_rule.toml", "policy.rules[0].because", 8),
     "unknown_key_in_server": ("unknown_key_in_server.toml", "mcp.servers[0].allowed_tools", 10),
+    "unknown_key_after_multiline_values": (
+        "unknown_key_after_multiline_values.toml",
+        "mcp.servers[1].budget_call",
+        25,
+    ),
     "unknown_param_reference": ("unknown_param_reference.toml", "agent.steps[0].arguments.timezone", 10),
     "unknown_policy_effect": ("unknown_policy_effect.toml", "policy.rules[0].effect", 7),
     "unknown_top_level_key": ("unknown_top_level_key.toml", "budjet", 5),
