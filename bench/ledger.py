@@ -1,0 +1,297 @@
+"""Ledger benchmarks: durable append, group commit, verification, and scale to a large ledger.
+
+Each measurement runs its baseline in the same process and prints the ratio:
+
+1. durable append latency, one writer (median and p90 of single-entry ``append`` calls);
+2. 16 concurrent writers: group commit vs one transaction per append (``group_commit=False``),
+   throughput in entries/s; the issue aims for >= 5x;
+3. verification throughput vs a bare PyNaCl verify loop over the same signatures and signing
+   payloads (aim: >= 0.7 of it), in memory (``verify_entries``) and from disk (``verify_ledger``);
+4. scale: a ledger grown to ``--entries`` (default 1,000,000) with the bulk path; durable append
+   latency, listing and showing one session at 1k entries vs at full size; peak RSS of
+   ``truss ledger verify --all`` run as a subprocess.
+
+Usage: ``python bench/ledger.py [--entries N] [--runs R] [--skip-scale]``. Results go to stdout;
+record them in docs/benchmarks.md by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import nacl.signing  # noqa: E402
+
+from truss._clock import SystemClock  # noqa: E402
+from truss.ledger.canonical import sha256_ref  # noqa: E402
+from truss.ledger.entry import Record, entry_signing_payload  # noqa: E402
+from truss.ledger.keys import IdentityKey, TrustedKeys  # noqa: E402
+from truss.ledger.store import SqliteStore, open_store  # noqa: E402
+from truss.ledger.verify import verify_entries, verify_ledger  # noqa: E402
+
+KEY = IdentityKey.from_seed(bytes(range(32)), "bench.truss.test")
+CLOCK = SystemClock()
+
+
+def _store(path: Path, *, group: bool = True) -> SqliteStore:
+    return open_store(path, key=KEY, clock=CLOCK, group_commit=group)
+
+
+def _turn(i: int) -> Record:
+    """A realistic entry: a tool call with argument and result payloads on every other entry."""
+    if i % 2:
+        args = b'{"path":"/srv/work/file-%d.txt"}' % i
+        result = b'{"content":[{"type":"text","text":"%s"}],"isError":false}' % (b"x" * 200)
+        a, r = sha256_ref(args), sha256_ref(result)
+        return Record(
+            "mcp_tool_call",
+            {"call": f"c{i}", "tool": "mcp:fs:read_file", "args": a, "result": r, "is_error": False, "ms": 12},
+            {a: args, r: result},
+        )
+    return Record("model_turn", {"request": sha256_ref(b"%d" % i), "usage": {"input": 1200, "output": 80}})
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def _p(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def append_latency(store: SqliteStore, session: str, n: int) -> list[float]:
+    out: list[float] = []
+    for i in range(n):
+        t = time.perf_counter()
+        store.append(session, [_turn(i)])
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def bench_append(tmp: Path, n: int) -> dict[str, float]:
+    store = _store(tmp / "append.db")
+    store.append("s_lat", [Record("session_started", {"contract": "bench"})])
+    lat = append_latency(store, "s_lat", n)
+    store.close()
+    return {"median_ms": _median(lat) * 1000, "p90_ms": _p(lat, 0.9) * 1000}
+
+
+def bench_concurrency(tmp: Path, *, group: bool, writers: int, per_writer: int, tag: str) -> float:
+    store = _store(tmp / f"conc-{tag}.db", group=group)
+    for w in range(writers):
+        store.append(f"s_{w}", [Record("session_started", {"contract": "bench"})])
+    barrier = threading.Barrier(writers + 1)
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        barrier.wait()
+        try:
+            for i in range(per_writer):
+                store.append(f"s_{w}", [_turn(i)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    store.close()
+    if errors:
+        raise errors[0]
+    return writers * per_writer / elapsed
+
+
+def _fill(store: SqliteStore, entries: int, *, per_session: int = 100, prefix: str = "s") -> None:
+    def batches() -> Any:
+        made = 0
+        n = 0
+        while made < entries:
+            count = min(per_session, entries - made)
+            records = [Record("session_started", {"contract": "bench"})] + [_turn(i) for i in range(1, count)]
+            yield f"{prefix}_{n:07d}", records
+            made += count
+            n += 1
+
+    store.bulk_append(batches(), per_txn=50)
+
+
+def bench_verify(tmp: Path, entries: int) -> dict[str, float]:
+    store = _store(tmp / "verify.db")
+    _fill(store, entries)
+    items = list(store.read_range(0, entries))
+    trusted = TrustedKeys([KEY.verifier])
+    vk = nacl.signing.VerifyKey(KEY.verifier.public_key)
+    messages = [(entry_signing_payload(e.raw), e.sig) for e in items]
+
+    def bare() -> None:
+        for message, sig in messages:
+            vk.verify(message, sig)
+
+    def ours() -> None:
+        report = verify_entries(items, trusted, full_log=True, origin=store.origin)
+        assert report.ok
+
+    def ours_disk() -> None:
+        report = verify_ledger(store, trusted)
+        assert report.ok
+
+    out: dict[str, float] = {}
+    for name, fn in (("bare", bare), ("verify_entries", ours), ("verify_ledger", ours_disk)):
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        out[name] = entries / min(times)
+    store.close()
+    return out
+
+
+def _time(fn: Callable[[], object], reps: int = 20) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return _median(times)
+
+
+def _probe(store: SqliteStore, session: str) -> dict[str, float]:
+    """Append latency (a session of its own), listing the newest 50 sessions, reading one session."""
+    store.append(session, [Record("session_started", {"contract": "probe"})])
+    lat = append_latency(store, session, 300)
+    return {
+        "append_median_ms": _median(lat) * 1000,
+        "list_ms": _time(lambda: store.sessions(limit=50)) * 1000,
+        "show_ms": _time(lambda: list(store.read_session("s_probe_small"))) * 1000,
+    }
+
+
+def bench_scale(tmp: Path, total: int) -> None:
+    db = tmp / "scale.db"
+    store = _store(db)
+    _fill(store, 1000, per_session=10)  # 100 sessions, so listing the newest 50 reads 50 rows at both sizes
+    small = _probe(store, "s_probe_small")
+    t = time.perf_counter()
+    _fill(store, total - store.tree_size(), prefix="t")
+    fill_s = time.perf_counter() - t
+    large = _probe(store, "s_probe_large")
+    size = store.tree_size()
+    store.close()
+    print(f"scale: bulk-filled {size:,} entries in {fill_s:.0f} s, file {db.stat().st_size / 1e6:.0f} MB", flush=True)
+    for k in ("append_median_ms", "list_ms", "show_ms"):
+        print(f"  {k}: at 1k {small[k]:.3f}, at {size:,} {large[k]:.3f}, ratio {large[k] / small[k]:.2f}", flush=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "truss",
+            "--home",
+            str(tmp),
+            "--db",
+            str(db),
+            "ledger",
+            "verify",
+            "--all",
+            "--trusted-key",
+            KEY.verifier.vkey,
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=7200,
+    )
+    verify_s = time.perf_counter() - t
+    peak_kb = max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, before)
+    if proc.returncode != 0:
+        raise SystemExit(f"verify --all failed: {proc.stdout} {proc.stderr}")
+    print(f"  truss ledger verify --all: {verify_s:.0f} s, peak RSS {peak_kb / 1024:.0f} MB", flush=True)
+
+
+def fsync_ms(tmp: Path) -> float:
+    """What one fsync of a small write costs on this disk: what group commit saves per shared commit."""
+    path = tmp / "fsync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    times = []
+    try:
+        for _ in range(50):
+            os.write(fd, b"x" * 512)
+            t = time.perf_counter()
+            os.fsync(fd)
+            times.append(time.perf_counter() - t)
+    finally:
+        os.close(fd)
+    return _median(times) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--entries", type=int, default=1_000_000, help="scale test ledger size")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions of the fast benchmarks (medians)")
+    parser.add_argument("--verify-entries", type=int, default=20_000)
+    parser.add_argument("--skip-scale", action="store_true")
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}, sqlite {__import__('sqlite3').sqlite_version}, cpus {os.cpu_count()}")
+    print(f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="truss-bench-") as d:
+        tmp = Path(d)
+        print(f"fsync of a small write: median {fsync_ms(tmp):.2f} ms", flush=True)
+        for r in range(args.runs):
+            (tmp / f"r{r}").mkdir()
+            (tmp / f"v{r}").mkdir()
+        lat = [bench_append(tmp / f"r{r}", 200) for r in range(args.runs)]
+        print(
+            f"durable append, 1 writer: median {_median([x['median_ms'] for x in lat]):.2f} ms, "
+            f"p90 {_median([x['p90_ms'] for x in lat]):.2f} ms",
+            flush=True,
+        )
+        ratios: list[float] = []
+        for r in range(args.runs):
+            n = bench_concurrency(tmp, group=False, writers=16, per_writer=40, tag=f"n{r}")
+            g = bench_concurrency(tmp, group=True, writers=16, per_writer=40, tag=f"g{r}")
+            ratios.append(g / n)
+            print(f"16 writers: group commit {g:,.0f} entries/s, one txn per append {n:,.0f} entries/s", flush=True)
+        print(f"16 writers: ratio per run {', '.join(f'{x:.1f}' for x in ratios)}; median {_median(ratios):.1f}x")
+        mem_r: list[float] = []
+        disk_r: list[float] = []
+        for r in range(args.runs):
+            v = bench_verify(tmp / f"v{r}", args.verify_entries)
+            mem_r.append(v["verify_entries"] / v["bare"])
+            disk_r.append(v["verify_ledger"] / v["bare"])
+            print(
+                f"verify {args.verify_entries} entries: bare PyNaCl loop {v['bare']:,.0f}/s, verify_entries "
+                f"{v['verify_entries']:,.0f}/s, from SQLite with payloads {v['verify_ledger']:,.0f}/s",
+                flush=True,
+            )
+        print(
+            f"verify vs bare loop, median of runs: in memory {_median(mem_r):.2f}, from SQLite {_median(disk_r):.2f}",
+            flush=True,
+        )
+        if not args.skip_scale:
+            bench_scale(tmp, args.entries)
+
+
+if __name__ == "__main__":
+    main()
