@@ -275,6 +275,16 @@ def _render(ctx: Ctx, outcome: RunOutcome, note: str | None = None) -> None:
         lines.append(f"anchor      signed checkpoint of the log at size {size}")
     if status in ("pass", "fail", "error"):
         lines.append(f"verify      truss ledger verify {outcome.session}")
+    elif status == "suspended" and outcome.waiting and outcome.waiting_on == "in_doubt":
+        for call in outcome.waiting:
+            lines.append(f"in doubt    {call}: find out whether it happened, then")
+            how = "--result JSON | --failed REASON | --not-sent"
+            lines.append(f"            truss resolve {outcome.session} {call} {how}")
+        lines.append(f"then        truss resume {outcome.session}")
+    elif status == "suspended" and outcome.waiting and outcome.waiting_on == "signal":
+        for call in outcome.waiting:
+            lines.append(f"waiting     {call}: truss signal {outcome.session} NAME --payload JSON|@FILE")
+        lines.append(f"then        truss resume {outcome.session}")
     elif status == "suspended" and outcome.waiting:
         for call in outcome.waiting:
             lines.append(f"waiting     {call}: truss approve {outcome.session} {call}   (or --deny)")

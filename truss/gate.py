@@ -35,15 +35,19 @@ from typing import Any, Literal, cast
 
 import anyio
 
+from truss import _faults
 from truss import budget as budget_mod
 from truss import policy as policy_mod
 from truss._clock import Clock
 from truss._errors import InDoubtError, McpError, PinMismatchError, ReplayDivergenceError, ToolCallError
+from truss._memo import MemoIndex
 from truss.budget import BudgetState, Charged, Exceeded
 from truss.contract import Contract
+from truss.contract import duration_ms as _duration_ms
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 from truss.tools import MountedTool, ToolResult, ToolTransport, error_result, split_namespaced
+from truss.verdict import resolve_pointer
 
 __all__ = [
     "REDACTED",
@@ -195,6 +199,9 @@ class RecordedCall:
     intent: StoredEntry | None = None  # mcp_tool_intent
     result: StoredEntry | None = None  # mcp_tool_call
     in_doubt: StoredEntry | None = None
+    resolved: StoredEntry | None = None  # in_doubt_resolved
+    pending: StoredEntry | None = None  # mcp_tool_pending (a signal or an MCP task)
+    signal: StoredEntry | None = None  # signal_received
 
 
 _CALL_SLOTS = {
@@ -204,6 +211,9 @@ _CALL_SLOTS = {
     "mcp_tool_intent": "intent",
     "mcp_tool_call": "result",
     "in_doubt": "in_doubt",
+    "in_doubt_resolved": "resolved",
+    "mcp_tool_pending": "pending",
+    "signal_received": "signal",
 }
 
 
@@ -379,6 +389,7 @@ class Gate:
         self.redactor = redactor
         self._on_progress = on_progress
         self._intent_durable = contract.ledger.durability == "power"
+        self._memo: MemoIndex | None = None
 
     # -- budget shared with the loop (model turns are charged against the same state) --
 
@@ -427,6 +438,8 @@ class Gate:
             return self._replayed_denial(request, recorded.denied)
         if recorded is not None and recorded.result is not None:
             return await self._replayed_result(request, recorded.result)
+        if recorded is not None and recorded.pending is not None:
+            return await self._awaited(request, recorded)
         # 1. resolve
         tool = self.tools.get(request.tool)
         if tool is None:
@@ -457,6 +470,11 @@ class Gate:
             waiting = await self._approval(request, stored_args, decision, recorded)
             if waiting is not None:
                 return waiting
+        # memo: an identical earlier call within the tool's TTL is answered from the record
+        if recorded is None or recorded.intent is None:
+            hit = self._memo_hit(tool, arguments, stored_args)
+            if hit is not None:
+                return await self._memoized(request, tool, stored_args, hit)
         # 3. budget, charged before the call
         charged = await self.charge(
             lambda state: budget_mod.charge_call(state, self.contract, tool.name, self.clock.now_ms())
@@ -473,7 +491,11 @@ class Gate:
         # 6. an intent without a result: in doubt
         if recorded is not None and recorded.intent is not None:
             self._match(request, stored_args, recorded.intent)
-            if tool.tool not in server.retry_in_doubt:
+            if recorded.resolved is not None:
+                settled = await self._resolved(request, tool, recorded)
+                if settled is not None:
+                    return settled
+            elif tool.tool not in server.retry_in_doubt:
                 await self._in_doubt(request, recorded)
         # 7. intent, call, result
         return await self._execute(request, tool, arguments, stored_args)
@@ -492,6 +514,7 @@ class Gate:
     ) -> CallOutcome:
         args_bytes = canonical(stored_args)
         args_ref = sha256_ref(args_bytes)
+        _faults.fault("before_intent")
         [intent] = await self.journal.append(
             Record(
                 "mcp_tool_intent",
@@ -500,6 +523,7 @@ class Gate:
             ),
             durable=self._intent_durable,
         )
+        _faults.fault("after_intent")
         timeout_s = budget_mod.call_timeout_s(self.contract, tool.name, self._budget.state, self.clock.now_ms())
         started = self.clock.monotonic()
         failure: dict[str, Any] | None = None
@@ -518,6 +542,7 @@ class Gate:
             )
             failure = {"cause": cause, "retryable": exc.retryable}
             result = error_result(self.redactor.scrub_text(f"the call failed below the tool ({cause}): {exc.message}"))
+        _faults.fault("after_call")
         duration_ms = round((self.clock.monotonic() - started) * 1000, 3)
         wire: Any = self.redactor.scrub(dict(result.wire))
         result = ToolResult(wire, result.extra)
@@ -541,8 +566,11 @@ class Gate:
         }
         if failure is not None:
             body["failure"] = failure
+        elif (signal := self._signal_name(tool, result)) is not None:
+            return await self._pending_signal(request, body, signal, result_bytes)
         # Durable before dependent: the model sees the result only after it is committed.
         await self.journal.append(Record("mcp_tool_call", body, {result_ref: result_bytes}), durable=True)
+        _faults.fault("after_result")
         if failure is not None:
             outcome: Outcome = "failed"
         else:
@@ -563,6 +591,7 @@ class Gate:
         session = self.journal.session
 
         async def report(progress: float, total: float | None, message: str | None) -> None:
+            _faults.fault("during_call")  # the server has the request: it reports progress on it
             detail = f"{progress:g}" + (f"/{total:g}" if total else "") + (f" {message}" if message else "")
             sink(
                 ProgressEvent(
@@ -640,6 +669,147 @@ class Gate:
         return CallOutcome(request.call, request.tool, "suspended", error_result("waiting for approval"),
                            code="approval", reason=decision.reason)  # fmt: skip
 
+    # -- durability: resolved in-doubt calls, signals, memo (docs/durability.md) --
+
+    async def _settle(
+        self,
+        request: CallRequest,
+        recorded_from: Mapping[str, Any],
+        result_bytes: bytes,
+        extra: Mapping[str, Any],
+        *,
+        failure: dict[str, Any] | None = None,
+        duration_ms: float = 0.0,
+    ) -> CallOutcome:
+        """Record ``result_bytes`` (already canonical, already scrubbed) as the call's ``mcp_tool_call``."""
+        wire: Any = json.loads(result_bytes)
+        result = ToolResult(wire)
+        result_ref = sha256_ref(result_bytes)
+        body: dict[str, Any] = {
+            "call": request.call,
+            "turn": request.turn,
+            "tool": request.tool,
+            "args": recorded_from.get("args"),
+            "result": result_ref,
+            "is_error": result.is_error,
+            "duration_ms": round(duration_ms),
+            "pin": recorded_from.get("pin"),
+        }
+        body.update(extra)
+        if failure is not None:
+            body["failure"] = failure
+        await self.journal.append(Record("mcp_tool_call", body, {result_ref: result_bytes}), durable=True)
+        if failure is not None:
+            outcome: Outcome = "failed"
+        else:
+            outcome = "tool_error" if result.is_error else "ok"
+        code = failure["cause"] if failure else (str(next(iter(extra))) if extra else None)
+        return CallOutcome(request.call, request.tool, outcome, result, duration_ms, code=code)
+
+    def _recorded_payload(self, request: CallRequest, entry: StoredEntry, ref: Any) -> bytes:
+        data = self.journal.blob(str(ref))
+        if data is None:
+            raise ReplayDivergenceError(
+                f"call {request.call} of session {self.journal.session}: the payload recorded in entry "
+                f"{entry.seq} ({entry.kind}) was erased",
+                remedy="A session whose payloads were erased cannot be resumed; start a new run",
+                session=self.journal.session,
+                seq=entry.seq,
+                expected="payload " + str(ref),
+                actual="erased",
+            )
+        return data
+
+    async def _resolved(self, request: CallRequest, tool: MountedTool, recorded: RecordedCall) -> CallOutcome | None:
+        """The operator's answer to an in-doubt call (``truss resolve``); None: it was not sent, send it."""
+        assert recorded.resolved is not None and recorded.intent is not None
+        body: Mapping[str, Any] = recorded.resolved.body
+        if body.get("resolution") == "not_sent":
+            return None
+        data = self._recorded_payload(request, recorded.resolved, body.get("result"))
+        failure = {"cause": "in_doubt_failed", "retryable": False} if body.get("resolution") == "failed" else None
+        extra = {"resolved": recorded.resolved.seq, "intent": recorded.intent.seq}
+        return await self._settle(request, recorded.intent.body, data, extra, failure=failure)
+
+    async def _awaited(self, request: CallRequest, recorded: RecordedCall) -> CallOutcome:
+        """A call recorded as pending: its signal's payload once delivered, else it still waits."""
+        pending = recorded.pending
+        assert pending is not None
+        self._match(request, self._stored_args(request), pending)
+        body: Mapping[str, Any] = pending.body
+        if recorded.signal is None:
+            why = f"waiting for signal {body.get('signal')!r}"
+            return CallOutcome(request.call, request.tool, "suspended", error_result(why), code="signal",
+                               reason=why, replayed=True)  # fmt: skip
+        # Charged when it ran live, in an earlier process: charge again so the resumed state matches.
+        await self.charge(lambda state: budget_mod.charge_call(state, self.contract, request.tool, self.clock.now_ms()))
+        signal = recorded.signal
+        data = self._recorded_payload(request, signal, signal.body.get("result"))
+        extra = {"signal": signal.seq, "intent": body.get("intent")}
+        return await self._settle(request, body, data, extra, duration_ms=float(max(0, signal.ts - pending.ts)))
+
+    def _signal_name(self, tool: MountedTool, result: ToolResult) -> str | None:
+        """The signal a result waits for, when its server declares the tool async and the result is pending."""
+        server = self.contract.mcp.server(tool.server)
+        if server is None:
+            return None
+        for decl in server.async_:
+            if decl.tool != tool.tool:
+                continue
+            document: Any = result.structured
+            if document is None:
+                try:
+                    document = json.loads(result.text)
+                except ValueError:
+                    return None
+            found, value = resolve_pointer(document, decl.pending.pointer)
+            if not found or value != decl.pending.equals:
+                return None
+            found, name = resolve_pointer(document, decl.signal)
+            if not found or isinstance(name, dict | list) or name is None:
+                return None
+            text = name if isinstance(name, str) else json.dumps(name)
+            return text if 0 < len(text) <= 200 else None
+        return None
+
+    async def _pending_signal(
+        self, request: CallRequest, body: dict[str, Any], signal: str, result_bytes: bytes
+    ) -> CallOutcome:
+        """Record ``mcp_tool_pending`` for a result that says "later": the run suspends until ``truss signal``."""
+        pending = {k: body[k] for k in ("call", "turn", "tool", "args", "pin", "intent", "result")}
+        pending.update({"kind": "signal", "signal": signal})
+        await self.journal.append(Record("mcp_tool_pending", pending, {body["result"]: result_bytes}), durable=True)
+        why = f"waiting for signal {signal!r}"
+        return CallOutcome(request.call, request.tool, "suspended", error_result(why), code="signal", reason=why)
+
+    def _memo_hit(self, tool: MountedTool, arguments: Mapping[str, Any], stored_args: Any) -> StoredEntry | None:
+        server = self.contract.mcp.server(tool.server)
+        settings = server.tool_settings(tool.tool) if server is not None else None
+        if settings is None or settings.memo is None:
+            return None
+        if stored_args != arguments:  # secret arguments were redacted: the record cannot tell two calls apart
+            return None
+        if self._memo is None:
+            self._memo = MemoIndex(self.journal.store, self.contract)
+        args_ref = sha256_ref(canonical(stored_args))
+        return self._memo.lookup(tool, args_ref, now_ms=self.clock.now_ms(), ttl_ms=_duration_ms(settings.memo))
+
+    async def _memoized(
+        self, request: CallRequest, tool: MountedTool, stored_args: dict[str, Any], hit: StoredEntry
+    ) -> CallOutcome:
+        if self.contract.budget.charge_memo_hits:
+            charged = await self.charge(
+                lambda state: budget_mod.charge_call(state, self.contract, tool.name, self.clock.now_ms())
+            )
+            if not isinstance(charged, Charged):
+                exceeded: Any = charged
+                why = f"budget exhausted: {exceeded.detail}"
+                return await self._deny(request, stored_args, code="budget", reason=why, limit=str(exceeded.limit))
+        data = self._recorded_payload(request, hit, hit.body.get("result"))
+        origin = {"session": hit.session, "seq": hit.seq, "hash": hit.hash}
+        return await self._settle(request, {"args": hit.body.get("args"), "pin": tool.pin}, data,
+                                  {"replayed_from": origin})  # fmt: skip
+
     def _replayed_denial(self, request: CallRequest, entry: StoredEntry) -> CallOutcome:
         self._match(request, self._stored_args(request), entry)
         body: Mapping[str, Any] = entry.body
@@ -664,7 +834,8 @@ class Gate:
         # The call was charged when it ran; charge it again so the resumed state matches. The
         # recorded outcome stands even if live charging order would now differ.
         tool = str(body.get("tool"))
-        await self.charge(lambda state: budget_mod.charge_call(state, self.contract, tool, self.clock.now_ms()))
+        if "replayed_from" not in body or self.contract.budget.charge_memo_hits:
+            await self.charge(lambda state: budget_mod.charge_call(state, self.contract, tool, self.clock.now_ms()))
         wire: Any = json.loads(data)
         failure = _as_dict(body.get("failure"))
         if failure is not None:

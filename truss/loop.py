@@ -58,7 +58,8 @@ class LoopResult:
     final_text: str | None = None
     reason: str | None = None
     limit: str | None = None  # the budget limit that ended the run
-    waiting: tuple[str, ...] = ()  # call ids waiting for approval
+    waiting: tuple[str, ...] = ()  # call ids waiting for approval (or a signal)
+    waiting_on: str = "approval"  # what they wait for: approval | signal
     outcomes: tuple[CallOutcome, ...] = field(default_factory=tuple[CallOutcome, ...])
 
 
@@ -155,9 +156,9 @@ async def run_loop(
             conversation.add(_tool_message(call, outcome), _budget_note(gate.remaining()))
         waiting = tuple(o.call for o in results if o.outcome == "suspended")
         if waiting:
-            return LoopResult(
-                "suspended", turn, reason="waiting for approval", waiting=waiting, outcomes=tuple(outcomes)
-            )
+            on = "approval" if any(o.code == "approval" for o in results if o.outcome == "suspended") else "signal"
+            why = "waiting for approval" if on == "approval" else "waiting for a signal"
+            return LoopResult("suspended", turn, reason=why, waiting=waiting, waiting_on=on, outcomes=tuple(outcomes))
 
 
 async def _run_calls(gate: Gate, requests: list[CallRequest], limiter: anyio.CapacityLimiter) -> list[CallOutcome]:
@@ -293,6 +294,22 @@ async def _turn(  # noqa: PLR0917 - one private call site
                     actual="erased",
                 )
             response = TurnResponse.from_json(json.loads(data))
+            if provider.name == "scripted":
+                # The scripted provider is a pure function of the plan and the request: asking it
+                # costs nothing and calls nothing, and a different answer means the plan changed
+                # since the run was recorded (an edited contract, a different ${env.X}).
+                planned = _recorded_form((await provider.next_turn(request)).to_json(), redactor, by_provider, contract)
+                if sha256_ref(canonical(planned)) != body.get("response"):
+                    raise ReplayDivergenceError(
+                        f"resumed session {journal.session}: the plan asks for something else at model turn "
+                        f"{request.turn} than the run recorded",
+                        remedy="The plan changed since the run (the contract or an ${env.X} it uses); nothing was "
+                        "called. Restore it, or start a new run",
+                        session=journal.session,
+                        seq=recorded.seq,
+                        expected=f"model_turn {request.turn} response {body.get('response')}",
+                        actual=f"model_turn {request.turn} response {sha256_ref(canonical(planned))}",
+                    )
         if on_progress is not None:
             on_progress(
                 ProgressEvent(kind="turn", session=journal.session, detail=f"turn {request.turn}", replayed=True)

@@ -42,6 +42,7 @@ from typing import Any, Protocol
 import anyio
 
 import truss
+from truss import _faults
 from truss._clock import Clock
 from truss._errors import (
     InDoubtError,
@@ -55,6 +56,7 @@ from truss._errors import (
 from truss.budget import BudgetState
 from truss.contract import Contract, render_intent
 from truss.gate import Gate, Journal, ProgressEvent, Redactor
+from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.note import sign_checkpoint
@@ -72,6 +74,7 @@ __all__ = [
     "check_session_id",
     "outcome_of",
     "pending_approvals",
+    "pending_signals",
     "resume_session",
     "run_contract",
 ]
@@ -113,6 +116,7 @@ class RunOutcome:
     exit_code: int
     reason: str | None
     waiting: tuple[str, ...] = ()
+    waiting_on: str | None = None  # what a suspended run waits for: approval, in_doubt, signal, interrupted
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,7 @@ class RunOutcome:
             "exit_code": self.exit_code,
             "reason": self.reason,
             "waiting": list(self.waiting),
+            "waiting_on": self.waiting_on,
         }
 
 
@@ -186,6 +191,15 @@ async def resume_session(
             reason="approval",
             call=waiting[0],
         )
+    signals = pending_signals(entries)
+    if signals:
+        raise RunSuspended(
+            f"session {session} still waits for signal(s) {', '.join(repr(n) for n in signals.values())}",
+            remedy=f"Deliver one with 'truss signal {session} NAME --payload JSON', then resume",
+            session=session,
+            reason="signal",
+            call=next(iter(signals)),
+        )
     started = entries[0].body
     contract = _recorded_contract(session, started)
     journal = Journal(store, session, recorded=entries)
@@ -239,6 +253,19 @@ def pending_approvals(entries: list[StoredEntry]) -> list[str]:
     return [
         str(e.body.get("call")) for e in entries if e.kind == "approval_requested" and e.body.get("call") not in decided
     ]
+
+
+def pending_signals(entries: list[StoredEntry]) -> dict[str, str]:
+    """Call id -> signal name of each call waiting for ``truss signal`` (pending, no signal received)."""
+    received = {str(e.body.get("call")) for e in entries if e.kind == "signal_received"}
+    settled = {str(e.body.get("call")) for e in entries if e.kind == "mcp_tool_call"}
+    return {
+        str(e.body.get("call")): str(e.body.get("signal"))
+        for e in entries
+        if e.kind == "mcp_tool_pending"
+        and e.body.get("kind") == "signal"
+        and str(e.body.get("call")) not in received | settled
+    }
 
 
 def outcome_of(store: Any, session: str) -> RunOutcome:
@@ -333,6 +360,11 @@ class _Run:
             return await self._suspend("in_doubt", (str(exc.fields.get("call")),), exc.message)
         except ReplayDivergenceError as exc:
             await self._reload()
+            if self.journal.entries:
+                # The divergence is on the record: which step, what was recorded, what was asked.
+                found = {k: exc.fields.get(k) for k in ("seq", "expected", "actual") if exc.fields.get(k) is not None}
+                with anyio.CancelScope(shield=True):
+                    await self.journal.append(Record("session_suspended", {"reason": "diverged", **found}))
             self.store.set_status(self.session, "diverged")
             return RunOutcome(self.session, "diverged", None, self._head(), None, 4, exc.message)
         except TrussError as exc:
@@ -345,7 +377,7 @@ class _Run:
         if result is None:  # pyright: ignore[reportUnnecessaryComparison]
             return await self._suspend("interrupted", (), "the run was interrupted (Ctrl-C or SIGTERM)")
         if result.stop == "suspended":
-            return await self._suspend("approval", result.waiting, result.reason)
+            return await self._suspend(result.waiting_on, result.waiting, result.reason)
         return await self._finish(result)
 
     def _make_provider(self) -> Provider:
@@ -429,7 +461,22 @@ class _Run:
     async def _seal(self, verdict: Verdict) -> RunOutcome:
         body = verdict.to_json()
         body["contract_hash"] = self.contract.hash
-        await self.journal.append(Record("verdict", body), durable=True)
+        recorded = self.journal.head
+        if recorded is not None and recorded.kind == "verdict":
+            # A run killed while sealing (after the verdict, before session_ended): the replayed run
+            # must reach the verdict it recorded; then only the end is missing.
+            if canonical(recorded.body) != canonical(body):
+                raise ReplayDivergenceError(
+                    f"resumed session {self.session} reached a different verdict than the one recorded",
+                    remedy="The run no longer matches its record; start a new run",
+                    session=self.session,
+                    seq=recorded.seq,
+                    expected=f"verdict {recorded.body.get('status')}",
+                    actual=f"verdict {body.get('status')}",
+                )
+        else:
+            await self.journal.append(Record("verdict", body), durable=True)
+        _faults.fault("during_verdict")
         [ended] = await self.journal.append(Record("session_ended", {"status": verdict.status}), durable=True)
         self.store.set_status(self.session, verdict.status)
         checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
@@ -466,7 +513,7 @@ class _Run:
             self.store.set_status(self.session, status)
             checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
         self._progress(ProgressEvent(kind="suspended", session=self.session, outcome=reason, detail=detail))
-        return RunOutcome(self.session, status, None, self._head(), checkpoint, 3, detail, calls)
+        return RunOutcome(self.session, status, None, self._head(), checkpoint, 3, detail, calls, reason)
 
     async def _reload(self) -> None:
         """Re-read the record: a cancelled step may have committed after its caller stopped listening."""

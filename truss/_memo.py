@@ -1,0 +1,100 @@
+"""Cross-run memo: find an earlier recorded result of an identical call within a time window.
+
+A tool with ``memo = "1h"`` in its ``[[mcp.servers.tools]]`` settings may be answered from the
+ledger instead of its server: the gate asks ``MemoIndex.lookup`` for the newest ``mcp_tool_call``
+of the same namespaced tool, with the same tool pin, the same canonical (recorded) arguments and
+a server declared the same way (transport, command, args, cwd, env, url), recorded no longer ago
+than the TTL, that succeeded (no ``isError``, no failure) and whose result payload is still stored.
+Any session of the ledger counts, this one included.
+
+How: entries are appended in time order, so the first log index inside the window is found by
+bisection over ``read_range`` (a few reads), and only the window is scanned. The identity of the
+server that produced a candidate is read from that session's ``session_started`` (cached).
+
+What this module does not do: decide whether memo applies (the gate does: only for tools that
+opt in and only for calls whose arguments held no redacted secret), charge budgets, or write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+from truss.contract import Contract
+from truss.ledger.canonical import canonical
+from truss.ledger.entry import StoredEntry
+from truss.tools import MountedTool
+
+__all__ = ["MemoIndex", "server_identity"]
+
+_IDENTITY_KEYS = ("transport", "command", "args", "cwd", "env", "url")
+
+
+def server_identity(server: Mapping[str, Any] | None) -> bytes | None:
+    """The canonical bytes of what makes two declarations the same server (None: unknown)."""
+    if server is None:
+        return None
+    return canonical({k: server[k] for k in _IDENTITY_KEYS if k in server})
+
+
+class MemoIndex:
+    """Looks up memo hits in one store for one contract (the gate keeps one per run)."""
+
+    def __init__(self, store: Any, contract: Contract) -> None:
+        self._store = store
+        self._contract = contract
+        self._identities: dict[str, dict[str, bytes | None]] = {}  # session -> server name -> identity
+
+    def lookup(self, tool: MountedTool, args_ref: str, *, now_ms: int, ttl_ms: int) -> StoredEntry | None:
+        """The newest reusable ``mcp_tool_call`` of this call within ``ttl_ms`` before ``now_ms``, or None."""
+        mine = self._contract.mcp.server(tool.server)
+        if mine is None:
+            return None
+        identity = server_identity(mine.model_dump(mode="json", by_alias=True, exclude_none=True))
+        size = int(self._store.tree_size())
+        start = self._first_at_or_after(now_ms - ttl_ms, size)
+        best: StoredEntry | None = None
+        for entry in self._store.read_range(start, size):
+            if entry.kind != "mcp_tool_call" or entry.ts < now_ms - ttl_ms:
+                continue
+            body: Mapping[str, Any] = entry.body
+            if body.get("tool") != tool.name or body.get("pin") != tool.pin or body.get("args") != args_ref:
+                continue
+            if body.get("is_error") is True or "failure" in body:
+                continue
+            if self._identity(entry.session, tool.server) != identity:
+                continue
+            if self._store.blob(str(body.get("result"))) is None:  # erased: nothing to answer with
+                continue
+            best = entry
+        return best
+
+    def _first_at_or_after(self, ts: int, size: int) -> int:
+        low, high = 0, size
+        while low < high:
+            middle = (low + high) // 2
+            [entry] = list(self._store.read_range(middle, middle + 1))
+            if entry.ts < ts:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def _identity(self, session: str, server: str) -> bytes | None:
+        known = self._identities.get(session)
+        if known is None:
+            known = {}
+            first = next(iter(self._store.read_session(session)), None)
+            effective = _as_dict(first.body.get("effective")) if first is not None else None
+            mcp = _as_dict(effective.get("mcp")) if effective is not None else None
+            servers: Any = mcp.get("servers") if mcp is not None else None
+            for item in cast(list[Any], servers) if isinstance(servers, list) else []:
+                declared = _as_dict(item)
+                if declared is not None and isinstance(declared.get("name"), str):
+                    known[str(declared["name"])] = server_identity(declared)
+            self._identities[session] = known
+        return known.get(server)
+
+
+def _as_dict(value: Any) -> dict[str, Any] | None:
+    return cast(dict[str, Any], value) if isinstance(value, dict) else None
