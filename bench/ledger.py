@@ -119,6 +119,42 @@ def bench_concurrency(tmp: Path, *, group: bool, writers: int, per_writer: int, 
     return writers * per_writer / elapsed
 
 
+def bench_separate_connections(tmp: Path, *, writers: int, per_writer: int, tag: str) -> float:
+    """The naive way with no coordination: each writer its own connection, one transaction per append.
+
+    Writers meet only in SQLite's lock, whose busy handler sleeps and retries.
+    """
+    path = tmp / f"sep-{tag}.db"
+    _store(path).close()
+    stores = [_store(path, group=False) for _ in range(writers)]
+    for w, store in enumerate(stores):
+        store.append(f"s_{w}", [Record("session_started", {"contract": "bench"})])
+    barrier = threading.Barrier(writers + 1)
+    errors: list[BaseException] = []
+
+    def writer(w: int) -> None:
+        barrier.wait()
+        try:
+            for i in range(per_writer):
+                stores[w].append(f"s_{w}", [_turn(i)])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    for store in stores:
+        store.close()
+    if errors:
+        raise errors[0]
+    return writers * per_writer / elapsed
+
+
 def _fill(store: SqliteStore, entries: int, *, per_session: int = 100, prefix: str = "s") -> None:
     def batches() -> Any:
         made = 0
@@ -268,12 +304,24 @@ def main() -> None:
             flush=True,
         )
         ratios: list[float] = []
+        sep_ratios: list[float] = []
         for r in range(args.runs):
             n = bench_concurrency(tmp, group=False, writers=16, per_writer=40, tag=f"n{r}")
             g = bench_concurrency(tmp, group=True, writers=16, per_writer=40, tag=f"g{r}")
+            sep = bench_separate_connections(tmp, writers=16, per_writer=40, tag=f"s{r}")
             ratios.append(g / n)
-            print(f"16 writers: group commit {g:,.0f} entries/s, one txn per append {n:,.0f} entries/s", flush=True)
-        print(f"16 writers: ratio per run {', '.join(f'{x:.1f}' for x in ratios)}; median {_median(ratios):.1f}x")
+            sep_ratios.append(g / sep)
+            print(
+                f"16 writers: group commit {g:,.0f} entries/s; one txn per append, shared connection {n:,.0f}/s, "
+                f"own connections {sep:,.0f}/s",
+                flush=True,
+            )
+        print(
+            f"16 writers, group commit vs one txn per append: shared connection {_median(ratios):.1f}x "
+            f"(runs {', '.join(f'{x:.1f}' for x in ratios)}), own connections {_median(sep_ratios):.1f}x "
+            f"(runs {', '.join(f'{x:.1f}' for x in sep_ratios)})",
+            flush=True,
+        )
         mem_r: list[float] = []
         disk_r: list[float] = []
         for r in range(args.runs):
