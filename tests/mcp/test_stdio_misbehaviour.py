@@ -12,6 +12,7 @@ import pytest
 from tests.mcp._util import alive, contract_of, group_members, raw_server
 from truss._clock import SystemClock
 from truss._errors import PinMismatchError, ServerStartError, ToolCallError
+from truss.mcp import _stderr
 from truss.mcp.client import connect
 
 pytestmark = pytest.mark.anyio
@@ -94,6 +95,18 @@ async def test_stderr_flood_goes_to_the_log_file_and_the_call_succeeds(tmp_path:
 
 
 @pytest.mark.slow
+async def test_stderr_log_is_capped_and_the_rest_discarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_stderr, "STDERR_LOG_CAP_BYTES", 100_000)
+    contract = contract_of(raw_server("loud", "flood_stderr"))
+    with anyio.fail_after(30):
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK) as mounts:
+            for _ in range(2):
+                await mounts.call(mounts.tools["mcp:loud:echo"], {"text": "hi"}, timeout_s=10)
+    text = (tmp_path / "loud.stderr.log").read_text()
+    assert 100_000 < len(text) < 100_200
+    assert text.endswith("the rest is discarded]\n")
+
+
 async def test_ten_megabyte_result_is_refused_as_an_error_result(tmp_path: Path) -> None:
     contract = contract_of(raw_server("huge", "big_result", allow=["big"]), budget={"max_result_bytes": 1_000_000})
     with anyio.fail_after(30):

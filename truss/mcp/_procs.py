@@ -79,12 +79,21 @@ async def end_group(pgid: int) -> None:
         if not group_alive(pgid):
             return
         _signal_group(pgid, signal.SIGTERM)
-        with anyio.move_on_after(_GRACE_S):
-            # Nothing signals a process group's end; polling with a bound is the only way.
-            while group_alive(pgid) and not _only_zombies(pgid):  # noqa: ASYNC110
-                await anyio.sleep(_POLL_S)
+        if await _gone_within(pgid, _GRACE_S):
             return
         _signal_group(pgid, signal.SIGKILL)
+        # A killed process still takes a moment to die; return once it has, so callers (and
+        # tests) that look right after see no survivor.
+        await _gone_within(pgid, _GRACE_S)
+
+
+async def _gone_within(pgid: int, seconds: float) -> bool:
+    with anyio.move_on_after(seconds):
+        # Nothing signals a process group's end; polling with a bound is the only way.
+        while group_alive(pgid) and not _only_zombies(pgid):  # noqa: ASYNC110
+            await anyio.sleep(_POLL_S)
+        return True
+    return False
 
 
 def _only_zombies(pgid: int) -> bool:

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import re
+import sys
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass, field
@@ -31,6 +32,7 @@ from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
+import anyio.to_thread
 import httpx2
 from mcp import Client, StdioServerParameters, types
 from mcp.client.caching import CacheMode
@@ -50,6 +52,7 @@ from truss._errors import (
 from truss.contract import Contract, SecretHeader, Server, duration_ms
 from truss.mcp import _procs
 from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
+from truss.mcp._stderr import StderrSink
 from truss.tools import MountedTool, ProgressFn, ToolResult, namespaced, pin_of
 
 __all__ = ["Mounts", "ServerStatus", "ToolStatus", "connect", "tool_definition"]
@@ -162,6 +165,8 @@ class _Live:
         self.garbage = 0
         self.pid: int | None = None
         self.log: Path | None = None
+        self.sink: StderrSink | None = None
+        self.verbose = False
         self.http_statuses: list[int] = []
 
     # -- list changes ---------------------------------------------------------------------
@@ -514,8 +519,12 @@ def _http_headers(server: Server, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def _tracked_stdio(params: StdioServerParameters, errlog: Any, live: _Live, marker: str) -> AsyncGenerator[Any]:
-    async with stdio_client(params, errlog=errlog) as streams:
+async def _tracked_stdio(
+    params: StdioServerParameters, sink: StderrSink, live: _Live, marker: str
+) -> AsyncGenerator[Any]:
+    assert sink.writer is not None
+    async with stdio_client(params, errlog=sink.writer) as streams:
+        sink.spawned()
         live.pid = _procs.find_marked_child(marker)
         yield streams
 
@@ -536,9 +545,12 @@ async def _open(
         assert server.command is not None
         marker = clock.new_id("spawn")
         env = _stdio_env(server, environ, marker)
-        # Once per server at connect; a real file because the child writes to its descriptor directly.
-        log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
-        errlog = stack.enter_context((log_dir / f"{server.name}.stderr.log").open("a", encoding="utf-8"))
+        log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once per server, at connect
+        sink = StderrSink(
+            log_dir / f"{server.name}.stderr.log", name=server.name, echo=sys.stderr if live.verbose else None
+        )
+        live.sink = sink
+        stack.callback(sink.spawned)
         # "replace": with "strict", one non-UTF-8 byte stalls the SDK's reader for good (it drains
         # stdout until EOF); replaced bytes make a line that fails to parse, which is counted and
         # reported with the call's error instead.
@@ -549,7 +561,7 @@ async def _open(
             cwd=server.cwd,
             encoding_error_handler="replace",
         )
-        target = _tracked_stdio(params, errlog, live, marker)
+        target = _tracked_stdio(params, sink, live, marker)
     else:
         assert server.url is not None
         headers = _http_headers(server, environ)
@@ -731,6 +743,9 @@ async def _run(live: _Live, contract: Contract, log_dir: Path, environ: Mapping[
         live.client = None
         if live.pid is not None:
             await _procs.end_group(live.pid)
+        if live.sink is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(live.sink.close)
         live.ready.set()
 
 
@@ -799,6 +814,8 @@ async def connect(
             )
         declared = [s for s in declared if s.name in only]
     lives = [_Live(s, (inprocess or {}).get(s.name)) for s in declared]
+    for live in lives:
+        live.verbose = verbose
     body_error: BaseException | None = None
     async with anyio.create_task_group() as tg:
         for live in lives:

@@ -1,0 +1,90 @@
+"""A stdio server's stderr: into its log file, capped, and onto the terminal only when asked.
+
+The child writes into a pipe; a daemon thread copies what arrives into
+``<log_dir>/<server>.stderr.log`` up to ``STDERR_LOG_CAP_BYTES`` (a server that floods stderr
+fills neither the disk nor the terminal; past the cap the rest is read and discarded, so the
+child never blocks on a full pipe), and with ``echo`` also to Truss's stderr, each line
+prefixed with the server's name. The thread ends when the last writer (the server and anything
+it started) is gone.
+
+It does not interpret what the server writes; nothing from it reaches the ledger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+from typing import TextIO
+
+__all__ = ["STDERR_LOG_CAP_BYTES", "StderrSink"]
+
+STDERR_LOG_CAP_BYTES = 16 * 1024 * 1024
+_CHUNK = 65536
+
+
+class StderrSink:
+    """One server's stderr pipe and the thread that drains it."""
+
+    def __init__(self, path: Path, *, name: str, echo: TextIO | None = None, cap_bytes: int | None = None) -> None:
+        self.path = path
+        self._name = name
+        self._echo = echo
+        self._cap = STDERR_LOG_CAP_BYTES if cap_bytes is None else cap_bytes
+        read_fd, write_fd = os.pipe()
+        self._read_fd = read_fd
+        # The child gets a duplicate of this descriptor at spawn; ours is closed right after.
+        self.writer: TextIO | None = os.fdopen(write_fd, "w")
+        self._thread = threading.Thread(target=self._drain, name=f"truss-stderr-{name}", daemon=True)
+        self._thread.start()
+
+    def spawned(self) -> None:
+        """Close Truss's copy of the write end, so the log ends when the server's side does."""
+        writer, self.writer = self.writer, None
+        if writer is not None:
+            with contextlib.suppress(OSError):
+                writer.close()
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Stop writing and wait (bounded) for the thread to flush what the server wrote."""
+        self.spawned()
+        self._thread.join(timeout_s)
+
+    def _drain(self) -> None:
+        written = 0
+        capped = False
+        try:
+            with self.path.open("ab") as log:
+                while True:
+                    try:
+                        chunk = os.read(self._read_fd, _CHUNK)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    if written < self._cap:
+                        part = chunk[: self._cap - written]
+                        log.write(part)
+                        written += len(part)
+                        log.flush()
+                    if written >= self._cap and not capped:
+                        capped = True
+                        note = f"\n[truss: stderr log capped at {self._cap} bytes; the rest is discarded]\n"
+                        log.write(note.encode())
+                        log.flush()
+                    if self._echo is not None:
+                        self._write_echo(chunk)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._read_fd)
+
+    def _write_echo(self, chunk: bytes) -> None:
+        echo = self._echo
+        if echo is None:
+            return
+        text = chunk.decode("utf-8", errors="replace")
+        lines = text.splitlines()
+        with contextlib.suppress(OSError, ValueError):
+            echo.write("".join(f"[{self._name}] {line}\n" for line in lines))
+            echo.flush()
