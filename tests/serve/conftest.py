@@ -1,9 +1,10 @@
 """Fixtures for serve-mcp: a Truss home with a key, a contracts directory, and servers to talk to.
 
 ``serve_site`` builds the home (identity key, empty ledger) and a contracts directory holding
-``hello`` (mcp-server-time, from ``contracts/``) and ``gated`` (a run that waits for a flag file,
-so tests can hold it mid-call). ``HttpServer`` starts ``truss serve-mcp --transport http`` as a
-subprocess on 127.0.0.1 with a free port and two principals' tokens.
+``hello`` (mcp-server-time, from ``contracts/``), ``gated`` (a run that waits for a flag file,
+so tests can hold it mid-call) and ``asks`` (a run that suspends until ``truss approve``).
+``HttpServer`` starts ``truss serve-mcp --transport http`` as a subprocess on 127.0.0.1 with a
+free port and two principals' tokens.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def serve_site(tmp_path: Path) -> Site:
     gated = gated.replace("GATE_PYTHON", sys.executable.replace("\\", "/"))
     gated = gated.replace("GATE_SCRIPT", str(HERE / "servers" / "gate_server.py").replace("\\", "/"))
     (contracts / "gated.toml").write_text(gated, encoding="utf-8")
+    shutil.copy(HERE / "contracts" / "asks.toml", contracts / "asks.toml")
     (tmp_path / "flags").mkdir()
     tokens = tmp_path / "tokens.toml"
     entries = [

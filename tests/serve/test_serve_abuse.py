@@ -14,6 +14,7 @@ import anyio
 import pytest
 from mcp import Client, MCPError
 
+from tests.conftest import truss_cmd
 from tests.serve.conftest import HERE, Site, error_of, structured, text_of
 from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey
@@ -204,3 +205,23 @@ def test_a_malformed_tokens_file_is_refused(tmp_path: Path, text: str) -> None:
     path.chmod(0o600)
     with pytest.raises(UsageError):
         TokenTable.load(path)
+
+
+async def test_a_suspended_session_resumes_only_for_its_own_principal_after_approval(
+    serve_site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", serve_site.env["PATH"])
+    with anyio.fail_after(120):
+        async with apps(serve_site, ALICE, BOB) as [alice, bob]:
+            first = structured(await alice.call_tool("truss_run_contract", {"contract": "asks", "session_id": "r1"}))
+            assert first["status"] == "suspended" and first["waiting"]
+            session = first["session"]
+            approve = [*truss_cmd(), "--home", str(serve_site.home), "approve", session, first["waiting"][0]]
+            done = await anyio.run_process(approve, env=serve_site.env, check=False)
+            assert done.returncode == 0, done.stderr
+            # Bob naming Alice's session gets a session of his own; hers stays untouched.
+            bobs = structured(await bob.call_tool("truss_run_contract", {"contract": "asks", "session_id": session}))
+            assert bobs["session"] != session and bobs["status"] == "suspended"
+            resumed = structured(await alice.call_tool("truss_run_contract", {"contract": "asks", "session_id": "r1"}))
+    assert resumed["session"] == session
+    assert resumed["status"] == "pass", resumed

@@ -15,7 +15,7 @@ from mcp import MCPError
 
 from tests.serve.conftest import Site, stdio_client_for, structured
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 MODES = ["auto", "legacy"]
 

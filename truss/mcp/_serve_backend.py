@@ -18,13 +18,13 @@ from typing import Any, cast
 import anyio
 
 from truss._clock import Clock
-from truss._errors import BundleFormatError
+from truss._errors import BundleFormatError, RunSuspended
 from truss.contract import Contract, load_contract, narrow_budget
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.verify import verify_ledger
 from truss.mcp._serve_core import Principal
 from truss.mcp.server import RunAnswer, SessionView
-from truss.session import RunOutcome, outcome_of, run_contract
+from truss.session import RunOutcome, outcome_of, resume_session, run_contract
 
 __all__ = ["LedgerBackend"]
 
@@ -85,6 +85,33 @@ class LedgerBackend:
             on_progress=progress,
             stop=stop,
         )
+        return _answer(outcome)
+
+    async def resume(
+        self,
+        session_id: str,
+        *,
+        on_progress: Callable[[Mapping[str, Any]], None],
+        stop: anyio.Event | None = None,
+    ) -> RunAnswer:
+        def progress(event: Any) -> None:
+            on_progress(_event_json(event))
+
+        try:
+            outcome = await resume_session(
+                session_id,
+                store=self.store,
+                key=self.key,
+                clock=self.clock,
+                home=self.home,
+                environ=self.environ,
+                connector=self.connector,
+                on_progress=progress,
+                stop=stop,
+            )
+        except RunSuspended:
+            # Still waiting (an approval nobody gave yet): the answer is the session as recorded.
+            outcome = outcome_of(self.store, session_id)
         return _answer(outcome)
 
     def lookup(self, session_id: str) -> SessionView | None:
@@ -160,6 +187,7 @@ def _answer(outcome: RunOutcome) -> RunAnswer:
         head=outcome.head,
         checkpoint=outcome.checkpoint,
         reason=outcome.reason,
+        waiting=tuple(outcome.waiting),
     )
 
 

@@ -122,6 +122,11 @@ _RUN_OUTPUT: dict[str, Any] = {
             "description": "How to fetch the evidence bundle: call truss_ledger_export with this session.",
         },
         "reason": _NULLABLE_STR,
+        "waiting": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Calls waiting for the operator's `truss approve` when the run is suspended.",
+        },
     },
     "required": ["session", "status", "verdict", "head", "checkpoint", "bundle_ref"],
 }

@@ -24,7 +24,7 @@ import json
 import logging
 import sys
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +66,10 @@ ERROR_META = "dev.truss/error"
 _ERROR_STATUSES = frozenset({"fail", "error", "interrupted", "diverged"})
 
 ProgressSink = Callable[[Mapping[str, Any]], None]
+Starter = Callable[[ProgressSink, anyio.Event], Awaitable["RunAnswer"]]
+# A session a repeated session_id continues: it stopped to wait (approval, in doubt) or was interrupted.
+# "running" is not among them: a run of another process on the same home may still own it.
+_RESUMABLE = frozenset({"suspended", "interrupted"})
 PrincipalOf = Callable[[ServerRequestContext[Any, Any]], "Principal | None"]
 
 
@@ -79,6 +83,7 @@ class RunAnswer:
     head: str | None = None
     checkpoint: str | None = None
     reason: str | None = None
+    waiting: tuple[str, ...] = ()  # call ids waiting for `truss approve` when suspended
 
     def to_json(self) -> dict[str, Any]:
         finished = self.status not in ("running", "starting")
@@ -90,6 +95,7 @@ class RunAnswer:
             "checkpoint": self.checkpoint,
             "bundle_ref": {"tool": EXPORT, "arguments": {"session": self.session}} if finished else None,
             "reason": self.reason,
+            "waiting": list(self.waiting),
         }
 
 
@@ -125,6 +131,10 @@ class ServeBackend(Protocol):
         """
         ...
 
+    async def resume(self, session_id: str, *, on_progress: ProgressSink, stop: anyio.Event | None = None) -> RunAnswer:
+        """Continue a suspended or interrupted session from its record (still waiting: its answer)."""
+        ...
+
     def lookup(self, session_id: str) -> SessionView | None: ...
 
     def answer(self, session_id: str) -> RunAnswer:
@@ -153,7 +163,7 @@ class ServeConfig:
 class _Run:
     session: str
     principal: Principal
-    contract: str
+    contract: str | None
     done: anyio.Event = field(default_factory=anyio.Event)
     answer: RunAnswer | None = None
     error: TrussError | None = None
@@ -166,6 +176,25 @@ class _Run:
         self.progress = {**event, "events": self.events}
         for sink in list(self.sinks):
             sink(self.progress)
+
+
+def _internal(session: str, exc: BaseException) -> RuntimeFailure:
+    return RuntimeFailure(
+        f"session {session}: internal error ({type(exc).__name__}); the operator's log has the details",
+        remedy="Report it to the operator; the ledger holds every committed step",
+        session=session,
+    )
+
+
+def _first_truss_error(group: BaseExceptionGroup[Any]) -> TrussError | None:
+    for exc in group.exceptions:
+        if isinstance(exc, TrussError):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_truss_error(exc)  # pyright: ignore[reportUnknownArgumentType]
+            if found is not None:
+                return found
+    return None
 
 
 class _Busy(RuntimeFailure):
@@ -281,10 +310,25 @@ class ServeApp:
         path = resolve_contract(self.config.contracts_dir, request.contract)
         contract = await anyio.to_thread.run_sync(backend.load, path, request.params, request.budget)
 
+        def start(sink: ProgressSink, stop: anyio.Event) -> Awaitable[RunAnswer]:
+            return backend.run(contract, session_id=session_id, principal=principal, on_progress=sink, stop=stop)
+
+        return await self._start(ctx, principal, session_id, request.contract, start, wait=wait)
+
+    async def _start(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        principal: Principal,
+        session_id: str,
+        contract: str | None,
+        start: Starter,
+        *,
+        wait: bool,
+    ) -> types.CallToolResult:
         # From here to the start of the task nothing awaits, so two requests with one key can never
         # both start a run, and the count of active runs can never pass the limit.
         run = self._runs.get(session_id)
-        if run is not None:
+        if run is not None and not run.done.is_set():
             return await self._wait(ctx, run) if wait else await self._answer_for(run)
         limit = self.config.limits.max_concurrent_runs
         if self._active >= limit:
@@ -294,12 +338,13 @@ class ServeApp:
                 retryable=True,
                 limit="max_concurrent_runs",
             )
-        run = _Run(session=session_id, principal=principal, contract=request.contract)
+        run = _Run(session=session_id, principal=principal, contract=contract)
+        self._runs.pop(session_id, None)  # a finished run being resumed: the new task replaces it
         self._runs[session_id] = run
         self._active += 1
-        self._tg.start_soon(self._drive, run, contract)
+        self._tg.start_soon(self._drive, run, start)
 
-        if request.run_async:
+        if not wait:
             return _ok(RunAnswer(session=session_id, status="running").to_json())
         return await self._wait(ctx, run)
 
@@ -311,10 +356,21 @@ class ServeApp:
         if run is not None:
             if run.principal != principal:
                 return None
-            return await self._wait(ctx, run) if wait else await self._answer_for(run)
+            if not run.done.is_set():
+                return await self._wait(ctx, run) if wait else await self._answer_for(run)
+        # A finished run is answered from the store, which may have moved on (an approval given).
         view = await anyio.to_thread.run_sync(self.config.backend.lookup, session_id)
+        if view is None and run is not None:
+            return await self._answer_for(run)  # failed before its session was recorded
         if view is None or not principal.owns(view.principal):
             return None
+        if view.status in _RESUMABLE:
+            backend = self.config.backend
+
+            def resume(sink: ProgressSink, stop: anyio.Event) -> Awaitable[RunAnswer]:
+                return backend.resume(session_id, on_progress=sink, stop=stop)
+
+            return await self._start(ctx, principal, session_id, view.contract, resume, wait=wait)
         answer = await anyio.to_thread.run_sync(self.config.backend.answer, session_id)
         return _answer_result(answer)
 
@@ -359,17 +415,17 @@ class ServeApp:
             send.close()
         return await self._answer_for(run)
 
-    async def _drive(self, run: _Run, contract: Any) -> None:
+    async def _drive(self, run: _Run, start: Starter) -> None:
         try:
-            run.answer = await self.config.backend.run(
-                contract,
-                session_id=run.session,
-                principal=run.principal,
-                on_progress=run.on_progress,
-                stop=self.stopping,
-            )
+            run.answer = await start(run.on_progress, self.stopping)
         except TrussError as exc:
             run.error = exc
+        except ExceptionGroup as group:  # a task group inside the run; its Truss error says what went wrong
+            found = _first_truss_error(group)
+            if found is None:
+                _log.error("run %s failed", run.session, exc_info=group)
+                found = _internal(run.session, group)
+            run.error = found
         except anyio.get_cancelled_exc_class():
             run.error = RuntimeFailure(
                 f"session {run.session}: the run was interrupted because the server is stopping",
@@ -379,11 +435,7 @@ class ServeApp:
             raise
         except Exception as exc:  # a bug must not take the server (and other runs) down
             _log.exception("run %s failed", run.session)
-            run.error = RuntimeFailure(
-                f"session {run.session}: internal error ({type(exc).__name__}); the operator's log has the details",
-                remedy="Report it to the operator; the ledger holds every committed step",
-                session=run.session,
-            )
+            run.error = _internal(run.session, exc)
         finally:
             self._active -= 1
             run.done.set()
