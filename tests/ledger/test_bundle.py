@@ -502,3 +502,47 @@ def test_payloads_a_session_erased_stay_out_of_its_bundle_even_if_another_sessio
     assert erased["blobs"] == {} and ref in kept["blobs"]
     assert check_bundle(canonical(erased), trusted()).blobs_absent == 1
     store.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_bundle_with_any_byte_changed_never_crashes_the_verifier(data: st.DataObject) -> None:
+    original = (TAMPERED / "original.json").read_bytes()
+    position = data.draw(st.integers(0, len(original) - 1))
+    value = data.draw(st.integers(0, 255))
+    mutated = original[:position] + bytes([value]) + original[position + 1 :]
+    report = verify_bundle(mutated, trusted())
+    if mutated != original and report.ok:
+        # What may change and still verify: the informational vkey, or another spelling of the
+        # same bytes in a signed field's base64.
+        assert _same_but_vkey_or_spelling(json.loads(original), json.loads(mutated), "")
+
+
+def _same_but_vkey_or_spelling(a: Any, b: Any, path: str) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        left: dict[str, Any] = a  # pyright: ignore[reportUnknownVariableType]
+        right: dict[str, Any] = b  # pyright: ignore[reportUnknownVariableType]
+        return left.keys() == right.keys() and all(
+            _same_but_vkey_or_spelling(left[k], right[k], f"{path}/{k}") for k in left
+        )
+    if isinstance(a, list) and isinstance(b, list):
+        first: list[Any] = a  # pyright: ignore[reportUnknownVariableType]
+        second: list[Any] = b  # pyright: ignore[reportUnknownVariableType]
+        return len(first) == len(second) and all(
+            _same_but_vkey_or_spelling(x, y, f"{path}/{i}") for i, (x, y) in enumerate(zip(first, second, strict=True))
+        )
+    if a == b or path == "/vkey":
+        return True
+    if isinstance(a, str) and isinstance(b, str):
+        try:
+            return base64.b64decode(a + "==", altchars=b"-_") == base64.b64decode(b + "==", altchars=b"-_")
+        except ValueError:
+            return False
+    return False
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_are_bad_input_not_a_crash(data: bytes) -> None:
+    report = verify_bundle(data, trusted())
+    assert not report.ok and report.exit_code == 2

@@ -786,6 +786,10 @@ def _format(message: str, reason: str) -> BundleFormatError:
 
 def _b64(text: str, reason: str) -> bytes:
     try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError):
         raise _format("expected standard, padded base64", reason) from None
+    if base64.b64encode(raw).decode("ascii") != text:
+        # One byte string, one spelling: no second encoding of the same proof or payload.
+        raise _format("expected canonical base64 (unused bits zero)", reason)
+    return raw
