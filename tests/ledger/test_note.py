@@ -239,3 +239,19 @@ def test_two_valid_checkpoints_of_one_size_with_different_roots_are_a_fork() -> 
     assert honest.size == forked.size and honest.root != forked.root
     # Each is validly signed on its own; together no proof can make them one log.
     assert not verify_consistency(honest.size, forked.size, honest.root, forked.root, [])
+
+
+@given(st.binary(max_size=400))
+def test_arbitrary_bytes_never_open_as_a_note_and_never_crash(data: bytes) -> None:
+    with pytest.raises((BundleFormatError, VerificationError)):
+        open_checkpoint(data, [_log_key()])
+
+
+@given(st.data())
+def test_a_checkpoint_with_any_byte_changed_does_not_open(data: st.DataObject) -> None:
+    original = _read("checkpoint_valid.note")
+    position = data.draw(st.integers(0, len(original) - 1))
+    value = data.draw(st.integers(0, 255).filter(lambda v: v != original[position]))
+    mutated = original[:position] + bytes([value]) + original[position + 1 :]
+    with pytest.raises((BundleFormatError, VerificationError)):
+        open_checkpoint(mutated, [_log_key()])
