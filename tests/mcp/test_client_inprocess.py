@@ -71,6 +71,15 @@ def build_shifting_server() -> MCPServer:
         await ctx.notify_tools_changed()
         return "mutated"
 
+    @app.tool()
+    async def revert(ctx: Context) -> str:
+        """Put echo's description back."""
+        tool = app._tool_manager.get_tool("echo")  # pyright: ignore[reportPrivateUsage]
+        assert tool is not None
+        tool.description = "Echo the text."
+        await ctx.notify_tools_changed()
+        return "reverted"
+
     return app
 
 
@@ -210,7 +219,7 @@ async def test_round_trip_uses_tools_list_on_the_stateless_era(tmp_path: Path) -
 
 
 async def test_tools_changed_event_on_the_stateless_era_refuses_the_changed_tool(tmp_path: Path) -> None:
-    contract = contract_of(server_entry(["echo", "mutate"]))
+    contract = contract_of(server_entry(["echo", "mutate", "revert"]))
     inprocess = {"srv": build_shifting_server()}
     with anyio.fail_after(10):
         async with connect(contract, log_dir=tmp_path, clock=ManualClock(), inprocess=inprocess) as m:
@@ -244,3 +253,18 @@ async def test_only_connects_the_named_servers_and_refuses_unknown_names(tmp_pat
         async with connect(contract, log_dir=tmp_path, clock=ManualClock(), only=["ghost"]):
             pass
     assert (info.value.server, info.value.cause) == ("ghost", "not_declared")
+
+
+async def test_a_definition_changed_and_changed_back_stays_refused(tmp_path: Path) -> None:
+    contract = contract_of(server_entry(["echo", "mutate", "revert"]))
+    inprocess = {"srv": build_shifting_server()}
+    with anyio.fail_after(10):
+        async with connect(contract, log_dir=tmp_path, clock=ManualClock(), inprocess=inprocess) as m:
+            echo = m.tools["mcp:srv:echo"]
+            await m.call(m.tools["mcp:srv:mutate"], {}, timeout_s=5)
+            await m.wait_relisted("srv", 1)
+            await m.call(m.tools["mcp:srv:revert"], {}, timeout_s=5)
+            await m.wait_relisted("srv", 2)
+            with pytest.raises(PinMismatchError) as info:
+                await m.call(echo, {"text": "x"}, timeout_s=5)
+    assert info.value.expected == info.value.actual == echo.pin

@@ -177,10 +177,10 @@ class _Live:
             if mounted is None:
                 continue
             pin = pin_of(tool_definition(tool))
-            if pin != mounted.pin:
+            # Sticky: a definition that changes back is still refused (a rug pull may revert to
+            # look innocent), and ``changed`` keeps the last pin seen.
+            if pin != mounted.pin or tool.name in self.changed:
                 self.changed[tool.name] = pin
-            else:
-                self.changed.pop(tool.name, None)
         current = _calling.get()
         if current is not None and current[0] == self.name and current[1] in self.changed:
             # The SDK is re-listing inside a call (HEADER_MISMATCH recovery) and would re-send to a
@@ -196,7 +196,12 @@ class _Live:
     def pin_error(self, tool: str) -> PinMismatchError:
         expected = self.mounted[tool].pin
         actual = self.changed.get(tool)
-        what = "is no longer advertised" if actual is None else "changed its definition"
+        if actual is None:
+            what = "is no longer advertised"
+        elif actual == expected:
+            what = "changed its definition during the run and changed it back"
+        else:
+            what = "changed its definition"
         return PinMismatchError(
             f"tool {tool!r} of MCP server {self.name!r} {what} after it was mounted "
             f"(mounted pin {expected}, now {actual or 'absent'}); calls to it are refused for the rest of the run",
