@@ -461,8 +461,8 @@ class _Run:
     async def _seal(self, verdict: Verdict) -> RunOutcome:
         body = verdict.to_json()
         body["contract_hash"] = self.contract.hash
-        recorded = self.journal.head
-        if recorded is not None and recorded.kind == "verdict":
+        recorded = next((e for e in reversed(self.journal.entries) if e.kind == "verdict"), None)
+        if recorded is not None:
             # A run killed while sealing (after the verdict, before session_ended): the replayed run
             # must reach the verdict it recorded; then only the end is missing.
             if canonical(recorded.body) != canonical(body):
