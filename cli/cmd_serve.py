@@ -48,17 +48,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace, ctx: Ctx) -> int:
     import logging
 
-    import anyio
-
     from truss.ledger.keys import IdentityKey
-    from truss.ledger.store import open_store
-    from truss.mcp._serve_backend import LedgerBackend
-    from truss.mcp.server import Principal, ServeConfig, ServeLimits, TokenTable, serve_http, serve_stdio
-
-    logging.basicConfig(level=logging.INFO if ctx.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    if not ctx.verbose:
-        for name in ("mcp", "uvicorn", "httpx2", "sse_starlette"):
-            logging.getLogger(name).setLevel(logging.ERROR)
+    from truss.mcp._serve_core import Principal, ServeLimits, TokenTable
 
     for option, value, low in (
         ("--max-concurrent-runs", args.max_concurrent_runs, 1),
@@ -91,6 +82,18 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
         raise UsageError("--tokens and --unsafe-no-auth apply to --transport http", remedy="Drop them for stdio")
 
     key = IdentityKey.load(ctx.key)
+
+    # Everything above checks the options without the MCP SDK, so a mistake is reported at once.
+    import anyio
+
+    from truss.ledger.store import open_store
+    from truss.mcp._serve_backend import LedgerBackend
+    from truss.mcp.server import ServeConfig, serve_http, serve_stdio
+
+    logging.basicConfig(level=logging.INFO if ctx.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if not ctx.verbose:
+        for name in ("mcp", "uvicorn", "httpx2", "sse_starlette"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     store = open_store(ctx.db, key=key, clock=ctx.clock)
     try:
         backend = LedgerBackend(home=ctx.home, store=store, key=key, clock=ctx.clock, environ=dict(os.environ))
