@@ -1,0 +1,77 @@
+"""Resume that diverges, and offline replay, through ``truss`` as a user runs it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.durability.support import COUNTING, cli, counting_contract, entries, invocations, kinds, make_home, truss
+
+
+@pytest.mark.slow
+def test_a_plan_changed_between_run_and_resume_diverges_records_where_and_calls_nothing(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "home")
+    contract = counting_contract(
+        tmp_path,
+        steps=[("mcp:cnt:count", {"key": "${env.TARGET}"}), ("mcp:cnt:count", {"key": "second"})],
+        check_tool="mcp:cnt:count",
+    )
+    crashed = truss(home, "run", str(contract), "--session", "s1", env={"TARGET": "a", "TRUSS_FAULT": "after_result"})
+    assert crashed.returncode == -9
+    assert invocations(tmp_path) == {"count a": 1}
+
+    resumed = truss(home, "resume", "s1", env={"TARGET": "b"})
+    assert resumed.returncode == 4, resumed.stdout + resumed.stderr
+    assert "DIVERGED" in resumed.stdout and "model turn 1" in resumed.stdout
+    assert invocations(tmp_path) == {"count a": 1}  # nothing was called
+    last = entries(home, "s1")[-1]
+    assert last.kind == "session_suspended" and last.body["reason"] == "diverged"
+    assert last.body["seq"] == 1 and "model_turn 1" in last.body["expected"]
+    listed = cli(home, "sessions", "--json")
+    assert '"status": "diverged"' in listed.stdout
+    assert cli(home, "ledger", "verify").returncode == 0
+
+
+@pytest.mark.slow
+def test_replay_rederives_a_finished_session_with_every_server_command_unrunnable(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "home")
+    server = tmp_path / "server.py"
+    shutil.copy(COUNTING, server)
+    contract = counting_contract(
+        tmp_path,
+        steps=[("mcp:cnt:count", {"key": "a"}), ("mcp:cnt:other", {"key": "b"}), ("mcp:cnt:deny_me", {})],
+        check_tool="mcp:cnt:other",
+    )
+    contract.write_text(contract.read_text(encoding="utf-8").replace(str(COUNTING), str(server)), encoding="utf-8")
+    run = truss(home, "run", str(contract), "--session", "s1")
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    server.unlink()  # the recorded command can no longer start anything
+    replay = truss(home, "replay", "s1", "--json", env={"PATH": ""})
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert '"matches": true' in replay.stdout
+    assert invocations(tmp_path) == {"count a": 1, "other b": 1}  # replay called nothing
+    resume = truss(home, "resume", "s1")  # a finished session only shows its outcome
+    assert resume.returncode == 0
+
+
+def test_replay_of_an_unknown_or_unfinished_session_is_bad_input(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "home")
+    missing = cli(home, "replay", "nope")
+    assert missing.returncode == 2 and "no session" in missing.stderr
+    assert "Traceback" not in missing.stderr
+
+
+@pytest.mark.slow
+def test_resolve_refuses_a_call_that_is_not_in_doubt_and_records_nothing(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "home")
+    contract = counting_contract(tmp_path, steps=[("mcp:cnt:count", {"key": "a"})], check_tool="mcp:cnt:count")
+    assert truss(home, "run", str(contract), "--session", "s1").returncode == 0
+    before = kinds(home, "s1")
+    refused = cli(home, "resolve", "s1", "c1.0", "--not-sent")
+    assert refused.returncode == 2 and "no unresolved in-doubt call" in refused.stderr
+    bad_json = cli(home, "resolve", "s1", "c1.0", "--result", "{not json")
+    assert bad_json.returncode == 2 and "not JSON" in bad_json.stderr
+    assert kinds(home, "s1") == before
