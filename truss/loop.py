@@ -41,6 +41,8 @@ from truss.providers.base import Provider, ToolCall, ToolSpec, TurnRequest, Turn
 
 __all__ = ["DEFAULT_SYSTEM", "LoopResult", "StopReason", "run_loop"]
 
+_MAX_NAME_CHARS = 200
+
 StopReason = Literal["done", "suspended", "budget", "deadline", "provider_error"]
 
 DEFAULT_SYSTEM = (
@@ -142,7 +144,7 @@ async def run_loop(
         requests = [
             CallRequest(
                 call=f"c{turn}.{i}",
-                tool=by_provider.get(c.name, c.name),
+                tool=by_provider.get(c.name) or _unknown_name(c.name),
                 arguments=c.arguments,
                 turn=turn,
                 raw_arguments=c.raw_arguments,
@@ -188,6 +190,13 @@ async def _run_calls(gate: Gate, requests: list[CallRequest], limiter: anyio.Cap
 
 def _add_usage(state: BudgetState, *, contract: Contract, response: TurnResponse) -> Charged | Exceeded:
     return budget_mod.add_usage(state, contract, response.usage.input_tokens, response.usage.output_tokens)
+
+
+def _unknown_name(name: str) -> str:
+    """A name the model made up, as it is recorded: bounded, so a model cannot bloat the ledger."""
+    if len(name) <= _MAX_NAME_CHARS:
+        return name
+    return f"{name[:_MAX_NAME_CHARS]}...({sha256_ref(name.encode('utf-8', 'replace'))})"
 
 
 def _assistant(response: TurnResponse) -> dict[str, Any]:

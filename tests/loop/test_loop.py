@@ -323,3 +323,13 @@ async def test_progress_reports_each_call_with_budget_left_and_no_arguments(tmp_
     assert event.tool == "mcp:srv:echo" and event.outcome == "ok"
     assert event.budget_left["tool_calls"] == 19
     assert "private words" not in repr(h.events)
+
+
+async def test_a_made_up_tool_name_is_recorded_bounded(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    long_name = "x" * 100_000
+    model = ListProvider([TurnResponse("", [ToolCall("z0", long_name, {})], "tool_use"), TurnResponse("ok")])
+    outcome = await h.run(contract(), transport(), model)
+    [denied] = [e for e in h.store.read_session(outcome.session) if e.kind == "mcp_tool_denied"]
+    assert denied.body["code"] == "not_mounted"
+    assert len(denied.raw) < 2_000
