@@ -225,3 +225,24 @@ async def test_a_suspended_session_resumes_only_for_its_own_principal_after_appr
             resumed = structured(await alice.call_tool("truss_run_contract", {"contract": "asks", "session_id": "r1"}))
     assert resumed["session"] == session
     assert resumed["status"] == "pass", resumed
+
+
+async def test_an_export_over_the_answer_limit_is_referenced_not_inlined(
+    serve_site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import hashlib
+
+    monkeypatch.setenv("PATH", serve_site.env["PATH"])
+    with anyio.fail_after(90):
+        async with apps(serve_site, ALICE, limits=ServeLimits(max_answer_bytes=1024)) as [client]:
+            run = structured(await client.call_tool("truss_run_contract", {"contract": "hello"}))
+            first = structured(await client.call_tool("truss_ledger_export", {"session": run["session"]}))
+            again = structured(await client.call_tool("truss_ledger_export", {"session": run["session"]}))
+    assert first["inline"] is False and first["bundle"] is None
+    path = anyio.Path(first["path"])
+    assert path.parent == anyio.Path(serve_site.home / "exports")
+    data = await path.read_bytes()
+    assert len(data) == first["bytes"] > 1024
+    assert first["sha256"] == "sha256:" + hashlib.sha256(data).hexdigest()
+    assert again == first
+    assert (await path.stat()).st_mode & 0o077 == 0
