@@ -289,6 +289,8 @@ def _render(ctx: Ctx, outcome: RunOutcome, note: str | None = None) -> None:
         for call in outcome.waiting:
             lines.append(f"waiting     {call}: truss approve {outcome.session} {call}   (or --deny)")
         lines.append(f"then        truss resume {outcome.session}")
+    elif status == "interrupted" and outcome.head is None:
+        lines.append("recorded    nothing: the run stopped before its session started; run it again")
     elif status in ("suspended", "interrupted"):
         lines.append(f"resumable   truss resume {outcome.session}")
     ctx.emit(data, "\n".join(lines))
