@@ -426,9 +426,11 @@ class Server(_Model):
             if self.command is not None or self.args or self.env or self.cwd is not None:
                 raise ValueError(f"server {self.name!r}: command, args, env and cwd belong to stdio servers")
         names = [t.name for t in self.tools]
-        for name in names:
-            if names.count(name) > 1:
+        seen: set[str] = set()
+        for name in names:  # a set, not list.count: a large file must not cost quadratic time
+            if name in seen:
                 raise ValueError(f"server {self.name!r}: tool settings for {name!r} appear twice")
+            seen.add(name)
         if "*" not in self.allow_tools:
             allowed = set(self.allow_tools)
             for label, listed in (
