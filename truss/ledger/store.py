@@ -58,6 +58,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 _PAGE = 1000
+_IN_CHUNK = 500  # refs per IN (...) query, below SQLite's bound on parameters
 _STATUS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_")
 
 
@@ -122,6 +123,8 @@ class LedgerStore(Protocol):
     def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
 
     def blob(self, ref: str) -> bytes | None: ...
+
+    def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]: ...
 
     def erased_refs(self, session: str) -> set[str]: ...
 
@@ -842,6 +845,17 @@ class SqliteStore:
     def blob(self, ref: str) -> bytes | None:
         rows = self._rows("SELECT data FROM blobs WHERE ref = ?", (ref,))
         return bytes(rows[0][0]) if rows else None
+
+    def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]:
+        """The payloads held for ``refs`` (absent ones are left out), a few queries for many refs."""
+        wanted = sorted(set(refs))
+        out: dict[str, bytes] = {}
+        for start in range(0, len(wanted), _IN_CHUNK):
+            chunk = wanted[start : start + _IN_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = self._rows(f"SELECT ref, data FROM blobs WHERE ref IN ({marks})", tuple(chunk))  # noqa: S608
+            out.update((str(r[0]), bytes(r[1])) for r in rows)
+        return out
 
     def erased_refs(self, session: str) -> set[str]:
         return {r[0] for r in self._rows("SELECT ref FROM erased WHERE session = ?", (session,))}

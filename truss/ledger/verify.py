@@ -103,6 +103,7 @@ EntryCheck = Callable[[StoredEntry], Finding | None]
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # How far past a seq gap to look for the missing entry before calling it a gap, not a reorder.
 _REORDER_LOOKAHEAD = 4096
+_PREFETCH = 256
 
 
 @dataclass(frozen=True)
@@ -381,6 +382,7 @@ class LedgerReader(Protocol):
     def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
     def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
     def blob(self, ref: str) -> bytes | None: ...
+    def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]: ...
     def tree_size(self) -> int: ...
 
 
@@ -399,7 +401,26 @@ def verify_ledger(
     entry verifies), and the whole log holds exactly ``tree_size()`` entries.
     Raises ``NotFoundError`` for an unknown session.
     """
-    blob_lookup = store.blob if payloads else None
+    held: dict[str, bytes] = {}
+    blob_lookup = held.get if payloads else None
+
+    def prefetched(entries: Iterator[StoredEntry]) -> Iterator[StoredEntry]:
+        # One query for the payloads of a page of entries instead of one per payload.
+        if not payloads:
+            yield from entries
+            return
+        page: list[StoredEntry] = []
+        for item in entries:
+            page.append(item)
+            if len(page) == _PREFETCH:
+                held.clear()
+                held.update(store.blobs_for(ref for e in page for ref in iter_refs(e.entry.get("body"))))
+                yield from page
+                page = []
+        held.clear()
+        held.update(store.blobs_for(ref for e in page for ref in iter_refs(e.entry.get("body"))))
+        yield from page
+
     if session is not None:
         info: Any = store.session(session)
         if info is None:
@@ -411,7 +432,7 @@ def verify_ledger(
             )
         heads: Mapping[str, tuple[int, str]] = {session: (int(info.entries), str(info.head))}
         report = verify_entries(
-            store.read_session(session),
+            prefetched(store.read_session(session)),
             trusted,
             blobs=blob_lookup,
             session=session,
@@ -423,7 +444,7 @@ def verify_ledger(
     seen: dict[str, list[Any]] = {}
 
     def tracked() -> Iterator[StoredEntry]:
-        for item in store.read_range(0, size):
+        for item in prefetched(store.read_range(0, size)):
             state = seen.setdefault(str(item.entry.get("session")), [0, ""])
             state[0] += 1
             state[1] = item.hash

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from truss._clock import Clock
@@ -174,6 +174,10 @@ class MemoryStore:
     def blob(self, ref: str) -> bytes | None:
         with self._lock:
             return self._blobs.get(ref)
+
+    def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]:
+        with self._lock:
+            return {ref: self._blobs[ref] for ref in set(refs) if ref in self._blobs}
 
     def erased_refs(self, session: str) -> set[str]:
         with self._lock:
@@ -365,6 +369,7 @@ def _blobs_are_content_addressed_and_erasable(store: LedgerStore, key: IdentityK
     store.append("s_p", [Record("mcp_tool_intent", {"args": ref, "x": shared_ref}, {ref: data, shared_ref: shared})])
     store.append("s_q", [_start(), Record("mcp_tool_call", {"result": shared_ref}, {shared_ref: shared})])
     assert store.blob(ref) == data and store.blob(shared_ref) == shared
+    assert store.blobs_for([ref, shared_ref, sha256_ref(b"absent"), ref]) == {ref: data, shared_ref: shared}
     assert store.erase_payloads("s_p") == 2
     assert store.blob(ref) is None, "erased bytes are gone"
     assert store.blob(shared_ref) == shared, "bytes another session links to stay"
