@@ -171,6 +171,20 @@ class ParamSpec(_Model):
     regex: Regex | None = None
     enum: list[str | int | float | bool] | None = Field(default=None, alias="in")
 
+    @field_validator("regex")
+    @classmethod
+    def _regex_is_bounded(cls, value: str | None) -> str | None:
+        # Param values come from callers (serve-mcp), so the pattern must not backtrack
+        # exponentially on them; the same reading of a pattern's shape as policy conditions.
+        from truss.policy import regex_profile  # here, not at the top: truss.policy imports this module
+
+        if value is not None and regex_profile(value).nested:
+            raise ValueError(
+                f"regex {value!r} nests repetition, which can take exponential time on a caller's value; "
+                "make the inner repetition atomic '(?>...)' or possessive ('*+', '++')"
+            )
+        return value
+
     @model_validator(mode="after")
     def _default_fits(self) -> ParamSpec:
         if self.default is not None:
@@ -194,8 +208,14 @@ class ParamSpec(_Model):
         if isinstance(value, str):
             if self.max_len is not None and len(value) > self.max_len:
                 return f"longer than max_len {self.max_len}"
-            if self.regex is not None and not re.fullmatch(self.regex, value):
-                return f"does not match {self.regex!r}"
+            if self.regex is not None:
+                from truss.policy import regex_profile
+
+                limit = regex_profile(self.regex).max_chars
+                if len(value) > limit:
+                    return f"longer than the {limit} characters its regex is tested on"
+                if not re.fullmatch(self.regex, value):
+                    return f"does not match {self.regex!r}"
         if isinstance(value, int | float) and not isinstance(value, bool):
             if self.min is not None and value < self.min:
                 return f"below min {self.min}"

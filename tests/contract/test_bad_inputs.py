@@ -71,6 +71,11 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "overlay_with_policy_table": ("overlay_with_policy_table.overlay.toml", "policy", 5),
     "param_default_of_wrong_type": ("param_default_of_wrong_type.toml", "contract.params.replicas", 6),
     "param_reference_in_server_args": ("param_reference_in_server_args.toml", "mcp.servers[0].args[1]", 11),
+    "param_regex_with_nested_repetition": (
+        "param_regex_with_nested_repetition.toml",
+        "contract.params.word.regex",
+        6,
+    ),
     "param_value_not_declared": ("param_value_not_declared.toml", "contract.params.replica", 5),
     "param_value_of_wrong_type": ("param_value_of_wrong_type.toml", "contract.params.replicas", 6),
     "param_value_out_of_range": ("param_value_out_of_range.toml", "contract.params.replicas", 6),

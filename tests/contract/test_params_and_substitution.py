@@ -202,3 +202,10 @@ def test_references_outside_intent_arguments_and_final_are_refused(line: str, pa
     with pytest.raises(ContractError) as caught:
         load_contract_text(BASE + line + "\n", source="f.toml")
     assert caught.value.fields["path"] == path
+
+
+def test_a_caller_value_too_long_for_its_regex_is_refused_without_running_it() -> None:
+    spec = ParamSpec(type="string", regex="^a+b+c+d$")  # three quantifiers: tested on short values only
+    assert spec.problem_with("aabbccd") is None
+    problem = spec.problem_with("a" * 100_000 + "bcd")
+    assert problem is not None and "longer than" in problem
