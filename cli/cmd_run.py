@@ -182,9 +182,9 @@ def _open_ledger(ctx: Ctx) -> tuple[Any, Any]:
 def _connector(ctx: Ctx) -> Any:
     import functools
 
-    from truss.mcp.client import connect
+    from truss.mcp._tasks import connect_with_tasks  # Mounts plus MCP Tasks for tools that declare them
 
-    return functools.partial(connect, verbose=ctx.verbose)
+    return functools.partial(connect_with_tasks, verbose=ctx.verbose)
 
 
 def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[ProgressEvent], None]], Any]) -> RunOutcome:
@@ -284,6 +284,10 @@ def _render(ctx: Ctx, outcome: RunOutcome, note: str | None = None) -> None:
     elif status == "suspended" and outcome.waiting and outcome.waiting_on == "signal":
         for call in outcome.waiting:
             lines.append(f"waiting     {call}: truss signal {outcome.session} NAME --payload JSON|@FILE")
+        lines.append(f"then        truss resume {outcome.session}")
+    elif status == "suspended" and outcome.waiting and outcome.waiting_on == "task":
+        for call in outcome.waiting:
+            lines.append(f"waiting     {call}: an MCP task still runs; resuming polls the same task")
         lines.append(f"then        truss resume {outcome.session}")
     elif status == "suspended" and outcome.waiting:
         for call in outcome.waiting:

@@ -14,7 +14,9 @@ The points, in the order a call passes them (docs/durability.md):
 - ``during_call``: the server has the request (it reported progress), no answer yet;
 - ``after_call``: the answer arrived, its ``mcp_tool_call`` entry is not written;
 - ``after_result``: the result entry is durable, the model has not seen the result;
-- ``during_verdict``: the ``verdict`` entry is durable, ``session_ended`` is not.
+- ``during_verdict``: the ``verdict`` entry is durable, ``session_ended`` is not;
+- ``task_pending``: an MCP task was created and its ``mcp_tool_pending`` entry is durable; the task
+  runs on the server while nobody polls it.
 
 This module reads the environment once, at import. It does not decide anything else, and with
 ``TRUSS_FAULT`` unset every call is a dictionary lookup and a return.
@@ -27,7 +29,9 @@ import signal
 
 __all__ = ["POINTS", "fault"]
 
-POINTS = frozenset({"before_intent", "after_intent", "during_call", "after_call", "after_result", "during_verdict"})
+POINTS = frozenset(
+    {"before_intent", "after_intent", "during_call", "after_call", "after_result", "during_verdict", "task_pending"}
+)
 
 
 def _parse(value: str | None) -> tuple[str, int] | None:

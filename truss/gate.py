@@ -535,7 +535,10 @@ class Gate:
                     tool=tool.tool,
                     cause="timeout",
                 )
-            result = await self.transport.call(tool, arguments, timeout_s=timeout_s, progress=self._progress(request))
+            invoked = await self._invoke(request, tool, arguments, timeout_s, intent)
+            if invoked is None:  # a task that still runs: recorded as pending, the run suspends
+                return self._task_waiting(request)
+            result = invoked
         except McpError as exc:  # ToolCallError, or PinMismatchError after the server changed the tool
             cause = str(
                 exc.fields.get("cause") or ("pin_changed" if isinstance(exc, PinMismatchError) else "transport")
@@ -564,6 +567,8 @@ class Gate:
             "pin": tool.pin,
             "intent": intent.seq,
         }
+        if isinstance(result.extra.get("task_id"), str):
+            body["task"] = result.extra["task_id"]
         if failure is not None:
             body["failure"] = failure
         elif (signal := self._signal_name(tool, result)) is not None:
@@ -737,6 +742,8 @@ class Gate:
         assert pending is not None
         self._match(request, self._stored_args(request), pending)
         body: Mapping[str, Any] = pending.body
+        if body.get("kind") == "task":
+            return await self._poll_task(request, recorded)
         if recorded.signal is None:
             why = f"waiting for signal {body.get('signal')!r}"
             return CallOutcome(request.call, request.tool, "suspended", error_result(why), code="signal",
@@ -747,6 +754,71 @@ class Gate:
         data = self._recorded_payload(request, signal, signal.body.get("result"))
         extra = {"signal": signal.seq, "intent": body.get("intent")}
         return await self._settle(request, body, data, extra, duration_ms=float(max(0, signal.ts - pending.ts)))
+
+    async def _invoke(
+        self, request: CallRequest, tool: MountedTool, arguments: dict[str, Any], timeout_s: float, intent: StoredEntry
+    ) -> ToolResult | None:
+        """Send the call: as an MCP task when the transport runs this tool as one (then ``mcp_tool_pending``
+        records the task id before Truss waits), else as a plain call. None: the task still runs."""
+        progress = self._progress(request)
+        start_task: Any = getattr(self.transport, "start_task", None)
+        task_id = await start_task(tool, arguments, timeout_s=timeout_s) if start_task is not None else None
+        if task_id is None:
+            return await self.transport.call(tool, arguments, timeout_s=timeout_s, progress=progress)
+        pending = {k: intent.body[k] for k in ("call", "turn", "tool", "args", "pin")}
+        pending.update({"intent": intent.seq, "kind": "task", "task": str(task_id)})
+        await self.journal.append(Record("mcp_tool_pending", pending), durable=True)
+        _faults.fault("task_pending")
+        left = budget_mod.call_timeout_s(self.contract, tool.name, self._budget.state, self.clock.now_ms())
+        return await self._task_result(tool, str(task_id), left, progress)
+
+    async def _task_result(self, tool: MountedTool, task_id: str, timeout_s: float, progress: Any) -> ToolResult | None:
+        result: ToolResult | None = await cast(Any, self.transport).task_result(
+            tool, task_id, timeout_s=timeout_s, progress=progress
+        )
+        return ToolResult(result.wire, {**result.extra, "task_id": task_id}) if result is not None else None
+
+    def _task_waiting(self, request: CallRequest) -> CallOutcome:
+        why = "waiting for a task to finish (truss resume polls it again)"
+        return CallOutcome(request.call, request.tool, "suspended", error_result(why), code="task", reason=why)
+
+    async def _poll_task(self, request: CallRequest, recorded: RecordedCall) -> CallOutcome:
+        """A call recorded as a pending MCP task: poll the same task; unknown to the server -> in doubt."""
+        pending = recorded.pending
+        assert pending is not None
+        tool = self.tools.get(request.tool)
+        if tool is None or getattr(self.transport, "task_result", None) is None:
+            raise self._divergence(request, pending, f"{request.tool}, which cannot be polled in this run")
+        await self.charge(lambda state: budget_mod.charge_call(state, self.contract, tool.name, self.clock.now_ms()))
+        arguments = dict(request.arguments or {})
+        stored_args = self.redactor.redact_arguments(tool.server, arguments)
+        if recorded.resolved is not None:
+            settled = await self._resolved(request, tool, recorded)
+            return settled if settled is not None else await self._execute(request, tool, arguments, stored_args)
+        timeout_s = budget_mod.call_timeout_s(self.contract, tool.name, self._budget.state, self.clock.now_ms())
+        failure: dict[str, Any] | None = None
+        try:
+            result = await self._task_result(tool, str(pending.body.get("task")), timeout_s, self._progress(request))
+        except McpError as exc:
+            if exc.fields.get("cause") == "task_unknown":
+                server = self.contract.mcp.server(tool.server)
+                if server is not None and tool.tool in server.retry_in_doubt:
+                    return await self._execute(request, tool, arguments, stored_args)
+                await self._in_doubt(request, recorded)
+            cause = str(exc.fields.get("cause") or "transport")
+            failure = {"cause": cause, "retryable": exc.retryable}
+            result = error_result(self.redactor.scrub_text(f"the call failed below the tool ({cause}): {exc.message}"))
+        if result is None:
+            return self._task_waiting(request)
+        data = canonical(self.redactor.scrub(dict(result.wire)))
+        if budget_mod.result_too_large(self.contract, len(data)):
+            limit = self.contract.budget.max_result_bytes
+            refused = error_result(f"the result was {len(data)} bytes, over max_result_bytes ({limit})")
+            data = canonical(dict(refused.wire))
+            failure = {"cause": "result_too_large", "retryable": False}
+        extra = {"task": pending.body.get("task"), "intent": pending.body.get("intent")}
+        return await self._settle(request, pending.body, data, extra, failure=failure,
+                                  duration_ms=float(max(0, self.clock.now_ms() - pending.ts)))  # fmt: skip
 
     def _signal_name(self, tool: MountedTool, result: ToolResult) -> str | None:
         """The signal a result waits for, when its server declares the tool async and the result is pending."""

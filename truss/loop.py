@@ -61,7 +61,7 @@ class LoopResult:
     reason: str | None = None
     limit: str | None = None  # the budget limit that ended the run
     waiting: tuple[str, ...] = ()  # call ids waiting for approval (or a signal)
-    waiting_on: str = "approval"  # what they wait for: approval | signal
+    waiting_on: str = "approval"  # what they wait for: approval | signal | task
     outcomes: tuple[CallOutcome, ...] = field(default_factory=tuple[CallOutcome, ...])
 
 
@@ -158,8 +158,9 @@ async def run_loop(
             conversation.add(_tool_message(call, outcome), _budget_note(gate.remaining()))
         waiting = tuple(o.call for o in results if o.outcome == "suspended")
         if waiting:
-            on = "approval" if any(o.code == "approval" for o in results if o.outcome == "suspended") else "signal"
-            why = "waiting for approval" if on == "approval" else "waiting for a signal"
+            codes = {o.code for o in results if o.outcome == "suspended"}
+            on = "approval" if "approval" in codes else "signal" if "signal" in codes else "task"
+            why = {"approval": "waiting for approval", "signal": "waiting for a signal"}.get(on, "waiting for a task")
             return LoopResult("suspended", turn, reason=why, waiting=waiting, waiting_on=on, outcomes=tuple(outcomes))
 
 
