@@ -153,3 +153,21 @@ def test_unusable_input_exits_2_with_one_paragraph_and_no_traceback(home: Path, 
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("truss") and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_a_file_that_is_not_a_ledger_is_unusable_input_and_left_untouched(truss_home: Path, tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database at all, just some text\n" * 200)
+    other = tmp_path / "other-app.db"
+    conn = sqlite3.connect(str(other))
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    before = other.read_bytes()
+    for path in (text, other):
+        proc = truss(
+            truss_home, "--db", str(path), "ledger", "verify", "--trusted-key", IdentityKey.generate().verifier.vkey
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "not a Truss ledger" in proc.stderr and "Traceback" not in proc.stderr
+    assert other.read_bytes() == before

@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from truss._clock import Clock
 from truss._errors import (
+    InputError,
     KeyFileError,
     NotFoundError,
     StoreBusyError,
@@ -302,11 +303,18 @@ class SqliteStore:
         self._sync_full: bool | None = None
         self._frontier: Frontier | None = None
         self._closed = False
+        self._create = create
         try:
             self._w = self._connect()
             self._init_schema()
             self._r = self._connect()
-        except sqlite3.Error as exc:
+        except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc) or "malformed" in str(exc):
+                raise InputError(
+                    f"{db} is not a Truss ledger ({exc})",
+                    remedy="point --db at the ledger.db of a Truss home",
+                    db=str(db),
+                ) from exc
             raise self._store_error("open", exc) from exc
         row = self._r.execute("SELECT v FROM meta WHERE k = 'origin'").fetchone()
         self.origin: str = bytes(row[0]).decode("utf-8")
@@ -324,11 +332,23 @@ class SqliteStore:
             str(self.db), isolation_level=None, check_same_thread=False, timeout=self._busy_ms / 1000
         )
         conn.execute(f"PRAGMA busy_timeout = {int(self._busy_ms)}")
+        self._refuse_foreign(conn)
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
         if mode is None or str(mode[0]).lower() != "wal":
             raise StoreError(f"{self.db}: cannot switch the ledger to WAL mode", db=str(self.db))
         conn.execute("PRAGMA synchronous = FULL")
         return conn
+
+    def _refuse_foreign(self, conn: sqlite3.Connection) -> None:
+        """Before changing anything in the file: it is empty (a new ledger) or a Truss ledger."""
+        tables = {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if (tables and not {"meta", "entries"} <= tables) or (not tables and not self._create):
+            conn.close()
+            raise InputError(
+                f"{self.db} is not a Truss ledger",
+                remedy="point --db at the ledger.db of a Truss home",
+                db=str(self.db),
+            )
 
     def _init_schema(self) -> None:
         conn = self._w
