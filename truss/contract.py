@@ -205,6 +205,10 @@ class ParamSpec(_Model):
         if not ok:
             article = "an" if kind == "integer" else "a"
             return f"expected {article} {kind}, got {_toml_type(value)}"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+            return "beyond +/-2**53, which has no exact JSON number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "not a finite number"
         if isinstance(value, str):
             if self.max_len is not None and len(value) > self.max_len:
                 return f"longer than max_len {self.max_len}"
@@ -1315,7 +1319,7 @@ def _coerce(name: str, text: str, spec: ParamSpec) -> ParamValue:
         if spec.type == "integer":
             if not re.fullmatch(r"[+-]?\d{1,16}", text.strip()):
                 raise ValueError(text)
-            return int(text)
+            return int(text)  # range checks, 2**53 included, happen in ParamSpec.problem_with
         number = float(text)
         if not math.isfinite(number):
             raise ValueError(text)

@@ -209,3 +209,9 @@ def test_a_caller_value_too_long_for_its_regex_is_refused_without_running_it() -
     assert spec.problem_with("aabbccd") is None
     problem = spec.problem_with("a" * 100_000 + "bcd")
     assert problem is not None and "longer than" in problem
+
+
+@pytest.mark.parametrize("value", [2**53 + 1, -(2**53) - 1, float("nan"), float("inf")])
+def test_caller_numbers_without_an_exact_json_form_are_refused(value: float) -> None:
+    spec = ParamSpec(type="number")
+    assert spec.problem_with(value) is not None
