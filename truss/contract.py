@@ -210,6 +210,8 @@ class ParamSpec(_Model):
         if isinstance(value, float) and not math.isfinite(value):
             return "not a finite number"
         if isinstance(value, str):
+            if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+                return "holds a lone surrogate, which is not text"
             if self.max_len is not None and len(value) > self.max_len:
                 return f"longer than max_len {self.max_len}"
             if self.regex is not None:

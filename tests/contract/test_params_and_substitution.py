@@ -215,3 +215,7 @@ def test_a_caller_value_too_long_for_its_regex_is_refused_without_running_it() -
 def test_caller_numbers_without_an_exact_json_form_are_refused(value: float) -> None:
     spec = ParamSpec(type="number")
     assert spec.problem_with(value) is not None
+
+
+def test_caller_string_with_a_lone_surrogate_is_refused() -> None:
+    assert ParamSpec(type="string").problem_with("a\ud800b") is not None
