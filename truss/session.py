@@ -330,7 +330,12 @@ class _Run:
         entered = False
         result: LoopResult | None = None
         try:
-            async with self.connector(self.contract, log_dir=log_dir, environ=self.environ, clock=self.clock) as mounts:
+            # A stop request (Ctrl-C, SIGTERM) cancels connecting as well as the loop; the servers'
+            # shutdown in the connector's exit is shielded, so they are ended either way.
+            async with (
+                _stoppable(self.stop),
+                self.connector(self.contract, log_dir=log_dir, environ=self.environ, clock=self.clock) as mounts,
+            ):
                 entered = True
                 if resumed_from is None:
                     await self._started(mounts, principal)
@@ -346,16 +351,15 @@ class _Run:
                     redactor=self.redactor,
                     on_progress=self.on_progress,
                 )
-                async with _stoppable(self.stop):
-                    result = await run_loop(
-                        contract=self.contract,
-                        gate=gate,
-                        provider=provider,
-                        clock=self.clock,
-                        intent=intent,
-                        redactor=self.redactor,
-                        on_progress=self.on_progress,
-                    )
+                result = await run_loop(
+                    contract=self.contract,
+                    gate=gate,
+                    provider=provider,
+                    clock=self.clock,
+                    intent=intent,
+                    redactor=self.redactor,
+                    on_progress=self.on_progress,
+                )
         except InDoubtError as exc:
             return await self._suspend("in_doubt", (str(exc.fields.get("call")),), exc.message)
         except ReplayDivergenceError as exc:

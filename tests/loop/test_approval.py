@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ class World:
                 clock=self.clock,
                 home=self.home,
                 environ={},
-                connector=fake_connector(self.transport),
+                connector=kw.pop("connector", fake_connector(self.transport)),
                 provider=self.provider,
                 **kw,
             )
@@ -233,3 +234,34 @@ async def test_resume_of_a_finished_session_returns_its_outcome(tmp_path: Path) 
     again = await w.resume(first.session)
     assert again.status == first.status == "pass" and again.head == first.head
     assert len(w.model.requests) == 1
+
+
+async def test_a_stop_request_while_servers_connect_records_nothing_and_closes_them(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    closed: list[bool] = []
+    connecting = anyio.Event()
+
+    @asynccontextmanager
+    async def slow_connect(contract: Contract, **_: Any) -> AsyncGenerator[FakeTransport]:
+        try:
+            connecting.set()
+            await anyio.sleep_forever()  # a server that takes its time to start
+            yield w.transport
+        finally:
+            closed.append(True)
+
+    stop = anyio.Event()
+    outcome: list[RunOutcome] = []
+
+    async def run() -> None:
+        outcome.append(await w.run(stop=stop, connector=slow_connect))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(run)
+            await connecting.wait()
+            stop.set()
+    [first] = outcome
+    assert first.status == "interrupted" and first.exit_code == 3 and first.head is None
+    assert closed == [True]
+    assert w.store.session(first.session) is None
