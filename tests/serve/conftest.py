@@ -10,6 +10,7 @@ free port and two principals' tokens.
 from __future__ import annotations
 
 import hashlib
+import json
 import queue
 import shutil
 import subprocess
@@ -148,6 +149,62 @@ def text_of(result: Any) -> str:
     block = result.content[0]
     assert isinstance(block.text, str)
     return block.text
+
+
+class RawStdio:
+    """``truss serve-mcp`` over stdio spoken to line by line (JSON-RPC as text), stderr to a file."""
+
+    def __init__(self, site: Site, name: str) -> None:
+        self.stderr_path = site.tmp / f"{name}.stderr.log"
+        self._stderr = self.stderr_path.open("w", encoding="utf-8")
+        self.proc = subprocess.Popen(
+            site.cmd(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=site.env
+        )
+        self.replies: queue.Queue[str] = queue.Queue()
+        assert self.proc.stdout is not None
+        self._reader = threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.replies.put(line)
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
+
+    def reply(self, timeout: float = 90) -> dict[str, Any]:
+        value = json.loads(self.replies.get(timeout=timeout))  # every stdout line is a JSON-RPC message
+        assert isinstance(value, dict)
+        return value  # pyright: ignore[reportUnknownVariableType]
+
+    def initialize(self) -> None:
+        client = {"name": "t", "version": "1"}
+        init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": client}
+        self.send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}) + "\n")
+        assert self.reply()["id"] == 0
+        self.send(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")
+
+    def close(self) -> tuple[int, str]:
+        """Wait for the process (bounded), then return its exit code and stderr."""
+        try:
+            code = self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+            self._reader.join(timeout=10)
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream is not None and not stream.closed:
+                    stream.close()
+            self._stderr.close()
+        return code, self.stderr_path.read_text(encoding="utf-8")
+
+
+def call_line(request_id: int, tool: str, arguments: dict[str, Any]) -> str:
+    params = {"name": tool, "arguments": arguments}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}) + "\n"
 
 
 def error_of(result: Any) -> dict[str, Any]:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import queue
+import signal
 import sqlite3
-import subprocess
-import threading
-from typing import IO, Any
+from typing import Any
 
 import anyio
 import pytest
 from mcp import MCPError
 
-from tests.serve.conftest import Site, stdio_client_for, structured
+from tests.serve.conftest import RawStdio, Site, call_line, stdio_client_for, structured
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -119,65 +117,27 @@ async def test_an_async_run_returns_its_handle_at_once_and_status_reports_progre
     assert done["status"] == "pass"
 
 
-def _line(message: dict[str, Any]) -> str:
-    return json.dumps(message) + "\n"
-
-
-def _call(request_id: int, arguments: dict[str, Any]) -> str:
-    params = {"name": "truss_run_contract", "arguments": arguments}
-    return _line({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params})
-
-
 def test_stdout_carries_only_protocol_messages_and_oversized_or_deep_requests_get_errors(serve_site: Site) -> None:
     deep: Any = 1
     for _ in range(200):
         deep = [deep]
-    client = {"name": "t", "version": "1"}
-    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": client}
-    requests = [
-        _line({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}),
-        _line({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-        _call(2, {"contract": "hello", "padding": "x" * 1_100_000}),
-        _call(3, {"contract": "hello", "params": {"p": deep}}),
-        "this is not json\n",
-        _call(4, {"contract": "hello"}),
-    ]
-    proc = subprocess.Popen(
-        serve_site.cmd(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=serve_site.env,
-    )
-    replies: queue.Queue[str] = queue.Queue()
-    assert proc.stdin is not None and proc.stdout is not None
-
-    def read(stream: IO[str]) -> None:
-        for line in stream:
-            replies.put(line)
-
-    reader = threading.Thread(target=read, args=(proc.stdout,), daemon=True)
-    reader.start()
+    raw = RawStdio(serve_site, "hygiene")
+    raw.initialize()
+    raw.send(call_line(2, "truss_run_contract", {"contract": "hello", "padding": "x" * 1_100_000}))
+    raw.send(call_line(3, "truss_run_contract", {"contract": "hello", "params": {"p": deep}}))
+    raw.send("this is not json\n")
+    raw.send(call_line(4, "truss_run_contract", {"contract": "hello"}))
+    seen: list[dict[str, Any]] = []
     try:
-        proc.stdin.write("".join(requests))
-        proc.stdin.flush()
-        seen: list[dict[str, Any]] = []
         while not any(r.get("id") == 4 for r in seen):
-            seen.append(json.loads(replies.get(timeout=90)))  # every stdout line is a JSON-RPC message
-        proc.stdin.close()
-        assert proc.wait(timeout=60) == 0
+            seen.append(raw.reply())
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-        reader.join(timeout=10)
-        stderr = proc.stderr.read() if proc.stderr is not None else ""
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-    while not replies.empty():
-        seen.append(json.loads(replies.get()))
+        assert raw.proc.stdin is not None
+        raw.proc.stdin.close()
+        code, stderr = raw.close()
+    while not raw.replies.empty():
+        seen.append(json.loads(raw.replies.get()))
+    assert code == 0
     assert all(r.get("jsonrpc") == "2.0" for r in seen)
     by_id = {r.get("id"): r for r in seen}
     assert by_id[2]["error"]["code"] == -32600
@@ -185,3 +145,36 @@ def test_stdout_carries_only_protocol_messages_and_oversized_or_deep_requests_ge
     assert by_id[None]["error"]["code"] == -32700
     assert by_id[4]["result"]["structuredContent"]["status"] == "pass"
     assert "Traceback" not in stderr
+
+
+def test_sigterm_records_runs_as_interrupted_and_a_later_server_resumes_them_by_handle(serve_site: Site) -> None:
+    flag = serve_site.flag("sigterm")
+    call = {"contract": "gated", "params": {"flag": str(flag)}, "session_id": "long-job", "async": True}
+    raw = RawStdio(serve_site, "sigterm")
+    raw.initialize()
+    raw.send(call_line(1, "truss_run_contract", call))
+    handle = raw.reply()["result"]["structuredContent"]
+    raw.send(call_line(2, "truss_contract_status", {"session": handle["session"]}))
+    for _ in range(20_000):  # until the run has reached its blocking call (each round trip is a request)
+        status = raw.reply()["result"]
+        if status.get("structuredContent", {}).get("progress"):
+            break
+        raw.send(call_line(2, "truss_contract_status", {"session": handle["session"]}))
+    else:
+        raise AssertionError("the run never reported progress")
+    raw.proc.send_signal(signal.SIGTERM)
+    code, stderr = raw.close()
+    assert code == 0 and "Traceback" not in stderr
+
+    again = RawStdio(serve_site, "resume")
+    again.initialize()
+    again.send(call_line(1, "truss_contract_status", {"session": handle["session"]}))
+    assert again.reply()["result"]["structuredContent"]["status"] == "interrupted"
+    flag.touch()
+    again.send(call_line(2, "truss_run_contract", {**call, "async": False}))
+    resumed = again.reply()["result"]["structuredContent"]
+    assert again.proc.stdin is not None
+    again.proc.stdin.close()
+    assert again.close()[0] == 0
+    assert resumed["session"] == handle["session"]
+    assert resumed["status"] == "pass"

@@ -15,17 +15,19 @@ import contextlib
 import json
 import os
 import re
+import threading
 from collections.abc import AsyncIterator
 from typing import IO, Any, cast
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from truss.mcp._serve_core import ServeLimits, json_depth
 
 __all__ = ["claim_stdio"]
 
 _ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,200}"|-?\d{1,20})')
-_DRAIN_CHUNK = 65_536
 
 
 class _Wire:
@@ -66,25 +68,40 @@ class _BoundedLines:
 
     async def _lines(self) -> AsyncIterator[str]:
         limit = self._limits.max_request_bytes
-        while True:
-            line: bytes = await anyio.to_thread.run_sync(self._raw.readline, limit + 1, abandon_on_cancel=True)
-            if not line:
-                return
-            if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
-                head = line[:4096]
-                while not line.endswith(b"\n"):
-                    line = await anyio.to_thread.run_sync(self._raw.readline, _DRAIN_CHUNK, abandon_on_cancel=True)
-                    if not line:
+        send, receive = anyio.create_memory_object_stream[bytes](4)
+        token = anyio.lowlevel.current_token()
+
+        def pump() -> None:
+            # A daemon thread, not a worker of anyio's pool: a read blocked on a client that keeps
+            # stdin open must not hold the process at exit (after SIGTERM, for example).
+            try:
+                while True:
+                    chunk = self._raw.readline(limit + 1)
+                    if not chunk:
                         break
-                await self._wire.error(_sniff_id(head), -32600, f"request too large: over {limit} bytes")
-                continue
-            if not line.strip():
-                continue
-            problem = self._problem(line)
-            if problem is not None:
-                await self._wire.error(*problem)
-                continue
-            yield line.decode("utf-8", errors="replace")
+                    anyio.from_thread.run(send.send, chunk, token=token)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError, RuntimeError, OSError, ValueError):
+                return  # the server stopped reading, or the loop is gone
+            with contextlib.suppress(RuntimeError):
+                anyio.from_thread.run_sync(send.close, token=token)  # end of input: the iteration ends
+
+        threading.Thread(target=pump, name="truss-serve-stdin", daemon=True).start()
+        async with receive:
+            async for line in receive:
+                if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+                    head = line[:4096]
+                    async for rest in receive:
+                        if rest.endswith(b"\n"):
+                            break
+                    await self._wire.error(_sniff_id(head), -32600, f"request too large: over {limit} bytes")
+                    continue
+                if not line.strip():
+                    continue
+                problem = self._problem(line)
+                if problem is not None:
+                    await self._wire.error(*problem)
+                    continue
+                yield line.decode("utf-8", errors="replace")
 
     def _problem(self, line: bytes) -> tuple[Any, int, str] | None:
         depth_limit = self._limits.max_nesting_depth + 2  # the message and its params add two levels
