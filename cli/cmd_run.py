@@ -42,6 +42,7 @@ def register(sub: Any) -> None:
     )
     add_contract_args(p)
     p.add_argument("--session", metavar="ID", help="use this session id (an existing one prints that session)")
+    p.add_argument("--no-wait", action="store_true", help="suspend instead of waiting for an MCP task to finish")
     p.set_defaults(handler=run)
 
     p = sub.add_parser(
@@ -51,6 +52,7 @@ def register(sub: Any) -> None:
         "replayed from the ledger, never re-requested; the first unrecorded step runs live.",
     )
     p.add_argument("session", metavar="SESSION")
+    p.add_argument("--no-wait", action="store_true", help="look at pending MCP tasks once; suspend if not finished")
     p.set_defaults(handler=resume)
 
     p = sub.add_parser(
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
                 clock=ctx.clock,
                 home=ctx.home,
                 environ=environ,
-                connector=_connector(ctx),
+                connector=_connector(ctx, no_wait=args.no_wait),
                 session_id=args.session,
                 on_progress=progress,
                 stop=stop,
@@ -124,7 +126,7 @@ def resume(args: argparse.Namespace, ctx: Ctx) -> int:
                 clock=ctx.clock,
                 home=ctx.home,
                 environ=environ,
-                connector=_connector(ctx),
+                connector=_connector(ctx, no_wait=args.no_wait),
                 on_progress=progress,
                 stop=stop,
             )
@@ -179,12 +181,12 @@ def _open_ledger(ctx: Ctx) -> tuple[Any, Any]:
     return open_store(ctx.db, key=key, clock=ctx.clock), key
 
 
-def _connector(ctx: Ctx) -> Any:
+def _connector(ctx: Ctx, *, no_wait: bool = False) -> Any:
     import functools
 
     from truss.mcp._tasks import connect_with_tasks  # Mounts plus MCP Tasks for tools that declare them
 
-    return functools.partial(connect_with_tasks, verbose=ctx.verbose)
+    return functools.partial(connect_with_tasks, verbose=ctx.verbose, no_wait=no_wait)
 
 
 def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[ProgressEvent], None]], Any]) -> RunOutcome:

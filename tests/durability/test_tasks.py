@@ -156,3 +156,21 @@ regex = "Research Report: durable tasks"
         encoding="utf-8",
     )
     return path
+
+
+@pytest.mark.slow
+def test_no_wait_suspends_as_soon_as_the_task_is_created_and_resume_no_wait_takes_the_finished_result(
+    tmp_path: Path,
+) -> None:
+    home = make_home(tmp_path / "home")
+    contract = _tasks_contract(tmp_path)
+    run = truss(home, "run", str(contract), "--session", "s1", "--no-wait", "--json")
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert json.loads(run.stdout)["waiting_on"] == "task"
+    task = _pending_task(home, "s1")
+    (tmp_path / "done").touch()
+    resumed = truss(home, "resume", "s1", "--no-wait")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert invocations(tmp_path)["build k"] == 1
+    [result] = [e for e in entries(home, "s1") if e.kind == "mcp_tool_call"]
+    assert result.body["task"] == task

@@ -13,9 +13,9 @@ the same ``Mounts`` plus the two methods the gate looks for on its transport:
 - ``task_result(tool, task_id, timeout_s=, progress=)``: polls ``tasks/get`` with backoff (the
   server's ``pollInterval`` when it gives one, within bounds) and returns the ``tasks/result``
   answer, an ``isError`` result for a failed or cancelled task, or None when ``timeout_s`` passed
-  first (the task still runs). A task the server does not know (it restarted, the task expired)
-  raises ``ToolCallError`` with ``cause="task_unknown"``: its outcome is unknown, and the gate
-  treats the call as in doubt.
+  first, or with ``no_wait`` at the first look, while the task still runs. A task the server
+  does not know (it restarted, the task expired) raises ``ToolCallError`` with
+  ``cause="task_unknown"``: its outcome is unknown, and the gate treats the call as in doubt.
 
 Which tools run as tasks is read once per server from a fresh ``tools/list``, only for servers that
 advertise ``capabilities.tasks.requests.tools.call``. What this module does not do: record anything,
@@ -48,8 +48,9 @@ _NOT_FOUND = -32602  # what the TypeScript SDK answers for an unknown task id
 class TaskMounts:
     """``Mounts`` with task-augmented calls (see the module docstring); everything else delegates."""
 
-    def __init__(self, mounts: Mounts) -> None:
+    def __init__(self, mounts: Mounts, *, no_wait: bool = False) -> None:
         self._mounts = mounts
+        self._no_wait = no_wait
         self._task_tools: dict[str, frozenset[str]] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -141,6 +142,8 @@ class TaskMounts:
                     await progress(0, None, said)
                 if task.status in _TERMINAL:
                     break
+                if self._no_wait:  # --no-wait: one look, then the run suspends
+                    return None
                 hint = task.poll_interval / 1000.0 if task.poll_interval else wait * 2
                 wait = min(max(hint, _FIRST_POLL_S), _MAX_POLL_S)
                 await anyio.sleep(wait)
@@ -181,7 +184,8 @@ def _member(value: Any, *path: str) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def connect_with_tasks(contract: Any, **kwargs: Any) -> AsyncGenerator[TaskMounts]:
-    """``truss.mcp.client.connect`` yielding ``TaskMounts``."""
+async def connect_with_tasks(contract: Any, *, no_wait: bool = False, **kwargs: Any) -> AsyncGenerator[TaskMounts]:
+    """``truss.mcp.client.connect`` yielding ``TaskMounts``; ``no_wait``: a task that is not finished at
+    the first look suspends the run (``truss run/resume --no-wait``) instead of being waited for."""
     async with connect(contract, **kwargs) as mounts:
-        yield TaskMounts(mounts)
+        yield TaskMounts(mounts, no_wait=no_wait)
