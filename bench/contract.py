@@ -98,7 +98,7 @@ def _process_s(argv: list[str]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--loads", type=int, default=200, help="loads per measurement (default 200)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
     parser.add_argument("--starts", type=int, default=7, help="process starts per measurement (default 7)")
