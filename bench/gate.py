@@ -186,7 +186,7 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrent-calls", type=int, default=800)
