@@ -210,31 +210,57 @@ def _time(fn: Callable[[], object], reps: int = 20) -> float:
     return _median(times)
 
 
-def _probe(store: SqliteStore, session: str) -> dict[str, float]:
-    """Append latency (a session of its own), listing the newest 50 sessions, reading one session."""
-    store.append(session, [Record("session_started", {"contract": "probe"})])
-    lat = append_latency(store, session, 300)
-    return {
-        "append_median_ms": _median(lat) * 1000,
-        "list_ms": _time(lambda: store.sessions(limit=50)) * 1000,
-        "show_ms": _time(lambda: list(store.read_session("s_probe_small"))) * 1000,
-    }
+def _interleaved(small: Callable[[], object], large: Callable[[], object], reps: int) -> tuple[float, float]:
+    """Median seconds of ``small`` and ``large``, alternating calls so load spikes hit both alike."""
+    a: list[float] = []
+    b: list[float] = []
+    for _ in range(reps):
+        for fn, out in ((small, a), (large, b)):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+    return _median(a), _median(b)
+
+
+def _seed(store: SqliteStore) -> None:
+    """The same start for both ledgers: 100 sessions of 10 entries, a 300-entry session to show."""
+    _fill(store, 1000, per_session=10)
+    store.append("s_show", [Record("session_started", {"contract": "show"})] + [_turn(i) for i in range(1, 300)])
+    store.append("s_probe", [Record("session_started", {"contract": "probe"})])
 
 
 def bench_scale(tmp: Path, total: int) -> None:
     db = tmp / "scale.db"
-    store = _store(db)
-    _fill(store, 1000, per_session=10)  # 100 sessions, so listing the newest 50 reads 50 rows at both sizes
-    small = _probe(store, "s_probe_small")
+    small_store, store = _store(tmp / "small.db"), _store(db)
+    _seed(small_store)
+    _seed(store)
     t = time.perf_counter()
     _fill(store, total - store.tree_size(), prefix="t")
     fill_s = time.perf_counter() - t
-    large = _probe(store, "s_probe_large")
-    size = store.tree_size()
-    store.close()
+    size, small_size = store.tree_size(), small_store.tree_size()
     print(f"scale: bulk-filled {size:,} entries in {fill_s:.0f} s, file {db.stat().st_size / 1e6:.0f} MB", flush=True)
-    for k in ("append_median_ms", "list_ms", "show_ms"):
-        print(f"  {k}: at 1k {small[k]:.3f}, at {size:,} {large[k]:.3f}, ratio {large[k] / small[k]:.2f}", flush=True)
+    counter = iter(range(10**9))
+    probes = {
+        "durable append (1 entry)": (
+            lambda: small_store.append("s_probe", [_turn(next(counter))]),
+            lambda: store.append("s_probe", [_turn(next(counter))]),
+            300,
+        ),
+        "list newest 50 sessions": (lambda: small_store.sessions(limit=50), lambda: store.sessions(limit=50), 100),
+        "show a 300-entry session": (
+            lambda: list(small_store.read_session("s_show")),
+            lambda: list(store.read_session("s_show")),
+            50,
+        ),
+    }
+    for name, (small_fn, large_fn, reps) in probes.items():
+        a, b = _interleaved(small_fn, large_fn, reps)
+        print(
+            f"  {name}: {a * 1000:.3f} ms at {small_size:,} entries, {b * 1000:.3f} ms at {size:,}, ratio {b / a:.2f}",
+            flush=True,
+        )
+    small_store.close()
+    store.close()
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t = time.perf_counter()
     proc = subprocess.run(
