@@ -1,0 +1,104 @@
+"""In-process checks of the durability paths through the gate and ``truss.durable`` (fast: no subprocess)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.gate.support import contract_from, fake_connector, new_store, scripted
+from truss._errors import NotFoundError, UsageError
+from truss.durable import deliver_signal, replay_session, resolve_call
+from truss.ledger.entry import Record
+from truss.session import run_contract
+from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
+from truss.tools import MountedTool, ToolResult
+
+pytestmark = pytest.mark.anyio
+
+CONTRACT = """
+[contract]
+name = "memo"
+intent = "look twice"
+[[agent.steps]]
+tool = "mcp:kv:get"
+arguments = { key = "a", token = "s3cret-token" }
+[[agent.steps]]
+tool = "mcp:kv:get"
+arguments = { key = "a", token = "s3cret-token" }
+[[mcp.servers]]
+name = "kv"
+command = "kv-server"
+allow_tools = ["get"]
+{secret}
+[[mcp.servers.tools]]
+name = "get"
+memo = "1h"
+"""
+
+
+def _contract(secret: str) -> str:
+    return CONTRACT.replace("{secret}", secret)
+
+
+async def _run(tmp_path: Path, text: str, session: str = "s1") -> tuple[Any, FakeTransport]:
+    async def handler(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
+        return text_result(f"value of {arguments['key']}")
+
+    transport = FakeTransport(handler, tools=[mounted_tool("kv", "get")])
+    store, key = new_store(tmp_path)
+    contract = contract_from(text)
+    await run_contract(contract, store=store, key=key, clock=ManualClock(), home=tmp_path, environ={},
+                       connector=fake_connector(transport), session_id=session, provider=scripted())  # fmt: skip
+    return store, transport
+
+
+async def test_a_second_identical_call_within_the_memo_ttl_is_answered_from_the_ledger(tmp_path: Path) -> None:
+    store, transport = await _run(tmp_path, _contract(secret=""))
+    assert len(transport.calls) == 1
+    results = [e for e in store.read_session("s1") if e.kind == "mcp_tool_call"]
+    assert "replayed_from" not in results[0].body
+    assert results[1].body["replayed_from"] == {"session": "s1", "seq": results[0].seq, "hash": results[0].hash}
+    report = await replay_session(store, "s1")
+    assert report.matches, report.reason
+
+
+async def test_a_call_whose_secret_arguments_were_redacted_is_never_answered_from_the_memo(tmp_path: Path) -> None:
+    store, transport = await _run(tmp_path, _contract(secret='secret_args = ["token"]'))
+    assert len(transport.calls) == 2
+    assert all("replayed_from" not in e.body for e in store.read_session("s1") if e.kind == "mcp_tool_call")
+
+
+async def test_replay_reports_a_record_whose_model_turn_does_not_follow_from_the_steps_before_it(
+    tmp_path: Path,
+) -> None:
+    store, _ = await _run(tmp_path, _contract(secret=""))
+    # A deliberately divergent history: the same session re-recorded (validly signed) with the
+    # second model turn claiming a request the first turn's results cannot have produced.
+    copied: list[Record] = []
+    for entry in store.read_session("s1"):
+        body = dict(entry.body)
+        if entry.kind == "model_turn" and body["turn"] == 2:
+            body["replay_key"] = "sha256:" + "0" * 64
+        blobs = {ref: data for ref in entry.refs() if (data := store.blob(ref)) is not None}
+        copied.append(Record(entry.kind, body, blobs))
+    store.append("forged", copied)
+    report = await replay_session(store, "forged")
+    assert not report.matches and report.replayed is None
+    assert report.reason is not None and "model turn 2" in report.reason
+
+
+async def test_resolve_and_signal_refuse_unknown_sessions_calls_and_signals_and_write_nothing(tmp_path: Path) -> None:
+    store, _ = await _run(tmp_path, _contract(secret=""))
+    before = store.session("s1").entries
+    with pytest.raises(NotFoundError):
+        resolve_call(store, "nope", "c1.0", not_sent=True)
+    with pytest.raises(NotFoundError):
+        resolve_call(store, "s1", "c1.0", not_sent=True)
+    with pytest.raises(UsageError):
+        resolve_call(store, "s1", "c1.0", not_sent=True, failed="both")
+    with pytest.raises(NotFoundError):
+        deliver_signal(store, "s1", "job-1", {"status": "done"})
+    assert store.session("s1").entries == before
