@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -217,14 +218,30 @@ _CALL_SLOTS = {
 }
 
 
+class _InFlight:
+    """How many calls of this process are between their intent and their result (all runs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self, delta: int) -> None:
+        with self._lock:  # runs may live on several event loops (threads) of one process
+            self.count += delta
+
+
+IN_FLIGHT = _InFlight()
+
+
 class Journal:
     """Appends one session's records, in order, and indexes the entries recorded before (resume).
 
     Where ``append`` runs the store's (synchronous, thread-safe, group-committing) ``append``:
 
-    - on the event loop itself when the write needs no fsync, or when no other call of this run is
-      in flight (``busy`` counts them): a thread hand-off costs more than such a write, and on a
-      loaded machine several times more (docs/benchmarks.md, bench/gate.py);
+    - on the event loop itself when the write needs no fsync, or when no other call is in flight
+      in this process (``IN_FLIGHT``, over all runs: serve-mcp runs many at once): a thread
+      hand-off costs more than such a write, and on a loaded machine several times more
+      (docs/benchmarks.md, bench/gate.py);
     - in a worker thread when other calls are in flight, so their intents and results queue in the
       store together and share fsyncs (group commit) while the loop serves the others.
 
@@ -239,7 +256,6 @@ class Journal:
         self.turns: dict[int, StoredEntry] = {}
         self.entries: list[StoredEntry] = []
         self.denials = 0
-        self.busy = 0  # calls of this run between their intent and their result
         for entry in recorded:
             self._index(entry)
 
@@ -272,7 +288,7 @@ class Journal:
             )
             return written
 
-        if not durable or self.busy <= 1:
+        if not durable or IN_FLIGHT.count <= 1:
             stored = write()
             await anyio.lowlevel.checkpoint()  # still a point where the run can be cancelled
         else:
@@ -503,11 +519,11 @@ class Gate:
     async def _execute(
         self, request: CallRequest, tool: MountedTool, arguments: dict[str, Any], stored_args: dict[str, Any]
     ) -> CallOutcome:
-        self.journal.busy += 1
+        IN_FLIGHT.add(1)
         try:
             return await self._send(request, tool, arguments, stored_args)
         finally:
-            self.journal.busy -= 1
+            IN_FLIGHT.add(-1)
 
     async def _send(
         self, request: CallRequest, tool: MountedTool, arguments: dict[str, Any], stored_args: dict[str, Any]
