@@ -31,7 +31,7 @@ entry (each validly signed) is named for what happened to it; any change to a si
 leaves the structure intact is a ``bad_signature``.
 
 ``verify_ledger`` runs the same core over anything that reads like a store (``LedgerReader``)
-and adds V14. It does no I/O itself. What this module does not do: Merkle roots, checkpoints,
+and adds V13. It does no I/O itself. What this module does not do: Merkle roots, checkpoints,
 bundles and verdict envelopes (``merkle``, ``note``, ``bundle``, ``envelope``).
 """
 
@@ -98,7 +98,7 @@ Finding = tuple[str, str]
 
 BlobLookup = Callable[[str], bytes | None]
 EntryCheck = Callable[[StoredEntry], Finding | None]
-"""A caller's extra per-entry check (V13): ``None`` when the entry passes."""
+"""A caller's extra per-entry check (V12): ``None`` when the entry passes."""
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # How far past a seq gap to look for the missing entry before calling it a gap, not a reorder.
