@@ -83,6 +83,10 @@ SERVER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 PIN_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TOOL_REF_RE = re.compile(r"^mcp:[a-z0-9][a-z0-9_-]{0,31}:.+$")
+CREDENTIAL_ENV_RE = re.compile(r"(?i)token|secret|passw(?:or)?d|api_?key|access_?key|private_?key|credential|cookie")
+"""Environment names whose literal values would be credentials (refused in ``env``: use ``secret_env``)."""
+CREDENTIAL_HEADER_RE = re.compile(r"(?i)^(?:proxy-)?authorization$|^cookie$|token|secret|api-?key|password")
+"""Header names whose literal values would be credentials (refused: use ``{ secret_env = ... }``)."""
 
 
 def _check_duration(value: str) -> str:
@@ -419,8 +423,25 @@ class Server(_Model):
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
+        for key, literal in value.items():
             _check_env_name(key)
+            # The effective contract is recorded in the ledger: a credential written here would be too.
+            if literal and CREDENTIAL_ENV_RE.search(key):
+                raise ValueError(
+                    f"env {key!r} holds a literal value and its name says it is a credential; the contract "
+                    f"is recorded, so list {key!r} in secret_env and set it in Truss's environment instead"
+                )
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str | SecretHeader]) -> dict[str, str | SecretHeader]:
+        for name, header in value.items():
+            if isinstance(header, str) and header and CREDENTIAL_HEADER_RE.search(name):
+                raise ValueError(
+                    f"header {name!r} holds a literal value and carries credentials; the contract is recorded, "
+                    f'so write {name} = {{ secret_env = "VARIABLE", format = "Bearer {{}}" }} instead'
+                )
         return value
 
     @field_validator("allow_tools")

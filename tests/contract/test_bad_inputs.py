@@ -62,6 +62,8 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
         8,
     ),
     "invalid_regex_in_done_check": ("invalid_regex_in_done_check.toml", "done.checks[0].regex", 13),
+    "literal_authorization_header": ("literal_authorization_header.toml", "mcp.servers[0].headers", 9),
+    "literal_token_in_env": ("literal_token_in_env.toml", "mcp.servers[0].env", 8),
     "missing_allowlist": ("missing_allowlist.toml", "mcp.servers[0].allow_tools", 5),
     "missing_intent": ("missing_intent.toml", "contract.intent", 1),
     "missing_required_param": ("missing_required_param.toml", "contract.params.service", 6),
@@ -266,3 +268,16 @@ def test_pipe_given_as_contract_is_refused_without_blocking(tmp_path: Path) -> N
     os.mkfifo(fifo)
     with pytest.raises(InputError):
         load_contract(fifo)
+
+
+@pytest.mark.parametrize("name", ["literal_authorization_header", "literal_token_in_env"])
+def test_a_literal_credential_is_refused_without_echoing_it(
+    name: str, truss_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(BAD)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["--home", str(truss_home), "--json", "contract", "check", f"{name}.toml"])
+    assert code == 2
+    for secret in ("sk-live-0123456789abcdef", "ghp_0123456789abcdef"):
+        assert secret not in out.getvalue() + err.getvalue()
