@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
         check_session_id(args.session)
     environ = dict(os.environ)
     contract = load_from_args(args, ctx, environ=environ)
-    store, key = _open_ledger(ctx)
+    store, key = _open_ledger(ctx, create=True)
     try:
         if args.session is not None and store.session(args.session) is not None:
             outcome = outcome_of(store, args.session)
@@ -155,7 +155,7 @@ def approve(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
-    store, _ = _open_ledger(ctx)
+    store, _ = _open_ledger(ctx, signing=False)
     try:
         rows = store.sessions(status=args.status, limit=max(1, args.limit))
     finally:
@@ -172,13 +172,16 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _open_ledger(ctx: Ctx) -> tuple[Any, Any]:
+def _open_ledger(ctx: Ctx, *, create: bool = False, signing: bool = True) -> tuple[Any, Any]:
+    """The ledger (and the identity key when the command writes). Only ``run`` may create the
+    ledger; the other commands refuse a missing one rather than leave an empty file behind."""
     from truss.ledger.keys import IdentityKey
     from truss.ledger.store import open_store
 
-    key = IdentityKey.load(ctx.key)
-    ctx.home.mkdir(parents=True, exist_ok=True)
-    return open_store(ctx.db, key=key, clock=ctx.clock), key
+    key = IdentityKey.load(ctx.key) if signing else None
+    if create:
+        ctx.db.parent.mkdir(parents=True, exist_ok=True)
+    return open_store(ctx.db, key=key, clock=ctx.clock, create=create), key
 
 
 def _connector(ctx: Ctx, *, no_wait: bool = False) -> Any:
