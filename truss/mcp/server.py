@@ -44,6 +44,7 @@ from truss.mcp._serve_core import Principal, ServeLimits, TokenTable, derive_ses
 from truss.mcp._serve_tools import EXPORT, RUN, STATUS, TOOL_NAMES, VERDICT, parse_run, parse_session, tool_definitions
 
 __all__ = [
+    "ERROR_META",
     "Principal",
     "RunAnswer",
     "ServeApp",
@@ -54,6 +55,8 @@ __all__ = [
     "TokenTable",
     "resolve_contract",
     "serve_app",
+    "serve_http",
+    "serve_stdio",
 ]
 
 _log = logging.getLogger("truss.serve")
