@@ -333,6 +333,8 @@ class ServeApp:
         run = self._runs.get(session_id)
         if run is not None and not run.done.is_set():
             return await self._wait(ctx, run) if wait else await self._answer_for(run)
+        if self.stopping.is_set():
+            raise _Busy("the server is stopping; nothing was started", remedy="Retry later", retryable=True)
         limit = self.config.limits.max_concurrent_runs
         if self._active >= limit:
             raise _Busy(
