@@ -36,8 +36,16 @@ def test_every_contract_key_is_in_the_reference(model: str, key: str) -> None:
     assert f"`{key}`" in DOC, f"{model}.{key} is not documented in docs/contracts.md"
 
 
-TABLES = ["[contract]", "[agent]", "[budget]", "[policy]", "[[mcp.servers]]", "[[done.checks]]", "[ledger]"]
-TABLES += ["[harness]"]
+TABLES = [
+    "[contract]",
+    "[agent]",
+    "[budget]",
+    "[policy]",
+    "[[mcp.servers]]",
+    "[[done.checks]]",
+    "[ledger]",
+    "[harness]",
+]
 
 
 @pytest.mark.parametrize("table", TABLES)
