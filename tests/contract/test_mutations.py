@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import tempfile
+import tomllib
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -78,16 +80,24 @@ def test_mutated_contract_through_the_cli_exits_0_or_2_without_a_traceback(text:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "mutant.toml"
         path.write_bytes(text.encode("utf-8", "surrogatepass"))
+        home = ["--home", str(Path(tmp) / "home")]
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["--home", str(Path(tmp) / "home"), "contract", "check", str(path)])
-    assert code in (0, 2), err.getvalue()
-    assert "Traceback" not in err.getvalue()
-    assert "internal error" not in err.getvalue()
-    if code == 2:
-        assert err.getvalue().count("\n") == 1
-    else:
+            code = main([*home, "contract", "check", str(path)])
+        assert code in (0, 2), err.getvalue()
+        assert "Traceback" not in err.getvalue()
+        assert "internal error" not in err.getvalue()
+        if code == 2:
+            assert err.getvalue().count("\n") == 1
+            return
         assert "hash: sha256:" in out.getvalue()
+        # What loads also shows: the TOML `show` prints reads back as the JSON form `--json` prints.
+        shown, as_json = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(shown), contextlib.redirect_stderr(io.StringIO()):
+            assert main([*home, "contract", "show", str(path)]) == 0
+        with contextlib.redirect_stdout(as_json), contextlib.redirect_stderr(io.StringIO()):
+            assert main([*home, "--json", "contract", "show", str(path)]) == 0
+        assert tomllib.loads(shown.getvalue()) == json.loads(as_json.getvalue())["contract"]
 
 
 HELLO = (CONTRACTS / "hello.toml").read_text()
