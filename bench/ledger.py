@@ -113,9 +113,12 @@ def bench_concurrency(tmp: Path, *, group: bool, writers: int, per_writer: int, 
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
+    stats = store.stats()
     store.close()
     if errors:
         raise errors[0]
+    if group:
+        print(f"  group commit: {stats['batches'] / stats['commits']:.1f} appends per transaction", flush=True)
     return writers * per_writer / elapsed
 
 
