@@ -6,6 +6,8 @@ Run: ``.venv/bin/python bench/mcp_client.py [--rounds R] [--calls N]`` (needs ``
   mcp-server-git, server-everything, and a small SDK-less server) against each of them alone,
   rounds interleaved; the ratio is the median of "all four" over the median of the slowest one
   alone (target <= 1.3). Time to a usable ``Mounts``: spawn, handshake, tools/list, mount.
+- connect, light: the same with four SDK-less servers, which need almost no CPU to start, so
+  the ratio shows what the tier's own concurrency costs apart from the servers' CPU.
 - call: ``Mounts.call`` on a mounted tool against the raw SDK ``Client.call_tool`` of the same
   tool over the same connection, calls interleaved in pairs; the ratio is of the medians (target
   <= 1.05). Both pay the same server and pipe; the difference is the tier's pin checks, timeout
@@ -63,7 +65,7 @@ async def time_connect(entries: list[dict[str, Any]], logs: Path) -> float:
     return elapsed
 
 
-async def bench_connect(entries: list[dict[str, Any]], logs: Path, rounds: int) -> None:
+async def bench_connect(entries: list[dict[str, Any]], logs: Path, rounds: int, label: str = "") -> None:
     alone: dict[str, list[float]] = {e["name"]: [] for e in entries}
     together: list[float] = []
     await time_connect(entries, logs)  # warm the OS caches once
@@ -75,9 +77,10 @@ async def bench_connect(entries: list[dict[str, Any]], logs: Path, rounds: int) 
     slowest = max(medians, key=lambda n: medians[n])
     both = statistics.median(together)
     for name, value in medians.items():
-        print(f"connect {name:<6} alone   median {value * 1000:7.1f} ms")
-    print(f"connect all four at once  median {both * 1000:7.1f} ms")
-    print(f"connect ratio: all four / slowest alone ({slowest}) = {both / medians[slowest]:.2f}  (target <= 1.3)")
+        print(f"connect{label} {name:<6} alone   median {value * 1000:7.1f} ms")
+    print(f"connect{label} all four at once  median {both * 1000:7.1f} ms")
+    ratio = both / medians[slowest]
+    print(f"connect{label} ratio: all four / slowest alone ({slowest}) = {ratio:.2f}  (target <= 1.3)")
 
 
 async def bench_call(logs: Path, calls: int, rounds: int) -> None:
@@ -131,6 +134,12 @@ def main() -> None:
         async def run() -> None:
             await bench_call(logs, args.calls, args.rounds)
             await bench_connect(servers(repo), logs, args.rounds)
+            # Four servers that need almost no CPU to start: what the tier's own concurrency costs.
+            light = [
+                {"name": f"raw{i}", "command": sys.executable, "args": [RAW, "ok"], "allow_tools": ["echo"]}
+                for i in range(4)
+            ]
+            await bench_connect(light, logs, args.rounds, label=" (SDK-less servers)")
 
         anyio.run(run)
 

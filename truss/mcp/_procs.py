@@ -30,26 +30,50 @@ _POLL_S = 0.01
 
 
 def find_marked_child(marker: str) -> int | None:
-    """The pid of this process's child whose environment holds ``MARKER_ENV=marker``."""
-    if not _PROC.is_dir():
-        return None
-    me = os.getpid()
+    """The pid of this process's child whose environment holds ``MARKER_ENV=marker``.
+
+    First from ``/proc/self/task/*/children`` (a few small reads); the kernel documents that
+    list as possibly incomplete while children come and go, so a miss falls back to scanning
+    every process's parent id.
+    """
     needle = f"{MARKER_ENV}={marker}".encode()
+    for candidates in (_listed_children, _scanned_children):
+        for pid in candidates():
+            try:
+                environ = (_PROC / str(pid) / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if needle in environ:
+                return pid
+    return None
+
+
+def _listed_children() -> list[int]:
+    found: list[int] = []
+    try:
+        for task in (_PROC / "self" / "task").iterdir():
+            found.extend(int(p) for p in (task / "children").read_text().split())
+    except (OSError, ValueError):
+        return []
+    return found
+
+
+def _scanned_children() -> list[int]:
+    if not _PROC.is_dir():
+        return []
+    me = os.getpid()
+    found: list[int] = []
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
             # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[1]) != me:
-                continue
-            environ = (entry / "environ").read_bytes().split(b"\0")
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
+                found.append(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue
-        if needle in environ:
-            return int(entry.name)
-    return None
+    return found
 
 
 def group_alive(pgid: int) -> bool:

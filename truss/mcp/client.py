@@ -530,7 +530,12 @@ async def _tracked_stdio(
     assert sink.writer is not None
     async with stdio_client(params, errlog=sink.writer) as streams:
         sink.spawned()
-        live.pid = _procs.find_marked_child(marker)
+        # Rarely (a loaded machine) the child's /proc entry is not readable at once: retry, bounded.
+        for _ in range(50):
+            live.pid = _procs.find_marked_child(marker)
+            if live.pid is not None:
+                break
+            await anyio.sleep(0.01)
         yield streams
 
 
