@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.gate.support import contract_from, fake_connector, new_store, scripted
-from truss._errors import NotFoundError, UsageError
+from truss._errors import NotFoundError, ServerStartError, UsageError
 from truss.durable import deliver_signal, replay_session, resolve_call
 from truss.ledger.entry import Record
 from truss.session import run_contract
@@ -102,3 +103,18 @@ async def test_resolve_and_signal_refuse_unknown_sessions_calls_and_signals_and_
     with pytest.raises(NotFoundError):
         deliver_signal(store, "s1", "job-1", {"status": "done"})
     assert store.session("s1").entries == before
+
+
+async def test_replay_of_a_session_whose_server_never_started_reaches_its_error_verdict(tmp_path: Path) -> None:
+    @asynccontextmanager
+    async def broken(contract: Any, **_: Any) -> AsyncGenerator[None]:
+        raise ServerStartError("MCP server 'kv' could not start", server="kv", cause="spawn")
+        yield  # pragma: no cover - never reached
+
+    store, key = new_store(tmp_path)
+    outcome = await run_contract(contract_from(_contract("")), store=store, key=key, clock=ManualClock(),
+                                 home=tmp_path, environ={}, connector=broken, session_id="s1",
+                                 provider=scripted())  # fmt: skip
+    assert outcome.status == "error"
+    report = await replay_session(store, "s1")
+    assert report.matches and report.replayed is not None and report.replayed["status"] == "error"
