@@ -312,7 +312,7 @@ def fsync_ms(tmp: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--entries", type=int, default=1_000_000, help="scale test ledger size")
     parser.add_argument("--runs", type=int, default=3, help="repetitions of the fast benchmarks (medians)")
     parser.add_argument("--verify-entries", type=int, default=20_000)
