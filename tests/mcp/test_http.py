@@ -168,3 +168,40 @@ async def test_secret_with_a_line_break_is_refused_before_any_request(tmp_path: 
             pass
     assert (info.value.cause, info.value.variable) == ("bad_secret", "WEB_TOKEN")
     assert "X-Injected" not in info.value.diagnostics() + json.dumps(info.value.to_json())
+
+
+@pytest.fixture
+def modern_http() -> Iterator[str]:
+    """URL of ``servers/http_modern.py`` (an SDK 2.x server), token ``modern-token``."""
+    process = subprocess.Popen(
+        [sys.executable, str(SERVERS / "http_modern.py"), "modern-token"], stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        port = _read_marker(process.stdout, "PORT=", 20)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        _stop(process)
+
+
+async def test_stateless_era_over_http_with_a_bearer_secret_and_progress(tmp_path: Path, modern_http: str) -> None:
+    headers = {"Authorization": {"secret_env": "MODERN", "format": "Bearer {}"}}
+    contract = contract_of(http_server(modern_http, allow_tools=["echo", "work"], headers=headers))
+    seen: list[float] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        seen.append(value)
+
+    with anyio.fail_after(30):
+        async with connect(contract, log_dir=tmp_path, environ={"MODERN": "modern-token"}, clock=CLOCK) as m:
+            assert m.servers["web"].protocol_version == "2026-07-28"
+            echo = await m.call(m.tools["mcp:web:echo"], {"text": "modern"}, timeout_s=10)
+            work = await m.call(m.tools["mcp:web:work"], {"steps": 2}, timeout_s=10, progress=on_progress)
+    assert echo.text == "modern" and "_meta" not in echo.wire
+    assert work.text == "did 2 steps"
+    assert seen == [1, 2]
+    with anyio.fail_after(30), pytest.raises(ServerStartError) as info:
+        async with connect(contract, log_dir=tmp_path, environ={"MODERN": "stale-token-7"}, clock=CLOCK):
+            pass
+    assert info.value.status == 401
+    assert "stale-token-7" not in info.value.diagnostics() + json.dumps(info.value.to_json())
