@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import node_peer, python_peer
 from tests.mcp._util import alive, contract_of, group_members
 from truss._clock import SystemClock
+from truss._errors import ToolCallError
 from truss.mcp.client import connect
 
 pytestmark = [pytest.mark.anyio, pytest.mark.peers, pytest.mark.slow]
@@ -54,3 +55,38 @@ async def test_three_real_servers_in_both_protocol_eras_mount_and_answer(tmp_pat
     assert set(pids) == {"time", "git", "every"}
     assert not any(alive(p) for p in members)
     assert (tmp_path / "logs" / "git.stderr.log").exists()
+
+
+async def test_task_required_tool_runs_as_an_mcp_task_that_can_be_polled(tmp_path: Path) -> None:
+    node, script = node_peer("server-everything")
+    contract = contract_of(
+        {
+            "name": "every",
+            "command": node,
+            "args": [script, "stdio"],
+            "allow_tools": ["simulate-research-query", "echo"],
+        }
+    )
+    messages: list[str | None] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        messages.append(message)
+
+    with anyio.fail_after(60):
+        async with connect(contract, log_dir=tmp_path, clock=SystemClock()) as m:
+            research = m.tools["mcp:every:simulate-research-query"]
+            assert await m.start_task(m.tools["mcp:every:echo"], {"message": "x"}, timeout_s=5) is None
+            task = await m.start_task(research, {"topic": "pins"}, timeout_s=30)
+            assert task is not None
+            assert await m.task_result(research, task, timeout_s=0.2) is None
+            result = await m.task_result(research, task, timeout_s=30, progress=on_progress)
+            with pytest.raises(ToolCallError) as info:
+                await m.task_result(research, "no-such-task", timeout_s=5)
+    assert result is not None and not result.is_error
+    assert "pins" in result.text
+    assert messages
+    assert (info.value.cause, info.value.task, info.value.tool) == (
+        "task_unknown",
+        "no-such-task",
+        "simulate-research-query",
+    )

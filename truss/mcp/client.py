@@ -168,6 +168,7 @@ class _Live:
         self.sink: StderrSink | None = None
         self.verbose = False
         self.http_statuses: list[int] = []
+        self.task_required: set[str] = set()
 
     # -- list changes ---------------------------------------------------------------------
 
@@ -391,6 +392,103 @@ class Mounts:
         finally:
             _calling.reset(token)
         return self._result(tool, result)
+
+    # -- MCP tasks (2025-11-25: task-augmented tools/call, tasks/get, tasks/result) ---------------
+
+    def _checked(self, tool: MountedTool) -> tuple[_Live, Client]:
+        live = self._lives.get(tool.server)
+        mounted = live.mounted.get(tool.tool) if live is not None else None
+        if live is None or mounted is None:
+            raise ToolCallError(
+                f"tool {tool.name!r} is not mounted", server=tool.server, tool=tool.tool, cause="not_mounted"
+            )
+        if tool.pin != mounted.pin:
+            raise PinMismatchError(
+                f"tool {tool.tool!r} of MCP server {tool.server!r} was given with pin {tool.pin}, "
+                f"but the mounted definition has pin {mounted.pin}",
+                server=tool.server,
+                tool=tool.tool,
+                expected=tool.pin,
+                actual=mounted.pin,
+            )
+        if tool.tool in live.changed:
+            raise live.pin_error(tool.tool)
+        client = live.client
+        if client is None or live.dead is not None:
+            raise _closed(tool.server, tool.tool, live.dead)
+        return live, client
+
+    async def _raw(self, client: Client, method: str, params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        # The SDK has no tasks API and validates a tools/call answer as a CallToolResult, so task
+        # requests go one level down, to the session's dispatcher (mcp 2.3's documented raw path).
+        dispatcher: Any = client.session._dispatcher  # pyright: ignore[reportPrivateUsage]
+        raw: dict[str, Any] = await dispatcher.send_raw_request(method, params, {"timeout": timeout_s})
+        return raw
+
+    async def start_task(self, tool: MountedTool, arguments: Mapping[str, Any], *, timeout_s: float) -> str | None:
+        """Start ``tool`` as an MCP task when the server requires it; the task id, else None (call it)."""
+        live = self._lives.get(tool.server)
+        if live is None or tool.tool not in live.task_required:
+            return None
+        _, client = self._checked(tool)
+        params = {"name": tool.tool, "arguments": dict(arguments), "task": {"ttl": int(max(timeout_s, 60) * 1000)}}
+        try:
+            raw = await self._raw(client, "tools/call", params, timeout_s)
+            created = types.CreateTaskResult.model_validate(raw, by_name=False)
+        except Exception as exc:
+            raise to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s) from None
+        return created.task.task_id
+
+    async def task_result(
+        self, tool: MountedTool, task_id: str, *, timeout_s: float, progress: ProgressFn | None = None
+    ) -> ToolResult | None:
+        """Poll task ``task_id`` (backoff 0.1 s to 2 s) until it ends or ``timeout_s`` passes (None: still
+        running). An id the server does not know is ``ToolCallError(cause="task_unknown")``."""
+        _, client = self._checked(tool)
+        deadline = self._clock.monotonic() + timeout_s
+        delay = 0.1
+        while True:
+            left = deadline - self._clock.monotonic()
+            if left <= 0:
+                return None
+            try:
+                raw = await self._raw(client, "tasks/get", {"taskId": task_id}, min(left, 30.0))
+                task = types.GetTaskResult.model_validate(raw, by_name=False)
+            except Exception as exc:
+                raise self._task_error(exc, tool, task_id, left) from None
+            if task.status in ("completed", "failed"):
+                break
+            if task.status in ("cancelled", "input_required"):
+                raise ToolCallError(
+                    f"task {task_id!r} of tool {tool.tool!r} on MCP server {tool.server!r} ended as {task.status}",
+                    server=tool.server,
+                    tool=tool.tool,
+                    cause=f"task_{task.status}",
+                    task=task_id,
+                )
+            if progress is not None and task.status_message:
+                with contextlib.suppress(Exception):
+                    await progress(0.0, None, task.status_message)
+            hinted = (task.poll_interval or 0) / 1000.0
+            await anyio.sleep(min(max(delay, hinted), max(0.0, deadline - self._clock.monotonic())))
+            delay = min(delay * 2, 2.0)
+        try:
+            raw = await self._raw(
+                client, "tasks/result", {"taskId": task_id}, max(1.0, deadline - self._clock.monotonic())
+            )
+            result = types.CallToolResult.model_validate(raw, by_name=False)
+        except Exception as exc:
+            raise self._task_error(exc, tool, task_id, timeout_s) from None
+        return self._result(tool, result)
+
+    def _task_error(self, exc: BaseException, tool: MountedTool, task_id: str, timeout_s: float) -> McpError:
+        error = to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s)
+        error.fields["task"] = task_id
+        if error.fields.get("code") == types.INVALID_PARAMS:
+            error.fields["cause"] = "task_unknown"
+            error.retryable = False
+            error.message = f"MCP server {tool.server!r} does not know task {task_id!r} of tool {tool.tool!r}"
+        return error
 
     def _result(self, tool: MountedTool, result: types.CallToolResult) -> ToolResult:
         wire = result.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -648,6 +746,8 @@ def _mount(live: _Live, client: Client, tools: list[types.Tool], connect_ms: flo
                     actual=pin,
                 )
             live.mounted[name] = MountedTool(server=server.name, tool=name, definition=definition, pin=pin)
+            if tool.execution is not None and tool.execution.task_support == "required":
+                live.task_required.add(name)
         statuses.append(ToolStatus(name, mount, pin, dict(definition.get("annotations") or {})))
     if not wildcard:
         missing = [name for name in server.allow_tools if name not in by_name]
