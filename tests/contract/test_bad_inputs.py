@@ -281,3 +281,18 @@ def test_a_literal_credential_is_refused_without_echoing_it(
     assert code == 2
     for secret in ("sk-live-0123456789abcdef", "ghp_0123456789abcdef"):
         assert secret not in out.getvalue() + err.getvalue()
+
+
+def test_a_file_the_os_refuses_to_open_is_a_contract_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root reads any file whatever its mode, so the refusal is the OS's answer, simulated.
+    locked = tmp_path / "locked.toml"
+    locked.write_text('[contract]\nname = "x"\nintent = "y"\n')
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> object:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "open", refuse)
+    with pytest.raises(ContractError) as caught:
+        load_contract(locked)
+    assert caught.value.fields["file"] == str(locked)
+    assert "Permission denied" in caught.value.message
