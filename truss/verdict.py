@@ -17,7 +17,8 @@ that an auditor replaying a finished session from its ledger reaches the same ve
 
 Status: ``error`` when the run could not finish (a budget or the deadline stopped it, the provider
 failed) or when a check failed and a call had failed *below* the tool (a server crashed, timed out
-or broke the protocol): then the work could not be done, which is not the same as done wrong.
+or broke the protocol) or had been refused for budget: then the work could not be done, which is
+not the same as done wrong.
 Otherwise ``pass`` when every check holds and ``fail`` naming the first that does not. The checks
 are evaluated and reported in every case. This module is pure: no I/O.
 """
@@ -104,6 +105,7 @@ def evaluate(
     """The verdict of a session from its entries (anything with ``kind`` and ``body``) and payloads."""
     calls: list[_Call] = []
     denials: list[str] = []
+    budget_denial: tuple[str, str, str | None] | None = None  # call, reason, limit of the first
     for entry in entries:
         body: Mapping[str, Any] = entry.body
         if entry.kind == "mcp_tool_call":
@@ -119,6 +121,9 @@ def evaluate(
             )
         elif entry.kind == "mcp_tool_denied":
             denials.append(str(body.get("tool")))
+            if body.get("code") == "budget" and budget_denial is None:
+                limit = body.get("limit")
+                budget_denial = (str(body.get("call")), str(body.get("reason")), str(limit) if limit else None)
     checks = [_check(i, c, calls, denials, blob, final_text) for i, c in enumerate(contract.done.checks)]
     failed = next((c for c in checks if not c.ok), None)
     if error is not None:
@@ -133,6 +138,15 @@ def evaluate(
                 checks,
                 f"the run could not finish: {detail}; check {failed.index} ({failed.kind}) then failed",
                 RunError("server", f"server {server!r}: {detail}"),
+            )
+        if budget_denial is not None:
+            call, reason, limit = budget_denial
+            detail = f"call {call} was refused: {reason}"
+            return Verdict(
+                "error",
+                checks,
+                f"the run could not finish: {detail}; check {failed.index} ({failed.kind}) then failed",
+                RunError("budget", detail, limit),
             )
         return Verdict("fail", checks, f"check {failed.index} ({failed.kind}) failed: {failed.detail}")
     return Verdict("pass", checks, None)

@@ -333,3 +333,30 @@ async def test_a_made_up_tool_name_is_recorded_bounded(tmp_path: Path) -> None:
     [denied] = [e for e in h.store.read_session(outcome.session) if e.kind == "mcp_tool_denied"]
     assert denied.body["code"] == "not_mounted"
     assert len(denied.raw) < 2_000
+
+
+async def test_a_check_that_fails_after_a_call_was_refused_for_budget_is_an_error_naming_the_limit(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path)
+    steps = """
+[[agent.steps]]
+tool = "mcp:srv:echo"
+arguments = { text = "one" }
+[[agent.steps]]
+tool = "mcp:srv:add"
+arguments = { a = 1, b = 1 }
+"""
+    checks = '[[done.checks]]\nkind = "tool_succeeded"\ntool = "mcp:srv:add"'
+    c = contract(steps=steps, checks=checks, budget="").model_copy(
+        update={"budget": contract().budget.model_copy(update={"max_tool_calls": 1})}
+    )
+    outcome = await h.run(c, transport(), scripted())
+    assert outcome.status == "error" and outcome.exit_code == 4
+    assert outcome.verdict is not None
+    assert outcome.verdict["error"] == {
+        "cause": "budget",
+        "detail": outcome.verdict["error"]["detail"],
+        "limit": "max_tool_calls",
+    }
+    assert outcome.verdict["checks"][0]["ok"] is False
