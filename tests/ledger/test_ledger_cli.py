@@ -18,6 +18,8 @@ from truss.ledger.entry import Record
 from truss.ledger.keys import IdentityKey
 from truss.ledger.store import open_store
 
+pytestmark = pytest.mark.slow  # each test runs `truss` in subprocesses
+
 ARGS = b'{"repo_path":"/srv/work/demo"}'
 RESULT = b'{"content":[{"text":"On branch main","type":"text"}],"isError":false}'
 
