@@ -61,6 +61,7 @@ __all__ = ["Mounts", "ServerStatus", "ToolStatus", "connect", "tool_definition"]
 TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _MAX_LIST_PAGES = 1000
 _MAX_NAMES_IN_ERROR = 30
+_LISTEN_ACK_S = 5.0
 
 _calling: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("truss_mcp_calling", default=None)
 
@@ -795,14 +796,20 @@ async def _watch_changes(live: _Live, client: Client, connect_scope: anyio.Cance
 
     async def listener(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         started = False
+        # A server that offers subscriptions but never acknowledges one must not use up the whole
+        # connect timeout: without the subscription, notifications and re-lists still work.
+        ack = anyio.CancelScope(deadline=anyio.current_time() + _LISTEN_ACK_S)
         try:
-            async with client.listen(tools_list_changed=True) as subscription:
-                task_status.started()
-                started = True
-                async for _event in subscription:
-                    live.relist_wanted.set()
-        except Exception:
-            # A refused or lost subscription leaves notifications and explicit re-lists working.
+            with ack:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    ack.deadline = math.inf
+                    task_status.started()
+                    started = True
+                    async for _event in subscription:
+                        live.relist_wanted.set()
+        except Exception:  # noqa: S110 - a refused or lost subscription is not fatal (see above)
+            pass
+        finally:
             if not started:
                 task_status.started()
 
