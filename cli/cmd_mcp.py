@@ -158,7 +158,12 @@ def _hints(annotations: Mapping[str, Any]) -> str:
 def _info(info: Mapping[str, Any] | None) -> str:
     if not info:
         return "(no server info)"
-    return f"{info.get('name', '?')} {info.get('version', '')}".strip()
+    return _clean(f"{info.get('name', '?')} {info.get('version', '')}".strip())
+
+
+def _clean(text: str) -> str:
+    # Server-provided text: no control characters (terminal escapes) reach the terminal.
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _server_block(status: Any, *, full_pins: bool) -> str:
@@ -313,7 +318,7 @@ def _probe_text(data: Mapping[str, Any]) -> str:
     ]
     instructions = data.get("instructions")
     if instructions:
-        first = " ".join(str(instructions).split())
+        first = _clean(" ".join(str(instructions).split()))
         lines.append(f"instructions  {first[:100]}{'…' if len(first) > 100 else ''}")
     if data.get("stderr_log"):
         lines.append(f"stderr log    {data['stderr_log']}")

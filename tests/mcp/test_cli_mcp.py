@@ -87,6 +87,13 @@ def test_probe_against_a_contract_with_a_stale_pin_reports_drift_and_exits_1(tmp
     assert drift["add"]["state"] == "unpinned" and drift["add"]["actual"].startswith("sha256:")
 
 
+def test_probe_output_carries_no_terminal_escapes_from_the_server(truss_home: Path) -> None:
+    done = truss(truss_home, "mcp", "probe", "--command", sys.executable, RAW, "escapes")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert "raw-escapes" in done.stdout
+
+
 def test_probe_without_a_target_is_bad_input(truss_home: Path) -> None:
     done = truss(truss_home, "mcp", "probe")
     assert done.returncode == 2
