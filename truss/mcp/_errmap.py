@@ -62,7 +62,7 @@ def _mcp_error(exc: MCPError) -> Mapped:
     if code == types.CONNECTION_CLOSED:
         return "connection_closed", True, "the connection to the server closed (it exited or crashed)", code
     # The server's message is untrusted text: keep it short and on one line.
-    message = " ".join(str(exc.message).split())[:200]
+    message = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc.message).split()))[:200]
     return "protocol_error", False, f"the server answered with JSON-RPC error {code}: {message}", code
 
 

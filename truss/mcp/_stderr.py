@@ -84,7 +84,8 @@ class StderrSink:
         if echo is None:
             return
         text = chunk.decode("utf-8", errors="replace")
-        lines = text.splitlines()
+        # No terminal escapes from a server, even under --verbose.
+        lines = ["".join(c if c.isprintable() or c == "\t" else "?" for c in line) for line in text.splitlines()]
         with contextlib.suppress(OSError, ValueError):
             echo.write("".join(f"[{self._name}] {line}\n" for line in lines))
             echo.flush()
