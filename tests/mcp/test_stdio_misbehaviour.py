@@ -94,7 +94,6 @@ async def test_stderr_flood_goes_to_the_log_file_and_the_call_succeeds(tmp_path:
     assert log.stat().st_size > 2_000_000
 
 
-@pytest.mark.slow
 async def test_stderr_log_is_capped_and_the_rest_discarded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_stderr, "STDERR_LOG_CAP_BYTES", 100_000)
     contract = contract_of(raw_server("loud", "flood_stderr"))
@@ -107,6 +106,20 @@ async def test_stderr_log_is_capped_and_the_rest_discarded(tmp_path: Path, monke
     assert text.endswith("the rest is discarded]\n")
 
 
+async def test_verbose_echoes_server_stderr_prefixed_and_without_escapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    contract = contract_of(raw_server("shouty", "escapes"))
+    with anyio.fail_after(20):
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK, verbose=True) as mounts:
+            await mounts.call(mounts.tools["mcp:shouty:echo"], {"text": "x"}, timeout_s=5)
+    err = capsys.readouterr().err
+    assert "[shouty] starting ?[31mred?[0m" in err
+    assert "\x1b" not in err
+    assert "\x1b[31m" in (tmp_path / "shouty.stderr.log").read_text()
+
+
+@pytest.mark.slow
 async def test_ten_megabyte_result_is_refused_as_an_error_result(tmp_path: Path) -> None:
     contract = contract_of(raw_server("huge", "big_result", allow=["big"]), budget={"max_result_bytes": 1_000_000})
     with anyio.fail_after(30):

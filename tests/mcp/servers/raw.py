@@ -113,6 +113,9 @@ def call(request_id: object, params: dict[str, object]) -> None:
 def main() -> None:
     if MODE == "exit_at_start":
         sys.exit(3)
+    if MODE == "escapes":
+        sys.stderr.write("starting \x1b[31mred\x1b[0m\n")
+        sys.stderr.flush()
     if MODE == "grandchild":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
