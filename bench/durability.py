@@ -150,7 +150,7 @@ async def main(calls: int, rounds: int, steps: int, db_dir: str | None) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Durability costs: replayed vs live steps, long resumes.")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=1000)
