@@ -174,3 +174,45 @@ def test_no_wait_suspends_as_soon_as_the_task_is_created_and_resume_no_wait_take
     assert invocations(tmp_path)["build k"] == 1
     [result] = [e for e in entries(home, "s1") if e.kind == "mcp_tool_call"]
     assert result.body["task"] == task
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_task_runs_records_interrupted_and_resume_polls_the_same_task(tmp_path: Path) -> None:
+    import os
+    import queue
+    import signal
+    import subprocess
+    import threading
+
+    from tests.conftest import REPO, truss_cmd
+
+    home = make_home(tmp_path / "home")
+    contract = _tasks_contract(tmp_path)
+    environ = {**os.environ, "TRUSS_HOME": str(home)}
+    environ.pop("TRUSS_FAULT", None)
+    process = subprocess.Popen(
+        [*truss_cmd(), "run", str(contract), "--session", "s1", "-v"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, cwd=REPO,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+    assert process.stderr is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr or []], daemon=True).start()
+    try:
+        while "progress 0 building" not in lines.get(timeout=120):  # the task exists and is being polled
+            pass
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+    assert process.returncode == 3, out
+    assert "interrupted" in out
+    task = _pending_task(home, "s1")
+
+    (tmp_path / "done").touch()
+    resumed = truss(home, "resume", "s1")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert invocations(tmp_path)["build k"] == 1
+    [result] = [e for e in entries(home, "s1") if e.kind == "mcp_tool_call"]
+    assert result.body["task"] == task
