@@ -60,8 +60,9 @@ test: venv peers
 	$(MAKE) -s pytest || status=1; \
 	exit $$status
 
+# Every benchmark with its default settings (several minutes; see docs/benchmarks.md for each one).
 bench: venv peers
-	$(BIN)/python bench/run_all.py
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(PEERS) .truss .truss-demo build *.egg-info
