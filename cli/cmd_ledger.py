@@ -296,7 +296,8 @@ def _render_report(ctx: Ctx, report: VerifyReport, *, scope: str) -> int:
     if report.ok:
         human = (
             f"verified {what}: {report.entries} entries in {report.sessions} session(s); signatures, hash chains, "
-            f"log indexes; {report.blobs_checked} payload(s) checked, {report.blobs_absent} not held"
+            f"log indexes; {report.blobs_checked} stored payload(s) re-hashed ({report.blobs_absent} other hash "
+            "reference(s), such as pins, digests or erased payloads, have no stored bytes to check)"
         )
         ctx.emit(data, human)
         return 0
