@@ -857,7 +857,8 @@ class Gate:
             if not found or isinstance(name, dict | list) or name is None:
                 return None
             text = name if isinstance(name, str) else json.dumps(name)
-            return text if 0 < len(text) <= 200 else None
+            # An untrusted server names the signal: it is shown to the operator, so short and plain.
+            return text if 0 < len(text) <= 200 and text.isprintable() else None
         return None
 
     async def _pending_signal(

@@ -42,6 +42,7 @@ TASK_TTL_MS = 24 * 3_600_000  # asked for; the server may keep a task for less
 _FIRST_POLL_S = 0.05
 _MAX_POLL_S = 2.0
 _TERMINAL = frozenset({"completed", "failed", "cancelled"})
+_MAX_TASK_ID_CHARS = 256
 _NOT_FOUND = -32602  # what the TypeScript SDK answers for an unknown task id
 
 
@@ -121,7 +122,17 @@ class TaskMounts:
             raise
         except Exception as exc:
             raise to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s) from None
-        return created.task.task_id
+        task_id = created.task.task_id
+        if not 0 < len(task_id) <= _MAX_TASK_ID_CHARS or not task_id.isprintable():
+            # An untrusted server's id ends up in the ledger and in messages: keep it short and plain.
+            raise ToolCallError(
+                f"MCP server {tool.server!r} answered tool {tool.tool!r} with an unusable task id",
+                remedy="Report it upstream; Truss records and shows task ids of 1-256 printable characters",
+                server=tool.server,
+                tool=tool.tool,
+                cause="protocol_error",
+            )
+        return task_id
 
     async def task_result(
         self, tool: MountedTool, task_id: str, *, timeout_s: float, progress: ProgressFn | None = None
