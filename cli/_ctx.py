@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from truss_cli._term import safe_human, safe_json_text
+
 from truss._clock import Clock, SystemClock
 
 
@@ -43,14 +45,15 @@ class Ctx:
     def emit(self, data: Any, human: str | None = None) -> None:
         """Print ``data`` as one JSON document with ``--json``, else the human text."""
         if self.json:
-            self.out.write(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+            self.out.write(safe_json_text(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False)) + "\n")
         elif human is not None:
+            human = safe_human(human)  # untrusted text inside: no terminal control sequences
             self.out.write(human if human.endswith("\n") else human + "\n")
         self.out.flush()
 
     def progress(self, line: str) -> None:
         """One progress line on stderr (never stdout, which carries results)."""
-        self.err.write(line + "\n")
+        self.err.write(safe_human(line) + "\n")
         self.err.flush()
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from truss_cli._ctx import Ctx
+from truss_cli._term import safe_human
 
 from truss._errors import TrussError, UsageError
 
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if verbose:
             traceback.print_exc()
         sys.stderr.write(
-            f"truss: internal error: {type(exc).__name__}: {exc}. This is a bug in Truss; "
+            f"truss: internal error: {type(exc).__name__}: {safe_human(str(exc))}. This is a bug in Truss; "
             "rerun with --verbose for the traceback and report it. Recorded data is not affected: "
             "every ledger write is a committed transaction or nothing.\n"
         )
@@ -123,7 +124,7 @@ def _report(exc: TrussError, *, verbose: bool, json_out: bool) -> int:
         import json
 
         sys.stdout.write(json.dumps(exc.to_json(), indent=2) + "\n")
-    text = exc.diagnostics()
+    text = safe_human(exc.diagnostics())  # messages may quote a server or a model: no escapes
     sys.stderr.write(text + "\n" if text.startswith("truss") else f"truss: {text}\n")
     return exc.exit_code
 
