@@ -7,7 +7,9 @@ child never blocks on a full pipe), and with ``echo`` also to Truss's stderr, ea
 prefixed with the server's name. The thread ends when the last writer (the server and anything
 it started) is gone.
 
-It does not interpret what the server writes; nothing from it reaches the ledger.
+It does not interpret what the server writes; nothing from it reaches the ledger. It does scrub
+the server's own secret values (``secret_env``, which the server holds and may print, say in a
+debug dump of its environment) from the log and the echo, including a value split across reads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
@@ -22,13 +25,27 @@ __all__ = ["STDERR_LOG_CAP_BYTES", "StderrSink"]
 
 STDERR_LOG_CAP_BYTES = 16 * 1024 * 1024
 _CHUNK = 65536
+_REDACTED = b"[redacted]"
+_MIN_SECRET_LEN = 4  # the gate's scrubber ignores shorter values too: they would mangle ordinary text
 
 
 class StderrSink:
     """One server's stderr pipe and the thread that drains it."""
 
-    def __init__(self, path: Path, *, name: str, echo: TextIO | None = None, cap_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        name: str,
+        echo: TextIO | None = None,
+        cap_bytes: int | None = None,
+        secrets: Iterable[str] = (),
+    ) -> None:
         self.path = path
+        # Longest first, so a secret containing another is replaced whole.
+        self._secrets = sorted({v.encode("utf-8") for v in secrets if len(v) >= _MIN_SECRET_LEN}, key=len, reverse=True)
+        # Bytes held back between reads: enough that a secret split across two reads is still seen whole.
+        self._hold = max((len(v) for v in self._secrets), default=1) - 1
         self._name = name
         self._echo = echo
         self._cap = STDERR_LOG_CAP_BYTES if cap_bytes is None else cap_bytes
@@ -54,14 +71,16 @@ class StderrSink:
     def _drain(self) -> None:
         written = 0
         capped = False
+        carry = b""
         try:
             with self.path.open("ab") as log:
                 while True:
                     try:
-                        chunk = os.read(self._read_fd, _CHUNK)
+                        data = os.read(self._read_fd, _CHUNK)
                     except OSError:
-                        return
-                    if not chunk:
+                        data = b""
+                    chunk, carry = self._scrub(carry + data, final=not data)
+                    if not chunk and not data:
                         return
                     if written < self._cap:
                         part = chunk[: self._cap - written]
@@ -78,6 +97,17 @@ class StderrSink:
         finally:
             with contextlib.suppress(OSError):
                 os.close(self._read_fd)
+
+    def _scrub(self, data: bytes, *, final: bool) -> tuple[bytes, bytes]:
+        """``data`` with this server's secrets replaced, split into (safe to write now, held back)."""
+        if not self._secrets:
+            return data, b""
+        for secret in self._secrets:
+            data = data.replace(secret, _REDACTED)
+        if final or self._hold == 0:
+            return data, b""
+        cut = max(0, len(data) - self._hold)
+        return data[:cut], data[cut:]
 
     def _write_echo(self, chunk: bytes) -> None:
         echo = self._echo

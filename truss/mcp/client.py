@@ -656,7 +656,10 @@ async def _open(
         env = _stdio_env(server, environ, marker)
         log_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once per server, at connect
         sink = StderrSink(
-            log_dir / f"{server.name}.stderr.log", name=server.name, echo=sys.stderr if live.verbose else None
+            log_dir / f"{server.name}.stderr.log",
+            name=server.name,
+            echo=sys.stderr if live.verbose else None,
+            secrets=[env[name] for name in server.secret_env],  # a server may print what it was given
         )
         live.sink = sink
         stack.callback(sink.spawned)
