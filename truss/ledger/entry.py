@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from truss._errors import BundleFormatError, StoreError
-from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
+from truss.ledger.canonical import CanonicalError, canonical, is_plain, sha256_ref
 
 __all__ = [
     "ENTRY_FIELDS",
@@ -69,7 +69,6 @@ KINDS: frozenset[str] = frozenset(
 
 REF_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-_MAX_SAFE_INT = 2**53
 
 
 def pae(payload_type: str, body: bytes) -> bytes:
@@ -90,48 +89,8 @@ def entry_signing_payload(raw: bytes) -> bytes:
 
 
 def entry_bytes(value: Any) -> bytes:
-    """RFC 8785 bytes of an entry-shaped value, fast.
-
-    JSON values without floats, with integers in the I-JSON range and with object keys in the
-    Basic Multilingual Plane have the same RFC 8785 form as ``json.dumps`` with sorted keys and
-    no whitespace (the escapes are the same; sorting by code point equals sorting by UTF-16 code
-    unit below U+10000). Anything else goes through the reference encoder, so the result is
-    always exactly ``canonical(value)``; a property test holds the two together.
-    """
-    if _plain(value, 0):
-        try:
-            return _ENCODER.encode(value).encode("utf-8")
-        except UnicodeEncodeError:
-            pass  # a lone surrogate: the reference encoder names where it is
+    """RFC 8785 bytes of an entry-shaped value: ``canonical``, which has a fast path for plain JSON."""
     return canonical(value)
-
-
-def _plain(value: Any, depth: int) -> bool:
-    # Exact types only (a str or int subclass takes the reference path); scalars inline, since this
-    # runs for every entry written and verified.
-    kind: object = type(value)  # pyright: ignore[reportUnknownVariableType]
-    if kind is str or kind is bool or value is None:
-        return True
-    if kind is int:
-        return -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
-    if depth > 100:
-        return False
-    if kind is dict:
-        for key, item in value.items():
-            if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
-                return False
-            item_kind: object = type(item)  # pyright: ignore[reportUnknownVariableType]
-            if item_kind is str or item_kind is bool or item is None:
-                continue
-            if item_kind is int:
-                if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
-                    return False
-            elif not _plain(item, depth + 1):
-                return False
-        return True
-    if kind is list:
-        return all(_plain(item, depth + 1) for item in value)
-    return False
 
 
 class Signer(Protocol):
@@ -172,7 +131,7 @@ def check_record(record: Record) -> None:
     if not isinstance(record.body, dict):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise StoreError(f"the body of a {record.kind} entry must be a JSON object", reason="bad_body")
     try:
-        if not _plain(record.body, 0):  # the fast path needs no encoding to know it will encode
+        if not is_plain(record.body):  # the fast path needs no encoding to know it will encode
             canonical(record.body)
     except CanonicalError as exc:
         raise StoreError(
