@@ -3,8 +3,9 @@
 A tool with ``memo = "1h"`` in its ``[[mcp.servers.tools]]`` settings may be answered from the
 ledger instead of its server: the gate asks ``MemoIndex.lookup`` for the newest ``mcp_tool_call``
 of the same namespaced tool, with the same tool pin, the same canonical (recorded) arguments and
-a server declared the same way (transport, command, args, cwd, env, url), recorded no longer ago
-than the TTL, that succeeded (no ``isError``, no failure) and whose result payload is still stored.
+a server declared the same way (transport, command, args, cwd, env, url, and the names of its
+credentials: secret_env, headers), recorded no longer ago than the TTL, that succeeded (no
+``isError``, no failure) and whose result payload is still stored.
 Any session of the ledger counts, this one included.
 
 How: entries are appended in time order, so the first log index inside the window is found by
@@ -27,7 +28,8 @@ from truss.tools import MountedTool
 
 __all__ = ["MemoIndex", "server_identity"]
 
-_IDENTITY_KEYS = ("transport", "command", "args", "cwd", "env", "url")
+# The credential *names* count too: a result one account received must not answer another's call.
+_IDENTITY_KEYS = ("transport", "command", "args", "cwd", "env", "url", "secret_env", "headers")
 
 
 def server_identity(server: Mapping[str, Any] | None) -> bytes | None:
