@@ -8,6 +8,8 @@ package's namespace holds must be listed (or made private).
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 import types
 
 import pytest
@@ -45,7 +47,60 @@ SNAPSHOT: dict[str, list[str]] = {
         "render_arguments",
         "render_intent",
     ],
-    "truss.ledger": ["CanonicalError", "canonical", "sha256_ref", "value_ref"],
+    "truss.ledger": [
+        "BundleReport",
+        "BundleSource",
+        "CanonicalError",
+        "Checkpoint",
+        "Envelope",
+        "Finding",
+        "IdentityKey",
+        "KINDS",
+        "LedgerStore",
+        "Note",
+        "PAYLOAD_TYPE",
+        "REASONS",
+        "Record",
+        "SessionInfo",
+        "SinceReport",
+        "SqliteStore",
+        "StoredCheckpoint",
+        "StoredEntry",
+        "TlogProof",
+        "TrustedKeys",
+        "VERDICT_PREDICATE_TYPE",
+        "VerdictStatement",
+        "VerifierKey",
+        "VerifyReport",
+        "ZERO_HASH",
+        "canonical",
+        "check_bundle",
+        "check_entries",
+        "entry_bytes",
+        "export_bundle",
+        "format_tlog_proof",
+        "key_id_of",
+        "leaf_hash",
+        "open_checkpoint",
+        "open_note",
+        "open_store",
+        "open_verdict",
+        "parse_checkpoint",
+        "parse_envelope",
+        "parse_note",
+        "parse_tlog_proof",
+        "sha256_ref",
+        "sign_verdict",
+        "value_ref",
+        "verdict_statement",
+        "verify_bundle",
+        "verify_consistency",
+        "verify_entries",
+        "verify_envelope",
+        "verify_inclusion",
+        "verify_ledger",
+        "verify_since",
+    ],
     "truss.mcp": ["Mounts", "ServerStatus", "ToolStatus", "connect"],
 }
 
@@ -90,3 +145,30 @@ def test_every_error_class_is_exported_from_the_top_level() -> None:
     from truss import _errors
 
     assert set(_errors.__all__) <= set(truss.__all__)
+
+
+def test_importing_the_ledger_package_loads_neither_pynacl_nor_sqlite3() -> None:
+    # `truss --help` and sans-IO callers import truss.ledger; the heavy modules wait for a name.
+    code = (
+        "import sys, truss.ledger\n"
+        "print(sorted(m for m in ('nacl', 'sqlite3', 'truss.ledger.keys', 'truss.ledger.store') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_a_lazily_exported_ledger_name_is_the_object_its_module_defines() -> None:
+    import truss.ledger
+    from truss.ledger import bundle, keys, store, verify
+
+    assert truss.ledger.verify_bundle is bundle.verify_bundle
+    assert truss.ledger.TrustedKeys is keys.TrustedKeys
+    assert truss.ledger.SqliteStore is store.SqliteStore
+    assert truss.ledger.VerifyReport is verify.VerifyReport
+
+
+def test_an_unknown_ledger_name_is_an_attribute_error() -> None:
+    import truss.ledger
+
+    with pytest.raises(AttributeError):
+        _ = truss.ledger.no_such_name  # pyright: ignore[reportAttributeAccessIssue]
