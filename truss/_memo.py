@@ -5,8 +5,9 @@ ledger instead of its server: the gate asks ``MemoIndex.lookup`` for the newest 
 of the same namespaced tool, with the same tool pin, the same canonical (recorded) arguments and
 a server declared the same way (transport, command, args, cwd, env, url, and the names of its
 credentials: secret_env, headers), recorded no longer ago than the TTL, that succeeded (no
-``isError``, no failure) and whose result payload is still stored.
-Any session of the ledger counts, this one included.
+``isError``, no failure) and whose result payload is still stored, in a session of the same
+principal (serve-mcp's callers never see each other's results; sessions without a principal,
+``truss run``, share among themselves). Any such session counts, this one included.
 
 How: entries are appended in time order, so the first log index inside the window is found by
 bisection over ``read_range`` (a few reads), and only the window is scanned. The identity of the
@@ -42,10 +43,12 @@ def server_identity(server: Mapping[str, Any] | None) -> bytes | None:
 class MemoIndex:
     """Looks up memo hits in one store for one contract (the gate keeps one per run)."""
 
-    def __init__(self, store: Any, contract: Contract) -> None:
+    def __init__(self, store: Any, contract: Contract, *, session: str | None = None) -> None:
         self._store = store
         self._contract = contract
+        self._session = session  # the asking session: only results of its principal may answer it
         self._identities: dict[str, dict[str, bytes | None]] = {}  # session -> server name -> identity
+        self._principals: dict[str, bytes | None] = {}  # session -> canonical principal (None: none)
 
     def lookup(self, tool: MountedTool, args_ref: str, *, now_ms: int, ttl_ms: int) -> StoredEntry | None:
         """The newest reusable ``mcp_tool_call`` of this call within ``ttl_ms`` before ``now_ms``, or None."""
@@ -66,6 +69,8 @@ class MemoIndex:
                 continue
             if self._identity(entry.session, tool.server) != identity:
                 continue
+            if self._session is not None and self._principal(entry.session) != self._principal(self._session):
+                continue
             if self._store.blob(str(body.get("result"))) is None:  # erased: nothing to answer with
                 continue
             best = entry
@@ -81,6 +86,13 @@ class MemoIndex:
             else:
                 high = middle
         return low
+
+    def _principal(self, session: str) -> bytes | None:
+        if session not in self._principals:
+            first = next(iter(self._store.read_session(session)), None)
+            principal = first.body.get("principal") if first is not None else None
+            self._principals[session] = None if principal is None else canonical(principal)
+        return self._principals[session]
 
     def _identity(self, session: str, server: str) -> bytes | None:
         known = self._identities.get(session)

@@ -879,7 +879,7 @@ class Gate:
         if stored_args != arguments:  # secret arguments were redacted: the record cannot tell two calls apart
             return None
         if self._memo is None:
-            self._memo = MemoIndex(self.journal.store, self.contract)
+            self._memo = MemoIndex(self.journal.store, self.contract, session=self.journal.session)
         args_ref = sha256_ref(canonical(stored_args))
         return self._memo.lookup(tool, args_ref, now_ms=self.clock.now_ms(), ttl_ms=_duration_ms(settings.memo))
 
