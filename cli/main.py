@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:  # the last line of defence: a paragraph, not a traceback
         if verbose:
-            traceback.print_exc()
+            sys.stderr.write(safe_human(traceback.format_exc()))
         sys.stderr.write(
             f"truss: internal error: {type(exc).__name__}: {safe_human(str(exc))}. This is a bug in Truss; "
             "rerun with --verbose for the traceback and report it. Recorded data is not affected: "
@@ -119,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(exc: TrussError, *, verbose: bool, json_out: bool) -> int:
     if verbose:
-        traceback.print_exc()
+        sys.stderr.write(safe_human(traceback.format_exc()))
     if json_out:
         import json
 
