@@ -1,4 +1,4 @@
-"""``truss ledger list|show|verify|erase``: read, check and prune the signed ledger.
+"""``truss ledger list|show|verify|export|verdict|checkpoint|erase``: read, check, export and prune the ledger.
 
 Thin: open the store, call ``truss.ledger``, render. ``register`` builds the ``ledger`` command and
 keeps its sub-parsers in ``LEDGER_PARSERS`` so further sub-commands and flags can be added in one
@@ -132,7 +132,7 @@ def _require_session(store: SqliteStore, session: str) -> SessionInfo:
 def register(sub: Any) -> None:
     parser: argparse.ArgumentParser = sub.add_parser(
         "ledger",
-        help="list, show, verify and erase payloads of the signed ledger",
+        help="list, show, verify, export, checkpoint and prune the signed ledger",
         description="Read and check the signed, hash-chained ledger of this home (--db to use another file).",
     )
     commands = parser.add_subparsers(dest="ledger_command", metavar="SUBCOMMAND")
