@@ -41,6 +41,7 @@ from truss.ledger.entry import Record, StoredEntry
 from truss.loop import run_loop
 from truss.providers.base import TurnRequest, TurnResponse
 from truss.tools import MountedTool, ProgressFn, ToolResult, error_result, split_namespaced
+from truss.turns import rebuild_request
 from truss.verdict import RunError, evaluate
 
 __all__ = [
@@ -396,14 +397,13 @@ def _recorded_tools(
     specs: dict[str, Mapping[str, Any]] = {}
     first = next((e for e in before if e.kind == "model_turn"), None)
     if first is not None:
-        data = store.blob(str(first.body.get("request")))
-        if data is None:
+        request = rebuild_request(str(first.body.get("request")), store.blob)
+        if request is None:
             raise ReplayDivergenceError(
                 f"session {session}: the payload of model turn 1 was erased, so the tools it offered are unknown",
                 session=session, seq=first.seq, expected="request payload", actual="erased",
             )  # fmt: skip
-        request: Any = json.loads(data)
-        offered: Any = cast(dict[str, Any], request).get("tools") if isinstance(request, dict) else None
+        offered: Any = request.get("tools")
         for item in cast(list[Any], offered) if isinstance(offered, list) else []:
             if isinstance(item, dict):
                 spec = cast(dict[str, Any], item)
@@ -423,11 +423,10 @@ def _recorded_tools(
 
 def _recorded_intent(before: list[StoredEntry], store: Any) -> str:
     first = next((e for e in before if e.kind == "model_turn"), None)
-    data = store.blob(str(first.body.get("request"))) if first is not None else None
-    if data is None:
+    request = rebuild_request(str(first.body.get("request")), store.blob) if first is not None else None
+    if request is None:
         raise ReplayDivergenceError("the intent cannot be rebuilt offline and the first request is not stored",
                                     expected="request payload", actual="absent")  # fmt: skip
-    request: Any = json.loads(data)
     return str(request["messages"][0]["text"])
 
 

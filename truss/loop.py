@@ -3,17 +3,21 @@
 Each turn: charge the turn against the budget; build a ``TurnRequest`` (system text, the
 conversation so far, the mounted tools under provider-safe names); get the response (replayed from
 the ledger when the session already recorded this turn, else from the provider); record a
-``model_turn`` entry (request and response canonical bytes as blobs, usage, stop reason); run the
+``model_turn`` entry (usage, stop reason, and as blobs the response's canonical bytes and the
+request as a *delta*: the messages added since the turn before, chained by hash to that turn's
+request, so recording stays linear in the length of the run; ``truss.turns``); run the
 proposed calls through the gate, several at once up to ``agent.max_parallel_calls``; append one
 tool message per call, in the order the model proposed them, each with a note of what is left of the
 budget. The loop stops when the model answers without calls (``done``), a budget or the deadline
 refuses the next turn, the provider fails, or a call waits for approval (``suspended``).
 
-Replay: a recorded turn is matched by its number and its *replay key*, the hash of the request
-without the budget notes (time left differs between a run and its resumption; everything else
-must not). A turn whose recorded response had secret arguments redacted cannot be replayed from
-the record (the secret is not there, by design), so the provider is asked again and its redacted
-answer must hash to the recorded one. A mismatch is a ``ReplayDivergenceError``; nothing is called.
+Replay: a recorded turn is matched by its number and its *replay key*, the same hash chain over
+the request without the budget notes (time left differs between a run and its resumption;
+everything else must not), so the first turn whose conversation differs is the one reported. A
+replayed turn's messages then carry the notes it recorded, so later requests rebuild exactly. A
+turn whose recorded response had secret arguments redacted cannot be replayed from the record (the
+secret is not there, by design), so the provider is asked again and its redacted answer must hash
+to the recorded one. A mismatch is a ``ReplayDivergenceError``; nothing is called.
 
 The loop does no I/O of its own: the provider, the gate (and through it the store and the
 transport) are passed in. It never imports the MCP SDK.
@@ -25,7 +29,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 
@@ -38,6 +42,7 @@ from truss.gate import CallOutcome, CallRequest, Gate, ProgressEvent, Redactor
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record
 from truss.providers.base import Provider, ToolCall, ToolSpec, TurnRequest, TurnResponse
+from truss.turns import delta
 
 __all__ = ["DEFAULT_SYSTEM", "LoopResult", "StopReason", "run_loop"]
 
@@ -76,24 +81,50 @@ def _budget_note(left: Mapping[str, Any]) -> str:
 
 class _Conversation:
     """The messages so far; a tool message's budget note is its ``note`` (providers show it after the
-    result; step references never see it) and is left out of the replay key."""
+    result; step references never see it) and is left out of the replay key. ``sent`` counts the
+    messages an earlier turn's request already held: the rest are the next turn's ``append``."""
 
     def __init__(self, intent: str) -> None:
         self._messages: list[dict[str, Any]] = [{"role": "user", "text": intent}]
         self._notes: list[str | None] = [None]
+        self._rendered: list[dict[str, Any]] = [dict(self._messages[0])]
+        self.sent = 0
 
     def add(self, message: dict[str, Any], note: str | None = None) -> None:
         self._messages.append(message)
         self._notes.append(note)
+        self._rendered.append(dict(message) if note is None else {**message, "note": note})
+
+    def __len__(self) -> int:
+        return len(self._messages)
 
     def rendered(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for message, note in zip(self._messages, self._notes, strict=True):
-            out.append(dict(message) if note is None else {**message, "note": note})
-        return out
+        return list(self._rendered)
 
-    def bare(self) -> list[dict[str, Any]]:
-        return [dict(m) for m in self._messages]
+    def pending(self) -> list[tuple[dict[str, Any], str | None]]:
+        """The messages (bare) and notes added since the last turn's request."""
+        return list(zip(self._messages[self.sent :], self._notes[self.sent :], strict=True))
+
+    def adopt_notes(self, notes: list[str | None]) -> None:
+        """Show the pending messages with the notes a recorded turn gave them, so a resumed run's
+        requests are the recorded ones (time left differs between a run and its resumption)."""
+        for offset, note in enumerate(notes):
+            i = self.sent + offset
+            self._notes[i] = note
+            message = self._messages[i]
+            self._rendered[i] = dict(message) if note is None else {**message, "note": note}
+
+
+@dataclass
+class _Chain:
+    """Where this leg of the run is on the request and replay-key chains (``truss.turns``)."""
+
+    tools: str  # ref of the tool list as recorded
+    tools_bytes: bytes
+    request: str | None = None  # the previous turn's request ref, as recorded
+    key: str | None = None  # the previous turn's replay key
+    system: str | None = None  # the system text as of the previous turn
+    tools_stored: bool = False  # this leg already passed the tool list's bytes to the store
 
 
 async def run_loop(
@@ -112,6 +143,8 @@ async def run_loop(
     by_provider = {t.provider_name: t.name for t in tools}
     system = contract.agent.system or DEFAULT_SYSTEM
     conversation = _Conversation(intent)
+    tools_bytes = canonical(redactor.scrub([spec.to_json() for spec in specs]))
+    chain = _Chain(tools=sha256_ref(tools_bytes), tools_bytes=tools_bytes)
     outcomes: list[CallOutcome] = []
     limiter = anyio.CapacityLimiter(contract.agent.max_parallel_calls)
     turn = 0
@@ -121,13 +154,14 @@ async def run_loop(
         if isinstance(charged, Exceeded):
             stop: StopReason = "deadline" if charged.limit == "deadline" else "budget"
             return LoopResult(stop, turn - 1, reason=charged.detail, limit=charged.limit, outcomes=tuple(outcomes))
-        request = TurnRequest(system=system, messages=conversation.rendered(), tools=specs, turn=turn)
-        bare = TurnRequest(system=system, messages=conversation.bare(), tools=specs, turn=turn)
         time_left = budget_mod.time_left_s(contract, gate.budget, clock.now_ms())
         response: TurnResponse | None = None
         try:
             with anyio.move_on_after(time_left):
-                response = await _turn(request, bare, provider, gate, redactor, by_provider, contract, on_progress)
+                response = await _turn(
+                    _Turn(turn, system, specs, conversation, chain), provider, gate, redactor, by_provider, contract,
+                    on_progress,
+                )  # fmt: skip
         except ProviderError as exc:
             return LoopResult("provider_error", turn, reason=exc.message, outcomes=tuple(outcomes))
         if response is None:
@@ -254,9 +288,46 @@ def _recorded_form(
     return redactor.scrub(value)
 
 
+@dataclass(frozen=True)
+class _Turn:
+    number: int
+    system: str
+    specs: list[ToolSpec]
+    conversation: _Conversation
+    chain: _Chain
+
+    def request(self) -> TurnRequest:
+        return TurnRequest(
+            system=self.system, messages=self.conversation.rendered(), tools=self.specs, turn=self.number
+        )
+
+    def link(self, prev: str | None, append: list[Any]) -> bytes:
+        system = self.system if self.system != self.chain.system else None
+        return canonical(delta(turn=self.number, prev=prev, system=system, tools=self.chain.tools, append=append))
+
+    def advance(self, request_ref: str, key: str) -> None:
+        self.chain.request, self.chain.key, self.chain.system = request_ref, key, self.system
+        self.conversation.sent = len(self.conversation)
+
+
+def _recorded_notes(data: bytes | None, count: int) -> list[str | None] | None:
+    """The notes a recorded request delta gave its appended messages, when it holds ``count`` of them."""
+    try:
+        link: Any = json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    append: Any = cast(dict[str, Any], link).get("append") if isinstance(link, dict) else None
+    if not isinstance(append, list) or len(cast(list[Any], append)) != count:
+        return None
+    notes: list[str | None] = []
+    for message in cast(list[Any], append):
+        note: Any = cast(dict[str, Any], message).get("note") if isinstance(message, dict) else None
+        notes.append(note if isinstance(note, str) else None)
+    return notes
+
+
 async def _turn(  # noqa: PLR0917 - one private call site
-    request: TurnRequest,
-    bare: TurnRequest,
+    turn: _Turn,
     provider: Provider,
     gate: Gate,
     redactor: Redactor,
@@ -265,26 +336,33 @@ async def _turn(  # noqa: PLR0917 - one private call site
     on_progress: Callable[[ProgressEvent], None] | None,
 ) -> TurnResponse:
     journal = gate.journal
-    replay_key = sha256_ref(canonical(_recorded_form(bare.to_json(), redactor, by_provider, contract)))
-    recorded = journal.turns.get(request.turn)
+    pending = turn.conversation.pending()
+    bare = [_recorded_form(message, redactor, by_provider, contract) for message, _ in pending]
+    replay_key = sha256_ref(turn.link(turn.chain.key, bare))
+    recorded = journal.turns.get(turn.number)
     if recorded is not None:
         body: Mapping[str, Any] = recorded.body
         if body.get("replay_key") != replay_key:
             raise ReplayDivergenceError(
-                f"resumed session {journal.session} built a different request for model turn {request.turn} "
+                f"resumed session {journal.session} built a different request for model turn {turn.number} "
                 "than the one recorded",
                 remedy="The run no longer matches its record; nothing was called. Start a new run",
                 session=journal.session,
                 seq=recorded.seq,
-                expected=f"model_turn {request.turn} {body.get('replay_key')}",
-                actual=f"model_turn {request.turn} {replay_key}",
+                expected=f"model_turn {turn.number} {body.get('replay_key')}",
+                actual=f"model_turn {turn.number} {replay_key}",
             )
+        recorded_request = str(body.get("request"))
+        notes = _recorded_notes(journal.blob(recorded_request), len(pending))
+        if notes is not None:
+            turn.conversation.adopt_notes(notes)
+        request = turn.request()
         if body.get("redacted") is True:
             response = await provider.next_turn(request)
             stored = _recorded_form(response.to_json(), redactor, by_provider, contract)
             if sha256_ref(canonical(stored)) != body.get("response"):
                 raise ReplayDivergenceError(
-                    f"resumed session {journal.session}: the model answered turn {request.turn} differently "
+                    f"resumed session {journal.session}: the model answered turn {turn.number} differently "
                     "than recorded",
                     remedy="The run no longer matches its record; nothing was called. Start a new run",
                     session=journal.session,
@@ -296,7 +374,7 @@ async def _turn(  # noqa: PLR0917 - one private call site
             data = journal.blob(str(body.get("response")))
             if data is None:
                 raise ReplayDivergenceError(
-                    f"model turn {request.turn} of session {journal.session} was recorded, but its payload was erased",
+                    f"model turn {turn.number} of session {journal.session} was recorded, but its payload was erased",
                     remedy="A session whose payloads were erased cannot be resumed; start a new run",
                     session=journal.session,
                     seq=recorded.seq,
@@ -312,31 +390,38 @@ async def _turn(  # noqa: PLR0917 - one private call site
                 if sha256_ref(canonical(planned)) != body.get("response"):
                     raise ReplayDivergenceError(
                         f"resumed session {journal.session}: the plan asks for something else at model turn "
-                        f"{request.turn} than the run recorded",
+                        f"{turn.number} than the run recorded",
                         remedy="The plan changed since the run (the contract or an ${env.X} it uses); nothing was "
                         "called. Restore it, or start a new run",
                         session=journal.session,
                         seq=recorded.seq,
-                        expected=f"model_turn {request.turn} response {body.get('response')}",
-                        actual=f"model_turn {request.turn} response {sha256_ref(canonical(planned))}",
+                        expected=f"model_turn {turn.number} response {body.get('response')}",
+                        actual=f"model_turn {turn.number} response {sha256_ref(canonical(planned))}",
                     )
+        turn.advance(recorded_request, replay_key)
         if on_progress is not None:
             on_progress(
-                ProgressEvent(kind="turn", session=journal.session, detail=f"turn {request.turn}", replayed=True)
+                ProgressEvent(kind="turn", session=journal.session, detail=f"turn {turn.number}", replayed=True)
             )
         return response
 
-    response = await provider.next_turn(request)
+    response = await provider.next_turn(turn.request())
     raw_json = response.to_json()
     stored_response = _recorded_form(raw_json, redactor, by_provider, contract)
-    stored_request = _recorded_form(request.to_json(), redactor, by_provider, contract)
-    request_bytes = canonical(stored_request)
+    # Redacting the response may have taught the redactor a secret: the appended messages are put in
+    # their recorded form after it, so the stored request scrubs that secret too.
+    append = [
+        _recorded_form(message if note is None else {**message, "note": note}, redactor, by_provider, contract)
+        for message, note in pending
+    ]
+    request_bytes = turn.link(turn.chain.request, append)
     response_bytes = canonical(stored_response)
     request_ref, response_ref = sha256_ref(request_bytes), sha256_ref(response_bytes)
     body_out: dict[str, Any] = {
-        "turn": request.turn,
+        "turn": turn.number,
         "provider": provider.name,
         "request": request_ref,
+        "tools": turn.chain.tools,
         "response": response_ref,
         "replay_key": replay_key,
         "usage": {"input_tokens": response.usage.input_tokens, "output_tokens": response.usage.output_tokens},
@@ -345,9 +430,12 @@ async def _turn(  # noqa: PLR0917 - one private call site
     }
     if stored_response != raw_json:
         body_out["redacted"] = True
-    await journal.append(
-        Record("model_turn", body_out, {request_ref: request_bytes, response_ref: response_bytes}), durable=True
-    )
+    blobs = {request_ref: request_bytes, response_ref: response_bytes}
+    if not turn.chain.tools_stored:
+        blobs[turn.chain.tools] = turn.chain.tools_bytes
+    await journal.append(Record("model_turn", body_out, blobs), durable=True)
+    turn.chain.tools_stored = True
+    turn.advance(request_ref, replay_key)
     if on_progress is not None:
-        on_progress(ProgressEvent(kind="turn", session=journal.session, detail=f"turn {request.turn}"))
+        on_progress(ProgressEvent(kind="turn", session=journal.session, detail=f"turn {turn.number}"))
     return response
