@@ -290,7 +290,9 @@ class Journal:
 
         if not durable or IN_FLIGHT.count <= 1:
             stored = write()
-            await anyio.lowlevel.checkpoint()  # still a point where the run can be cancelled
+            # Still a point where the run can be cancelled, without a trip through the event loop
+            # (a full checkpoint is one more loop iteration per entry, ~5% of a fast call).
+            await anyio.lowlevel.checkpoint_if_cancelled()
         else:
             stored = await anyio.to_thread.run_sync(write)
         for entry in stored:
@@ -378,7 +380,8 @@ def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
 @dataclass
 class _Budget:
     state: BudgetState
-    lock: anyio.Lock = field(default_factory=anyio.Lock)
+    # Charging is synchronous under the lock, so an uncontended acquire need not yield to the loop.
+    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
 
 
 class Gate:

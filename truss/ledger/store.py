@@ -239,7 +239,8 @@ class _Pending:
         self.result: list[StoredEntry] = []
         self.error: TrussError | None = None
         self.done = False
-        self.wake = threading.Event()
+        # Only a follower waits (its event is made when it queues); a lone writer never needs one.
+        self.wake: threading.Event | None = None
 
 
 def open_store(
@@ -457,7 +458,9 @@ class SqliteStore:
                 self._queue.append(pending)
                 lead = not self._leading
                 self._leading = True
-            if not lead:
+                if not lead:
+                    pending.wake = threading.Event()
+            if pending.wake is not None:
                 pending.wake.wait()
             if not pending.done:
                 self._lead()
@@ -474,7 +477,9 @@ class SqliteStore:
         finally:
             with self._qlock:
                 if self._queue:
-                    self._queue[0].wake.set()  # not done: it wakes as the next leader
+                    wake = self._queue[0].wake  # a follower's: it queued while this leader held the lead
+                    assert wake is not None
+                    wake.set()  # not done: it wakes as the next leader
                 else:
                     self._leading = False
 
@@ -537,7 +542,18 @@ class SqliteStore:
                         remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
                         db=str(self.db),
                     )
-            for pending in group:
+            if len(group) == 1:
+                # A lone batch needs no savepoint: if it fails, the whole transaction is rolled
+                # back (two statements and a frontier copy fewer on the common, sequential path).
+                [pending] = group
+                try:
+                    pending.result = self._apply(conn, pending, next_index, frontier)
+                except (TrussError, sqlite3.IntegrityError) as exc:
+                    self._frontier = None  # the frontier took the failed batch's leaves: reload it
+                    conn.execute("ROLLBACK")
+                    self._fail_all(group, self._batch_error(pending, exc))
+                    return
+            for pending in group if len(group) > 1 else ():
                 saved = frontier.to_state()
                 conn.execute("SAVEPOINT batch")
                 try:
@@ -549,15 +565,7 @@ class SqliteStore:
                     conn.execute("RELEASE batch")
                     frontier = Frontier.from_state(saved)
                     pending.result = []
-                    pending.error = (
-                        exc
-                        if isinstance(exc, TrussError)
-                        else StoreConflictError(
-                            f"session {pending.session}: another writer recorded this step ({exc})",
-                            remedy="re-read the session and retry from its head",
-                            session=pending.session,
-                        )
-                    )
+                    pending.error = self._batch_error(pending, exc)
             conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('frontier', ?)", (frontier.to_state(),))
             conn.execute("COMMIT")
             self._frontier = frontier
@@ -577,7 +585,18 @@ class SqliteStore:
             return
         for pending in group:
             pending.done = True
-            pending.wake.set()
+            if pending.wake is not None:
+                pending.wake.set()
+
+    @staticmethod
+    def _batch_error(pending: _Pending, exc: TrussError | sqlite3.IntegrityError) -> TrussError:
+        if isinstance(exc, TrussError):
+            return exc
+        return StoreConflictError(
+            f"session {pending.session}: another writer recorded this step ({exc})",
+            remedy="re-read the session and retry from its head",
+            session=pending.session,
+        )
 
     @staticmethod
     def _fail_all(group: list[_Pending], exc: TrussError) -> None:
@@ -585,7 +604,8 @@ class SqliteStore:
             pending.result = []
             pending.error = exc
             pending.done = True
-            pending.wake.set()
+            if pending.wake is not None:
+                pending.wake.set()
 
     def _apply(self, conn: sqlite3.Connection, pending: _Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
         key = self._key
