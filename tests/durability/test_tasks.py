@@ -195,17 +195,24 @@ def test_ctrl_c_while_a_task_runs_records_interrupted_and_resume_polls_the_same_
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ, cwd=REPO,
     )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
-    assert process.stderr is not None
-    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr or []], daemon=True).start()
+    assert process.stderr is not None and process.stdout is not None
+    # Only this thread reads stderr (communicate() would read it too, and could close it under the
+    # thread); stdout is a few summary lines, read once the process has exited.
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr or []], daemon=True)
+    reader.start()
     try:
         while "progress 0 building" not in lines.get(timeout=120):  # the task exists and is being polled
             pass
         process.send_signal(signal.SIGINT)
-        out, _ = process.communicate(timeout=120)
+        process.wait(timeout=120)
+        out = process.stdout.read()
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(timeout=30)
+        reader.join(timeout=30)
+        process.stdout.close()
+        process.stderr.close()
     assert process.returncode == 3, out
     assert "interrupted" in out
     task = _pending_task(home, "s1")
