@@ -12,6 +12,9 @@ Same stdio server (mcp-server-time, ``get_current_time {timezone: UTC}``), same 
    process mode one, so on a disk whose fsync costs as much as a call the ratio is set by the
    disk, not by the gate; ``--db-dir /dev/shm`` (a RAM file system, where fsync is nearly free)
    shows the gate's own cost;
+   ``gate-only`` = ``Gate.call`` (power) over an in-process transport that answers at once with
+   the server's recorded answer: the gate's own CPU per call (policy, budget, two signed entries
+   committed), without a server to wait for;
 3. 16 concurrent: 16 tasks sharing one client (raw) or one gate (audited, power), throughput in
    calls/s and the ratio to raw (group commit lets concurrent intents and results share fsyncs).
 
@@ -46,6 +49,7 @@ from truss.ledger.entry import Record  # noqa: E402
 from truss.ledger.keys import IdentityKey  # noqa: E402
 from truss.ledger.store import open_store  # noqa: E402
 from truss.mcp.client import connect  # noqa: E402
+from truss.tools import MountedTool, ToolResult  # noqa: E402
 
 SERVER = REPO / ".peers" / "py" / "bin" / "mcp-server-time"
 TOOL, ARGS = "get_current_time", {"timezone": "UTC"}
@@ -93,6 +97,16 @@ class Audited:
         self.n += 1
         outcome = await self.gate.call(CallRequest(f"c{self.n}.0", f"mcp:time:{TOOL}", ARGS, self.n))
         assert outcome.outcome == "ok", outcome
+
+
+class Instant:
+    """A transport that answers every call at once with one recorded result (the gate's own cost)."""
+
+    def __init__(self, result: ToolResult) -> None:
+        self.result = result
+
+    async def call(self, tool: MountedTool, arguments: Any, *, timeout_s: float, progress: Any = None) -> ToolResult:
+        return ToolResult(dict(self.result.wire))
 
 
 async def timed(fn: Any, n: int) -> list[float]:
@@ -143,6 +157,9 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
 
         power = Audited(power_mounts, store, power_c, "s_power")
         process = Audited(process_mounts, store, process_c, "s_process")
+        recorded = await power_mounts.call(power_mounts.tools[f"mcp:time:{TOOL}"], ARGS, timeout_s=30)
+        instant = Audited(power_mounts, store, power_c, "s_instant")
+        instant.gate.transport = Instant(recorded)
         store.append("s_fsync", [Record("session_started", {"contract": "fsync"})])
 
         def appender(durable: bool) -> Any:
@@ -160,6 +177,7 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
             "mounts": lambda: power_mounts.call(power_mounts.tools[f"mcp:time:{TOOL}"], ARGS, timeout_s=30),
             "fsync": appender(True),
             "no-fsync": appender(False),
+            "gate-only": instant.call,
         }
         for fn in fns.values():  # warm up imports, caches and the WAL
             await timed(fn, 20)
@@ -174,7 +192,7 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
         for name in fns:
             ratio = statistics.median(samples[name]) / base
             p90 = statistics.quantiles(samples[name], n=10)[-1] * 1000
-            print(f"  {name:<8} {ms(samples[name])}  p90 {p90:.3f} ms  ratio {ratio:.2f}")
+            print(f"  {name:<9} {ms(samples[name])}  p90 {p90:.3f} ms  ratio {ratio:.2f}")
 
         raw_tp = await throughput(raw_call, concurrent_calls)
         audited_tp = await throughput(power.call, concurrent_calls)
