@@ -50,6 +50,7 @@ from truss._errors import (
     ToolNotAdvertisedError,
 )
 from truss.contract import Contract, SecretHeader, Server, duration_ms
+from truss.ledger.canonical import CanonicalError, canonical, is_plain
 from truss.mcp import _procs
 from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
 from truss.mcp._stderr import StderrSink
@@ -502,6 +503,7 @@ class Mounts:
         out: dict[str, Any] = {"content": content, "isError": bool(wire.get("isError", False))}
         if "structuredContent" in wire:
             out["structuredContent"] = wire["structuredContent"]
+        _check_recordable(tool, out)
         if _text_only_bound(content) <= self._max_result_bytes and "structuredContent" not in out:
             return ToolResult(out)
         try:
@@ -577,6 +579,29 @@ def _longest_call_s(contract: Contract, server: Server) -> float:
     candidates = [_seconds(contract.budget.call_timeout), _seconds(server.call_timeout)]
     candidates += [_seconds(t.call_timeout) for t in server.tools]
     return max(c for c in candidates if c is not None)
+
+
+def _check_recordable(tool: MountedTool, out: dict[str, Any]) -> None:
+    """Refuse a result the ledger cannot record: valid JSON that RFC 8785 has no form for.
+
+    A server may answer with an integer beyond 2**53 (a 64-bit id), or nesting deeper than the
+    canonical encoder's limit; recording it would fail after the call, so it becomes a failed
+    call (``invalid_result``) instead. ``is_plain`` is a cheap walk that clears almost every
+    result; only the rest pay for a full encoding.
+    """
+    if is_plain(out):
+        return
+    try:
+        canonical(out)
+    except (CanonicalError, RecursionError) as exc:
+        where = f" at {exc.pointer or '/'}" if isinstance(exc, CanonicalError) else ""
+        raise ToolCallError(
+            f"tool {tool.tool!r} of MCP server {tool.server!r} returned a result that cannot be "
+            f"recorded{where}: {type(exc).__name__}",
+            server=tool.server,
+            tool=tool.tool,
+            cause="invalid_result",
+        ) from None
 
 
 def _resolve_secret(server: Server, name: str, environ: Mapping[str, str], where: str) -> str:

@@ -32,6 +32,7 @@ import httpx2
 
 from truss._clock import Clock
 from truss._errors import ProviderError
+from truss.ledger.canonical import CanonicalError, canonical
 
 __all__ = ["HttpSettings", "JsonPoster", "Sleep", "as_list", "as_object", "retry_after_s", "token_count"]
 
@@ -96,6 +97,24 @@ def as_object(value: Any) -> dict[str, Any] | None:
     if isinstance(value, dict):
         return cast("dict[str, Any]", value)
     return None
+
+
+def as_arguments(value: Any) -> dict[str, Any] | None:
+    """``value`` as a tool call's arguments, or None when it is not an object the ledger can record.
+
+    A model's arguments are recorded (RFC 8785) before anything else happens, and JSON parsers
+    accept what RFC 8785 has no form for: NaN, Infinity, integers beyond 2**53, nesting past the
+    encoder's depth. Such arguments become a call whose arguments did not parse (the gate denies
+    it and tells the model), never an exception that ends the run.
+    """
+    found = as_object(value)
+    if found is None:
+        return None
+    try:
+        canonical(found)
+    except (CanonicalError, RecursionError):
+        return None
+    return found
 
 
 def as_list(value: Any) -> list[Any] | None:

@@ -23,7 +23,7 @@ import httpx2
 
 from truss._clock import Clock
 from truss._errors import ProviderError
-from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_list, as_object, token_count
+from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_arguments, as_list, as_object, token_count
 from truss.providers.base import StopReason, ToolCall, TurnRequest, TurnResponse, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "AnthropicProvider", "to_wire"]
@@ -138,7 +138,7 @@ class AnthropicProvider:
             raise self._http.invalid(f"content[{position}].id is not a tool-use id")
         if not isinstance(name, str) or len(name) > 256:
             raise self._http.invalid(f"content[{position}].name is not a tool name")
-        arguments = as_object(block.get("input"))
+        arguments = as_arguments(block.get("input"))
         if arguments is None:
             raw = json.dumps(block.get("input"), ensure_ascii=False)
             return ToolCall(id=call_id, name=name, arguments=None, raw_arguments=raw)

@@ -31,7 +31,7 @@ import httpx2
 
 from truss._clock import Clock
 from truss._errors import ProviderError
-from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_list, as_object, token_count
+from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_arguments, as_list, as_object, token_count
 from truss.providers.base import StopReason, ToolCall, TurnRequest, TurnResponse, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIProvider", "to_wire"]
@@ -162,7 +162,7 @@ class OpenAIProvider:
         arguments = function.get("arguments")
         if arguments is None:
             return ToolCall(id=call_id, name=name, arguments={})
-        decoded = as_object(arguments)
+        decoded = as_arguments(arguments)
         if decoded is not None:
             return ToolCall(id=call_id, name=name, arguments=decoded)
         if not isinstance(arguments, str):
@@ -173,7 +173,7 @@ class OpenAIProvider:
             parsed: Any = json.loads(arguments)
         except (ValueError, RecursionError):
             parsed = None
-        parsed_object = as_object(parsed)
+        parsed_object = as_arguments(parsed)
         if parsed_object is None:
             return ToolCall(id=call_id, name=name, arguments=None, raw_arguments=arguments)
         return ToolCall(id=call_id, name=name, arguments=parsed_object)

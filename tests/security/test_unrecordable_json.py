@@ -1,0 +1,128 @@
+"""Attack: JSON that parses but that the ledger's RFC 8785 encoding has no form for (an integer
+beyond 2**53, NaN, Infinity, nesting past 128 levels), sent by a model as tool arguments or by a
+server as a result. Recording it failed after the fact and ended the run with an internal error
+(a hostile model or server could stop any run; an honest one with a 64-bit id did too). Now the
+model's call is denied as arguments that did not parse, the server's call fails as
+``invalid_result``, the run reaches its verdict and the ledger verifies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.durability.support import cli, entries
+from tests.gate.support import fake_connector, new_store
+from tests.providers._support import LoopbackServer, RecordingSleep, Reply
+from tests.security._support import DATA, hostile_contract, truss
+from truss.contract import Contract, load_contract_text
+from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.verify import verify_ledger
+from truss.providers import Provider, make_provider
+from truss.session import run_contract
+from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
+from truss.tools import MountedTool, ToolResult
+
+MODEL_ATTACKS = sorted(p.name for p in DATA.glob("model_tool_arguments_*.json"))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir(mode=0o700)
+    IdentityKey.create(path / "identity.key")
+    return path
+
+
+def test_every_model_attack_file_is_exercised() -> None:
+    assert len(MODEL_ATTACKS) == 4
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("attack", MODEL_ATTACKS)
+async def test_model_arguments_without_a_canonical_form_are_denied_and_the_run_finishes(
+    tmp_path: Path, attack: str, provider: str
+) -> None:
+    reply = json.loads((DATA / attack).read_text())
+    arguments = reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    if provider == "anthropic":  # the same value, as Anthropic sends it: already parsed
+        reply = _anthropic_tool_use(arguments)
+    clock = ManualClock()
+    store, key = new_store(tmp_path, clock)
+    fake = FakeTransport(_echo, tools=[mounted_tool("hostile", "echo")])
+    model = LoopbackServer().start()
+    try:
+        model.reply(Reply(body=reply), Reply(body=_final(provider)))
+        base = model.url + ("/v1" if provider == "openai" else "")
+        contract = load_contract_text(CONTRACT.format(provider=provider, base_url=base), source="t.toml", environ={})
+
+        def factory(c: Contract) -> Provider:
+            return make_provider(c, environ={"MODEL_KEY": "sk-k"}, clock=clock, sleep=RecordingSleep())
+
+        with anyio.fail_after(30):
+            outcome = await run_contract(contract, store=store, key=key, clock=clock, home=tmp_path / "h",
+                                         environ={"MODEL_KEY": "sk-k"}, connector=fake_connector(fake),
+                                         provider=factory)  # fmt: skip
+    finally:
+        model.close()
+    assert (outcome.status, outcome.exit_code) == ("pass", 0)
+    assert fake.calls == []
+    [denied] = [e for e in store.read_session(outcome.session) if e.kind == "mcp_tool_denied"]
+    assert denied.body["code"] == "bad_arguments"
+    assert verify_ledger(store, TrustedKeys([key.verifier]), session=outcome.session).ok
+
+
+CONTRACT = """
+[contract]
+name = "unrecordable"
+intent = "call a tool"
+[agent]
+provider = "{provider}"
+model = "m"
+base_url = "{base_url}"
+api_key_env = "MODEL_KEY"
+[[mcp.servers]]
+name = "hostile"
+command = "unused"
+allow_tools = ["echo"]
+"""
+
+
+async def _echo(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
+    return text_result("echo")
+
+
+def _anthropic_tool_use(arguments_text: str) -> dict[str, Any]:
+    value = json.loads(arguments_text)  # Python's parser takes NaN, Infinity, huge integers, depth 300
+    block = {"type": "tool_use", "id": "toolu_0", "name": "mcp__hostile__echo", "input": value}
+    return {"id": "msg_0", "type": "message", "role": "assistant", "content": [block], "stop_reason": "tool_use",
+            "usage": {"input_tokens": 10, "output_tokens": 5}}  # fmt: skip
+
+
+def _final(provider: str) -> dict[str, Any]:
+    if provider == "openai":
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}]}
+    return {"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "done"}],
+            "stop_reason": "end_turn", "usage": {"input_tokens": 10, "output_tokens": 1}}  # fmt: skip
+
+
+@pytest.mark.parametrize("tool", ["u64", "deep"])
+def test_a_server_result_without_a_canonical_form_is_a_failed_call_and_the_run_finishes(
+    tmp_path: Path, home: Path, tool: str
+) -> None:
+    agent = f'[[agent.steps]]\ntool = "mcp:hostile:{tool}"\narguments = {{}}\n'
+    contract = hostile_contract(tmp_path, agent=agent, server_extra=f'allow_tools = ["{tool}"]')
+    contract.write_text(contract.read_text().replace('allow_tools = ["echo"]\n', ""))
+    run = truss(home, "--json", "run", str(contract))
+    assert run.returncode == 0, run.stderr
+    assert "internal error" not in run.stderr and "failed (invalid_result)" in run.stderr
+    session = json.loads(run.stdout)["session"]
+    assert cli(home, "ledger", "verify", session).returncode == 0
+    [call] = [e for e in entries(home, session) if e.kind == "mcp_tool_call"]
+    assert call.body["failure"]["cause"] == "invalid_result"
