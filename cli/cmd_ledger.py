@@ -22,7 +22,7 @@ from typing import Any
 
 from truss_cli._ctx import Ctx, table
 
-from truss._errors import BundleFormatError, KeyFileError, NotFoundError, StoreError, UsageError
+from truss._errors import BundleFormatError, KeyFileError, NotFoundError, StoreError, UsageError, VerificationError
 from truss.ledger.bundle import (
     MAX_BUNDLE_BYTES,
     LogAudit,
@@ -38,6 +38,7 @@ from truss.ledger.merkle import root_at
 from truss.ledger.note import MAX_NOTE_BYTES, sign_checkpoint
 from truss.ledger.store import SessionInfo, SqliteStore, open_store
 from truss.ledger.verify import VerifyReport, verify_ledger
+from truss.turns import RequestFold
 
 LEDGER_PARSERS: dict[str, argparse.ArgumentParser] = {}
 """The ``ledger`` sub-parsers by name, filled by ``register``."""
@@ -226,8 +227,18 @@ def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
             f"session {info.id}  contract {info.contract or '-'}  status {info.status}  entries {info.entries}",
             f"head {info.head}",
         ]
-        for item in store.read_session(args.session, from_seq=args.from_seq):
+        # A model turn records its request as a delta on the turn before (truss.turns): the whole
+        # request is folded from turn 1, so a --from-seq view still reads the turns before it.
+        fold = RequestFold(store.blob) if not args.no_payloads and (ctx.json or args.full) else None
+        start = 0 if fold is not None else args.from_seq
+        for item in store.read_session(args.session, from_seq=start):
+            request = _fold_request(fold, item)
+            if item.seq < args.from_seq:
+                continue
             entry_json, entry_lines = _render_entry(store, item, erased, payloads=not args.no_payloads, full=args.full)
+            if request is not None:
+                entry_json["request"] = request[0]
+                entry_lines.append(f"{'':>6}request of turn {item.body.get('turn')}, rebuilt:  {request[1]}")
             entries_json.append(entry_json)
             if not ctx.json:
                 lines.extend(entry_lines)
@@ -235,6 +246,20 @@ def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
         lines.append(f"({len(erased)} payload(s) erased with `truss ledger erase`; their hashes remain signed)")
     ctx.emit({"session": info.to_json(), "entries": entries_json}, "\n".join(lines))
     return 0
+
+
+def _fold_request(fold: RequestFold | None, item: StoredEntry) -> tuple[Any, str] | None:
+    """A model turn's whole request (JSON value, text) rebuilt from the deltas so far, when it can be."""
+    ref = item.body.get("request")
+    if fold is None or item.kind != "model_turn" or not isinstance(ref, str):
+        return None
+    try:
+        request = fold.add(ref)
+    except VerificationError as exc:
+        return None, f"(does not rebuild: {exc.message})"
+    if request is None:
+        return None, "(not rebuilt: a payload it builds on is not held)"
+    return request, json.dumps(request, ensure_ascii=False, separators=(",", ":"))
 
 
 def _render_entry(
