@@ -12,6 +12,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -360,7 +361,7 @@ def test_a_verdict_naming_a_later_checkpoint_needs_a_consistency_proof(ledger: L
 
 
 def test_export_refuses_a_checkpoint_the_stored_tree_does_not_match(ledger: Ledger) -> None:
-    with sqlite3.connect(ledger.store.db) as conn:
+    with closing(sqlite3.connect(ledger.store.db)) as conn, conn:
         conn.execute("UPDATE nodes SET hash = ? WHERE level = 3 AND idx = 0", (b"\x09" * 32,))
     with pytest.raises(VerificationError) as err:
         export(ledger)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def audit(ledger: Ledger) -> tuple[str, str] | None:
 
 
 def _sql(ledger: Ledger, statement: str, *params: object) -> None:
-    with sqlite3.connect(ledger.store.db) as conn:
+    with closing(sqlite3.connect(ledger.store.db)) as conn, conn:
         conn.execute(statement, params)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from typing import Any
 
 import anyio
@@ -78,7 +78,7 @@ async def test_principals_over_http_see_only_their_own_sessions(http_server: Htt
                 assert error_of(theirs)["kind"] == "not_found"
                 own = await alice.call_tool(tool, {"session": mine["session"]})
                 assert not own.is_error
-    with sqlite3.connect(serve_site.home / "ledger.db") as db:
+    with closing(sqlite3.connect(serve_site.home / "ledger.db")) as db, db:
         principals = [row[0] for row in db.execute("SELECT principal FROM sessions")]
     assert len(principals) == 1 and "alice" in str(principals[0])
 

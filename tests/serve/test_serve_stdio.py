@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sqlite3
+from contextlib import closing
 from typing import Any
 
 import anyio
@@ -82,7 +83,7 @@ async def test_a_repeated_session_id_returns_that_session_and_never_runs_twice(s
     assert first["status"] == "pass"
     assert again == first
     assert by_id == first
-    with sqlite3.connect(serve_site.home / "ledger.db") as db:
+    with closing(sqlite3.connect(serve_site.home / "ledger.db")) as db, db:
         started = db.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
     assert started == 1
 
