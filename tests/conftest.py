@@ -17,6 +17,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 PEERS = Path(os.environ.get("TRUSS_PEERS") or REPO / ".peers")
 
+# Every test talks to 127.0.0.1 only. httpx honours *_PROXY variables without exempting loopback,
+# so a proxy set on a CI machine would take the tests' loopback requests (and the CLI's, as
+# subprocesses inherit this environment) and refuse them.
+for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+    os.environ.pop(_name, None)
+
 
 @pytest.fixture
 def anyio_backend() -> str:
