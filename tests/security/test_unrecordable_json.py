@@ -19,7 +19,7 @@ import pytest
 from tests.durability.support import cli, entries
 from tests.gate.support import fake_connector, new_store
 from tests.providers._support import LoopbackServer, RecordingSleep, Reply
-from tests.security._support import DATA, hostile_contract, truss
+from tests.security._support import DATA, HOSTILE, hostile_contract, truss
 from truss.contract import Contract, load_contract_text
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.verify import verify_ledger
@@ -126,3 +126,21 @@ def test_a_server_result_without_a_canonical_form_is_a_failed_call_and_the_run_f
     assert cli(home, "ledger", "verify", session).returncode == 0
     [call] = [e for e in entries(home, session) if e.kind == "mcp_tool_call"]
     assert call.body["failure"]["cause"] == "invalid_result"
+
+
+@pytest.mark.parametrize(
+    ("allow", "code"), [('["echo"]', 0), ('["echo", "counter"]', 4)], ids=["filtered", "allowlisted"]
+)
+def test_a_tool_definition_without_a_canonical_form_is_filtered_or_a_start_error_naming_it(
+    tmp_path: Path, home: Path, allow: str, code: int
+) -> None:
+    # ``counter`` has a 64-bit ``maximum`` in its input schema: no pin can be computed for it.
+    contract = hostile_contract(tmp_path)
+    text = contract.read_text().replace('allow_tools = ["echo"]', f"allow_tools = {allow}")
+    contract.write_text(text.replace(f"{json.dumps(str(HOSTILE))}]", f'{json.dumps(str(HOSTILE))}, "u64_schema"]'))
+    run = truss(home, "run", str(contract))
+    assert run.returncode == code, run.stderr
+    shown = run.stdout + run.stderr
+    assert "internal error" not in shown
+    if code:
+        assert "'counter'" in shown and "cannot be pinned" in shown

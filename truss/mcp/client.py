@@ -179,7 +179,7 @@ class _Live:
             mounted = self.mounted.get(tool.name)
             if mounted is None:
                 continue
-            pin = pin_of(tool_definition(tool))
+            pin = _pin_or_none(tool_definition(tool)) or _UNPINNABLE  # unpinnable now: changed, refused
             # Sticky: a definition that changes back is still refused (a rug pull may revert to
             # look innocent), and ``changed`` keeps the last pin seen.
             if pin != mounted.pin or tool.name in self.changed:
@@ -581,6 +581,17 @@ def _longest_call_s(contract: Contract, server: Server) -> float:
     return max(c for c in candidates if c is not None)
 
 
+_UNPINNABLE = "unpinnable"
+
+
+def _pin_or_none(definition: Mapping[str, Any]) -> str | None:
+    """The tool's pin, or None when its definition (from the server) has no RFC 8785 form."""
+    try:
+        return pin_of(definition)
+    except (CanonicalError, RecursionError):
+        return None
+
+
 def _check_recordable(tool: MountedTool, out: dict[str, Any]) -> None:
     """Refuse a result the ledger cannot record: valid JSON that RFC 8785 has no form for.
 
@@ -746,7 +757,21 @@ def _mount(live: _Live, client: Client, tools: list[types.Tool], connect_ms: flo
     filtered: dict[str, str] = {}
     for name, tool in by_name.items():
         definition = tool_definition(tool)
-        pin = pin_of(definition)
+        maybe_pin = _pin_or_none(definition)
+        if maybe_pin is None:
+            if name in allowed and not wildcard:
+                raise ServerStartError(
+                    f"MCP server {server.name!r} advertises tool {name!r} with a definition that has no canonical "
+                    "JSON form (an integer beyond 2**53 or nesting past 128 levels), so it cannot be pinned",
+                    remedy="Remove it from allow_tools, or have the server's tool definition fixed",
+                    server=server.name,
+                    tool=name,
+                    cause="unpinnable_tool",
+                )
+            filtered[name] = "unpinnable"
+            statuses.append(ToolStatus(name, False, _UNPINNABLE, dict(definition.get("annotations") or {})))
+            continue
+        pin = maybe_pin
         valid = bool(TOOL_NAME_RE.match(name))
         mount = name in allowed and valid
         if name in allowed and not valid:

@@ -6,6 +6,8 @@ answers with the text it was given followed by terminal control sequences (an OS
 change, an 8-bit CSI clear-screen, a bidi override). Its other tools answer with results JSON can
 carry but the ledger's RFC 8785 encoding cannot: an integer beyond 2**53 (``u64``), NaN
 (``nan``), nesting past 128 levels (``deep``), a lone surrogate in a text (``surrogate``).
+Started with the argument ``u64_schema`` it also advertises ``counter``, whose input schema has
+a 64-bit ``maximum``: a definition that cannot be pinned.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def odd_result(name: str) -> dict[str, object]:
 
 
 ODD = ("u64", "nan", "deep", "surrogate")
+U64_SCHEMA = len(sys.argv) > 1 and sys.argv[1] == "u64_schema"
 
 
 def main() -> None:
@@ -63,6 +66,9 @@ def main() -> None:
         elif method == "tools/list":
             schema = {"type": "object", "properties": {"text": {"type": "string"}}}
             odd = [{"name": n, "description": "Odd.", "inputSchema": {"type": "object"}} for n in ODD]
+            if U64_SCHEMA:
+                big = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2**64 - 1}}}
+                odd.append({"name": "counter", "description": "Count.", "inputSchema": big})
             value = {"tools": [{"name": "echo", "description": "Echo.", "inputSchema": schema}, *odd]}
         elif method == "tools/call":
             params = message.get("params") or {}
