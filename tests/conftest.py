@@ -61,7 +61,9 @@ def peers_path_env() -> dict[str, str]:
 def node_peer(package: str) -> list[str]:
     """``[node, <entry script>]`` for an npm MCP server such as ``server-everything``."""
     script = PEERS / "node" / "node_modules" / "@modelcontextprotocol" / package / "dist" / "index.js"
-    node = shutil.which("node")
+    # The Node 22 that `make peers` installs, so a machine whose own node is too old still runs them.
+    node22 = PEERS / "node22" / "node_modules" / "node" / "bin" / "node"
+    node = str(node22) if node22.exists() else shutil.which("node")
     if node is None or not script.exists():
         _missing(f"@modelcontextprotocol/{package}")
     return [str(node), str(script)]
