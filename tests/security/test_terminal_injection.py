@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.durability.support import cli
 from tests.providers._support import LoopbackServer, Reply
 from tests.security._support import DATA, hostile_contract, truss, unsafe_characters
 from truss.ledger.keys import IdentityKey
@@ -33,15 +34,15 @@ def test_a_tool_result_with_terminal_escapes_is_shown_escaped_by_ledger_show(tmp
 
     views = (["ledger", "show", session], ["ledger", "show", session, "--full"], ["--json", "ledger", "show", session])
     for args in views:
-        shown = truss(home, *args)
+        shown = cli(home, *args)
         assert shown.returncode == 0, shown.stderr
         assert unsafe_characters(shown.stdout + shown.stderr) == [], args
         assert "pwned" in shown.stdout  # shown, not hidden
 
-    full = truss(home, "ledger", "show", session, "--full").stdout
+    full = cli(home, "ledger", "show", session, "--full").stdout
     assert "\\x9b2J" in full and "\\u202eevil" in full
     # The JSON form is the same value, escaped: a machine reading it gets the server's exact text.
-    entries = json.loads(truss(home, "--json", "ledger", "show", session).stdout)["entries"]
+    entries = json.loads(cli(home, "--json", "ledger", "show", session).stdout)["entries"]
     texts = [
         block["text"]
         for entry in entries
