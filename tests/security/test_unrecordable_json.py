@@ -144,3 +144,37 @@ def test_a_tool_definition_without_a_canonical_form_is_filtered_or_a_start_error
     assert "internal error" not in shown
     if code:
         assert "'counter'" in shown and "cannot be pinned" in shown
+
+
+@pytest.mark.anyio
+async def test_lone_surrogates_in_a_model_reply_become_replacement_characters_and_the_run_finishes(
+    tmp_path: Path,
+) -> None:
+    # Text, call id and (inside the arguments string) an argument with "\\ud800"-style escapes.
+    clock = ManualClock()
+    store, key = new_store(tmp_path, clock)
+    fake = FakeTransport(_echo, tools=[mounted_tool("hostile", "echo")])
+    model = LoopbackServer().start()
+    try:
+        attack = (DATA / "model_reply_with_lone_surrogates.json").read_bytes()
+        model.reply(Reply(body=attack), Reply(body=_final("openai")))
+        text = CONTRACT.format(provider="openai", base_url=model.url + "/v1")
+        contract = load_contract_text(text, source="t.toml", environ={})
+
+        def factory(c: Contract) -> Provider:
+            return make_provider(c, environ={"MODEL_KEY": "sk-k"}, clock=clock, sleep=RecordingSleep())
+
+        with anyio.fail_after(30):
+            outcome = await run_contract(contract, store=store, key=key, clock=clock, home=tmp_path / "h",
+                                         environ={"MODEL_KEY": "sk-k"}, connector=fake_connector(fake),
+                                         provider=factory)  # fmt: skip
+    finally:
+        model.close()
+    assert (outcome.status, outcome.exit_code) == ("pass", 0)
+    # The text and the call id are kept with U+FFFD; arguments holding a lone surrogate did not parse.
+    recorded = b"".join(store.blob(ref) or b"" for e in store.read_session(outcome.session) for ref in e.refs())
+    assert "half an emoji: \ufffd".encode() in recorded and "call_\ufffd".encode() in recorded
+    assert fake.calls == []
+    [denied] = [e for e in store.read_session(outcome.session) if e.kind == "mcp_tool_denied"]
+    assert denied.body["code"] == "bad_arguments"
+    assert verify_ledger(store, TrustedKeys([key.verifier]), session=outcome.session).ok

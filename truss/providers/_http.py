@@ -23,6 +23,7 @@ import email.utils
 import json
 import math
 import random
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -40,6 +41,9 @@ Sleep = Callable[[float], Awaitable[None]]
 
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 _DETAIL_CHARS = 300
+# A \uD800-\uDFFF escape in the body: only then can a parsed string hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,20 @@ def as_object(value: Any) -> dict[str, Any] | None:
     if isinstance(value, dict):
         return cast("dict[str, Any]", value)
     return None
+
+
+def _without_lone_surrogates(value: Any) -> Any:
+    """``value`` with every lone surrogate (``"\\ud800"`` parses, but is not Unicode text and has no
+    RFC 8785 form, so the turn could not be recorded) replaced by U+FFFD; pairs were joined by
+    the parser already."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        items = cast("dict[str, Any]", value).items()
+        return {_LONE_SURROGATE.sub("\ufffd", k): _without_lone_surrogates(v) for k, v in items}
+    if isinstance(value, list):
+        return [_without_lone_surrogates(v) for v in cast("list[Any]", value)]
+    return value
 
 
 def as_arguments(value: Any) -> dict[str, Any] | None:
@@ -241,7 +259,8 @@ class JsonPoster:
             ) from None
         if 200 <= status < 300:
             try:
-                return json.loads(raw)
+                value = json.loads(raw)
+                return _without_lone_surrogates(value) if _SURROGATE_ESCAPE.search(raw) else value
             except (ValueError, RecursionError):
                 raise self._error(
                     f"HTTP {status} answer is not JSON ({len(raw)} bytes)", status, attempts, "bad_response"
