@@ -424,10 +424,12 @@ def _recorded_tools(
 def _recorded_intent(before: list[StoredEntry], store: Any) -> str:
     first = next((e for e in before if e.kind == "model_turn"), None)
     request = rebuild_request(str(first.body.get("request")), store.blob) if first is not None else None
-    if request is None:
+    messages: Any = request.get("messages") if request is not None else None
+    opening: Any = cast(list[Any], messages)[0] if isinstance(messages, list) and messages else None
+    if not isinstance(opening, dict) or not isinstance(cast(dict[str, Any], opening).get("text"), str):
         raise ReplayDivergenceError("the intent cannot be rebuilt offline and the first request is not stored",
                                     expected="request payload", actual="absent")  # fmt: skip
-    return str(request["messages"][0]["text"])
+    return str(cast(dict[str, Any], opening)["text"])
 
 
 def _difference(recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> str:

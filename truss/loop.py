@@ -273,18 +273,10 @@ def _redact_calls(
 def _recorded_form(
     value: dict[str, Any], redactor: Redactor, by_provider: Mapping[str, str], contract: Contract
 ) -> Any:
-    """A request's or response's JSON as it may be stored: secret arguments redacted, secrets scrubbed."""
+    """A message's or response's JSON as it may be stored: secret arguments redacted, secrets scrubbed."""
     value = dict(value)
     if "tool_calls" in value:
         value["tool_calls"] = _redact_calls(value["tool_calls"], redactor, by_provider, contract)
-    if isinstance(value.get("messages"), list):
-        messages: list[Any] = []
-        for m in value["messages"]:
-            message: dict[str, Any] = dict(m)
-            if "tool_calls" in message:
-                message["tool_calls"] = _redact_calls(message["tool_calls"], redactor, by_provider, contract)
-            messages.append(message)
-        value["messages"] = messages
     return redactor.scrub(value)
 
 
