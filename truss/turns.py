@@ -90,7 +90,7 @@ class RequestFold:
             self._broken = True
             return None
         turn, prev, tools, append = link.get("turn"), link.get("prev"), link.get("tools"), link.get("append")
-        if not isinstance(turn, int) or turn != self.turn + 1:
+        if not isinstance(turn, int) or isinstance(turn, bool) or turn != self.turn + 1:
             raise _bad(ref, f"it is turn {turn!r} where turn {self.turn + 1} was expected")
         if prev != self.head:
             raise _bad(ref, "its prev is not the request of the turn before")
@@ -119,7 +119,7 @@ class RequestFold:
             self.system = system
         self.messages.extend(cast(list[Any], append))
         self.head, self.turn = ref, turn
-        return {"system": self.system, "messages": list(self.messages), "tools": self.tools, "turn": turn}
+        return {"system": self.system, "messages": list(self.messages), "tools": list(self.tools), "turn": turn}
 
 
 def rebuild_request(ref: str, blob: BlobReader) -> dict[str, Any] | None:
@@ -137,7 +137,12 @@ def rebuild_request(ref: str, blob: BlobReader) -> dict[str, Any] | None:
         if link is None:
             return None
         turn = link.get("turn")
-        if not isinstance(turn, int) or turn < 1 or (chain and turn != chain[-1][1]["turn"] - 1):
+        if (
+            not isinstance(turn, int)
+            or isinstance(turn, bool)
+            or turn < 1
+            or (chain and turn != chain[-1][1]["turn"] - 1)
+        ):
             raise _bad(cursor, "the turns on its chain are not consecutive from 1")
         chain.append((cursor, link))
         cursor = link.get("prev")
