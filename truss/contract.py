@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast, get_args, get_origin
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -86,6 +86,8 @@ TOOL_REF_RE = re.compile(r"^mcp:[a-z0-9][a-z0-9_-]{0,31}:.+$")
 CREDENTIAL_ENV_RE = re.compile(r"(?i)token|secret|passw(?:or)?d|api_?key|access_?key|private_?key|credential|cookie")
 """Environment names whose literal values would be credentials (refused in ``env``: use ``secret_env``)."""
 CREDENTIAL_HEADER_RE = re.compile(r"(?i)^(?:proxy-)?authorization$|^cookie$|token|secret|api-?key|password")
+# Query parameters that carry credentials in URLs (besides the names above): ?key=, ?sig=, ?auth=.
+_CREDENTIAL_QUERY_RE = re.compile(r"(?i)^(?:key|auth|sig|signature|code|credentials?)$")
 """Header names whose literal values would be credentials (refused: use ``{ secret_env = ... }``)."""
 
 
@@ -431,6 +433,25 @@ class Server(_Model):
                     f"env {key!r} holds a literal value and its name says it is a credential; the contract "
                     f"is recorded, so list {key!r} in secret_env and set it in Truss's environment instead"
                 )
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url_without_credentials(cls, value: str | None) -> str | None:
+        # The effective contract is recorded and exported: a credential in the URL would be too.
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        found = "user info" if "@" in parts.netloc else None
+        for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+            if CREDENTIAL_HEADER_RE.search(name) or _CREDENTIAL_QUERY_RE.match(name):
+                found = f"query parameter {name!r}"
+        if found is not None:
+            raise ValueError(
+                f"url holds a credential ({found}); the contract is recorded, so send it as a header "
+                'from the environment instead: headers = { Authorization = { secret_env = "VARIABLE", '
+                'format = "Bearer {}" } }'
+            )
         return value
 
     @field_validator("headers")
