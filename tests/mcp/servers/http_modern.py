@@ -47,6 +47,9 @@ def main() -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    # Listening before PORT= is printed: a client that connects before uvicorn has started waits in
+    # the backlog instead of being refused.
+    sock.listen(128)
     sys.stdout.write(f"PORT={sock.getsockname()[1]}\n")
     sys.stdout.flush()
     asgi = Bearer(app.streamable_http_app(stateless_http=True), sys.argv[1])
