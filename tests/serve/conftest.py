@@ -106,7 +106,7 @@ class HttpServer:
         self._reader = threading.Thread(target=self._read, args=(self.proc.stderr,), daemon=True)
         self._reader.start()
         try:
-            self.url = self._url.get(timeout=30)
+            self.url = self._url.get(timeout=60)  # start-up imports the SDK and uvicorn: slow on a loaded machine
         except queue.Empty:
             self.stop()
             raise AssertionError("serve-mcp did not start: " + "".join(self.lines)) from None
