@@ -62,7 +62,7 @@ def bad_http() -> Iterator[str]:
     process = subprocess.Popen([sys.executable, str(SERVERS / "http_bad.py")], stdout=subprocess.PIPE)
     try:
         assert process.stdout is not None
-        port = _read_marker(process.stdout, "PORT=", 10)
+        port = _read_marker(process.stdout, "PORT=", 30)
         yield f"http://127.0.0.1:{port}"
     finally:
         _stop(process)
@@ -76,7 +76,7 @@ def everything_http() -> Iterator[str]:
     process = subprocess.Popen([node, script, "streamableHttp"], stderr=subprocess.PIPE, env=env)
     try:
         assert process.stderr is not None
-        port = _read_marker(process.stderr, "TRUSS_LISTEN_PORT=", 15)
+        port = _read_marker(process.stderr, "TRUSS_LISTEN_PORT=", 30)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         _stop(process)
@@ -178,7 +178,7 @@ def modern_http() -> Iterator[str]:
     )
     try:
         assert process.stdout is not None
-        port = _read_marker(process.stdout, "PORT=", 20)
+        port = _read_marker(process.stdout, "PORT=", 30)
         yield f"http://127.0.0.1:{port}/mcp"
     finally:
         _stop(process)
