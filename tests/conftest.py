@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = Path(os.environ.get("TRUSS_PEERS") or REPO / ".peers")
@@ -22,6 +23,11 @@ PEERS = Path(os.environ.get("TRUSS_PEERS") or REPO / ".peers")
 # subprocesses inherit this environment) and refuse them.
 for _name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
     os.environ.pop(_name, None)
+
+# Property tests check properties, not speed: hypothesis's per-example deadline (200 ms) and its
+# too-slow health check fail them on a loaded CI machine for reasons that are not theirs.
+settings.register_profile("truss", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("truss")
 
 
 @pytest.fixture
