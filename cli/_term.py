@@ -40,7 +40,7 @@ def _json_escape(ch: str) -> str:
 
 
 def safe_json_text(text: str) -> str:
-    """JSON text (from ``json.dumps``) with non-printable characters as ``\\uXXXX`` escapes.
+    """JSON text (from ``json.dumps``) with non-printable characters as ``\\u`` escapes (four hex digits).
 
     ``json.dumps`` already escapes C0 controls inside strings, so a raw non-printable character
     in its output is either layout (newline, indentation) or a character inside a string (C1

@@ -345,30 +345,7 @@ class Mounts:
         """Call a mounted tool. Failures below the tool raise ``ToolCallError`` (``PinMismatchError``
         when its definition changed); a tool's own error is an ``isError`` result; a result over
         ``max_result_bytes`` comes back as an ``error_result``."""
-        live = self._lives.get(tool.server)
-        mounted = live.mounted.get(tool.tool) if live is not None else None
-        if live is None or mounted is None:
-            raise ToolCallError(
-                f"tool {tool.name!r} is not mounted",
-                remedy="Call only tools listed in Mounts.tools",
-                server=tool.server,
-                tool=tool.tool,
-                cause="not_mounted",
-            )
-        if tool.pin != mounted.pin:
-            raise PinMismatchError(
-                f"tool {tool.tool!r} of MCP server {tool.server!r} was given with pin {tool.pin}, "
-                f"but the mounted definition has pin {mounted.pin}",
-                server=tool.server,
-                tool=tool.tool,
-                expected=tool.pin,
-                actual=mounted.pin,
-            )
-        if tool.tool in live.changed:
-            raise live.pin_error(tool.tool)
-        client = live.client
-        if client is None or live.dead is not None:
-            raise _closed(tool.server, tool.tool, live.dead)
+        live, client = self._checked(tool)
 
         token = _calling.set((tool.server, tool.tool))
         try:
@@ -398,11 +375,16 @@ class Mounts:
     # -- MCP tasks (2025-11-25: task-augmented tools/call, tasks/get, tasks/result) ---------------
 
     def _checked(self, tool: MountedTool) -> tuple[_Live, Client]:
+        """The tool's live server and client, or the error that refuses the call before it is sent."""
         live = self._lives.get(tool.server)
         mounted = live.mounted.get(tool.tool) if live is not None else None
         if live is None or mounted is None:
             raise ToolCallError(
-                f"tool {tool.name!r} is not mounted", server=tool.server, tool=tool.tool, cause="not_mounted"
+                f"tool {tool.name!r} is not mounted",
+                remedy="Call only tools listed in Mounts.tools",
+                server=tool.server,
+                tool=tool.tool,
+                cause="not_mounted",
             )
         if tool.pin != mounted.pin:
             raise PinMismatchError(
