@@ -7,6 +7,7 @@ modules.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Protocol
@@ -56,6 +57,7 @@ def _encode(value: int, width: int) -> str:
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
+@functools.lru_cache(maxsize=256)  # budgets re-read the same few durations on every call
 def parse_duration_ms(text: str) -> int:
     """``"30s"`` -> 30000. Units: ms, s, m, h, d; a positive integer before the unit.
 

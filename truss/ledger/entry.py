@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from truss._errors import BundleFormatError, StoreError
-from truss.ledger.canonical import CanonicalError, canonical, is_plain, sha256_ref
+from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 
 __all__ = [
     "ENTRY_FIELDS",
@@ -36,6 +36,7 @@ __all__ = [
     "Signer",
     "StoredEntry",
     "check_record",
+    "encode_record",
     "entry_bytes",
     "iter_refs",
     "pae",
@@ -116,7 +117,13 @@ class Record:
 
 
 def check_record(record: Record) -> None:
-    """Refuse a record a store must not append: unknown kind, non-JSON body, a blob not matching its ref.
+    """Refuse a record a store must not append (see ``encode_record``)."""
+    encode_record(record)
+
+
+def encode_record(record: Record) -> bytes:
+    """The body's canonical bytes, after refusing a record a store must not append: unknown kind,
+    non-JSON body, a blob not matching its ref. One encoding pass does both.
 
     Raises ``StoreError`` (``reason``: ``unknown_kind``, ``bad_body``, ``unreferenced_blob``,
     ``blob_mismatch``): these are bugs in the calling code, not operator input. A lone surrogate in
@@ -131,8 +138,7 @@ def check_record(record: Record) -> None:
     if not isinstance(record.body, dict):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise StoreError(f"the body of a {record.kind} entry must be a JSON object", reason="bad_body")
     try:
-        if not is_plain(record.body):  # the fast path needs no encoding to know it will encode
-            canonical(record.body)
+        body_bytes = canonical(record.body)
     except CanonicalError as exc:
         raise StoreError(
             f"the body of a {record.kind} entry is not canonical JSON: {exc}",
@@ -153,6 +159,7 @@ def check_record(record: Record) -> None:
                 remedy="key blobs by sha256_ref(data)",
                 reason="blob_mismatch",
             )
+    return body_bytes
 
 
 def seal(

@@ -44,7 +44,7 @@ from truss._errors import (
     TrussError,
 )
 from truss.ledger.canonical import CanonicalError, canonical
-from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, check_record, entry_bytes, seal
+from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, encode_record, seal
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier, leaf_hash
 
@@ -217,11 +217,7 @@ def _as_bytes(value: object) -> bytes:
 
 
 def _encode_body(record: Record) -> bytes:
-    check_record(record)
-    try:
-        return entry_bytes(record.body)
-    except CanonicalError as exc:
-        raise StoreError(f"the body of a {record.kind} entry is not canonical JSON: {exc}", reason="bad_body") from exc
+    return encode_record(record)
 
 
 class _Pending:
