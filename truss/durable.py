@@ -34,7 +34,7 @@ from truss._errors import (
     UsageError,
 )
 from truss.budget import BudgetState
-from truss.contract import Contract, render_intent
+from truss.contract import Contract, ProviderCapabilities, render_intent
 from truss.gate import Gate, Journal, Redactor
 from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
@@ -264,6 +264,7 @@ class _RecordOnlyProvider:
     """A model that knows nothing: every turn must come from the record."""
 
     name = "replay"
+    capabilities = ProviderCapabilities(needs_model=False)
 
     def __init__(self) -> None:
         self.asked: int | None = None

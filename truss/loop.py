@@ -374,9 +374,9 @@ async def _turn(  # noqa: PLR0917 - one private call site
                     actual="erased",
                 )
             response = TurnResponse.from_json(json.loads(data))
-            if provider.name == "scripted":
-                # The scripted provider is a pure function of the plan and the request: asking it
-                # costs nothing and calls nothing, and a different answer means the plan changed
+            if provider.capabilities.plays_plan:
+                # A provider that plays a plan is a pure function of the plan and the request: asking
+                # it costs nothing and calls nothing, and a different answer means the plan changed
                 # since the run was recorded (an edited contract, a different ${env.X}).
                 planned = _recorded_form((await provider.next_turn(request)).to_json(), redactor, by_provider, contract)
                 if sha256_ref(canonical(planned)) != body.get("response"):

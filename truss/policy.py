@@ -46,11 +46,12 @@ import fnmatch
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from truss._regex import LINEAR, MAX_MATCH_CHARS, REGEX_STEP_BUDGET, RegexProfile, regex_profile
 from truss.contract import ArgCondition, Contract, PolicyRule
 from truss.tools import MountedTool, namespaced, split_namespaced
 
@@ -69,9 +70,6 @@ __all__ = [
     "lint",
     "regex_profile",
 ]
-
-MAX_MATCH_CHARS = 65_536
-"""The longest string a ``glob``, ``not_glob`` or ``regex`` condition is run against."""
 
 _MAX_EQUAL_DEPTH = 64
 
@@ -111,10 +109,13 @@ Decision = Allow | Deny | Ask
 def decide(
     contract: Contract,
     tool: str,
-    arguments: Mapping[str, Any],
+    arguments: object,
     mounted: Mapping[str, MountedTool],
 ) -> Decision:
-    """The policy decision for calling namespaced ``tool`` with ``arguments``. Never raises on arguments."""
+    """The policy decision for calling namespaced ``tool`` with ``arguments``. Never raises on arguments.
+
+    ``arguments`` is whatever the model sent: anything but a JSON object is denied ``bad_arguments``.
+    """
     # 1. mounted, declared and allowlisted
     refusal = _not_mounted(contract, tool, mounted)
     if refusal is not None:
@@ -122,7 +123,8 @@ def decide(
     mounted_tool = mounted[tool]
 
     # 2. the arguments are an object
-    if not isinstance(arguments, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance] - untrusted input
+    given = _as_mapping(arguments)
+    if given is None:
         return Deny("bad_arguments", f"the arguments of {tool} must be a JSON object", None)
 
     # 3. readonly_only: annotations may only restrict
@@ -137,7 +139,7 @@ def decide(
     for index, rule in enumerate(contract.policy.rules):
         if not fnmatch.fnmatchcase(tool, rule.tool):
             continue
-        decision = _apply_rule(index, rule, tool, arguments)
+        decision = _apply_rule(index, rule, tool, given)
         if decision is not None:
             return decision
 
@@ -147,8 +149,8 @@ def decide(
     return Deny("default", f"no policy rule allows {tool} and policy.default is deny", None)
 
 
-def _not_mounted(contract: Contract, tool: str, mounted: Mapping[str, MountedTool]) -> str | None:
-    if not isinstance(tool, str):  # pyright: ignore[reportUnnecessaryIsInstance] - untrusted input
+def _not_mounted(contract: Contract, tool: object, mounted: Mapping[str, MountedTool]) -> str | None:
+    if not isinstance(tool, str):  # the caller's type says str; the name came from a model
         return "the tool name is not a string"
     shown = _short(tool)
     entry = mounted.get(tool)
@@ -254,7 +256,7 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
         record(any(json_equal(value, option) for option in condition.in_))
 
     if condition.glob is not None or condition.not_glob is not None or condition.regex is not None:
-        profile = regex_profile(condition.regex) if condition.regex is not None else _LINEAR
+        profile = regex_profile(condition.regex) if condition.regex is not None else LINEAR
         if not isinstance(value, str):
             unknown = "type"
         elif len(value) > profile.max_chars:
@@ -279,8 +281,9 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
                     record(_compiled(condition.regex).fullmatch(value) is not None)
 
     if condition.max_len is not None:
-        if isinstance(value, str | list):
-            record(len(value) <= condition.max_len)  # pyright: ignore[reportUnknownArgumentType]
+        length = _length(value)
+        if length is not None:
+            record(length <= condition.max_len)
         else:
             unknown = unknown or "type"
 
@@ -325,125 +328,6 @@ def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
-@dataclass(frozen=True)
-class RegexProfile:
-    """How much backtracking a pattern can do, read from its text (see ``regex_profile``).
-
-    ``quantifiers`` counts unbounded quantifiers (``*``, ``+``, ``{n,}``) that can backtrack
-    (not possessive), and back-references (their length is only known at run time). ``nested``
-    is set when a repetition of variable length (``*``, ``+``, ``?``, ``{1,3}``) or an
-    alternation sits inside a group that is itself repeated without bound and is not atomic: the
-    shape of exponential backtracking (``(a+)+``, ``(a|aa)*``). ``max_chars`` is the longest input
-    the pattern is run against, so that about ``max_chars ** quantifiers`` steps stay under
-    ``REGEX_STEP_BUDGET``.
-    """
-
-    quantifiers: int
-    nested: bool
-
-    @property
-    def max_chars(self) -> int:
-        if self.quantifiers <= 1:
-            return MAX_MATCH_CHARS
-        return min(MAX_MATCH_CHARS, int(REGEX_STEP_BUDGET ** (1.0 / self.quantifiers)))
-
-
-REGEX_STEP_BUDGET = 100_000_000
-"""Backtracking steps a ``regex`` condition may cost at worst (a tenth of a second or so)."""
-
-_LINEAR = RegexProfile(0, False)
-
-
-@dataclass
-class _Group:
-    atomic: bool
-    variable_inside: bool = False  # a repetition of variable length: '*', '+', '?', '{1,3}'
-    alternation: bool = False
-
-
-_DIGITS = frozenset("123456789")
-_QUANTIFIER_RE = re.compile(r"(\*|\+|\?|\{(\d*)(,?)(\d*)\})([?+]?)")
-
-
-@functools.lru_cache(maxsize=256)
-def regex_profile(pattern: str) -> RegexProfile:
-    """Read a pattern's backtracking shape without running it.
-
-    A conservative text scan, not a parser: it may call a safe pattern nested (for example
-    ``(?:[a-z]+/)*``), never the other way round for the shapes it knows. The fix for a pattern
-    it calls nested is an atomic group or a possessive quantifier, ``(?>[a-z]+/)*`` or
-    ``(?:[a-z]+/)*+``, which Python supports since 3.11.
-    """
-    stack = [_Group(atomic=False)]
-    count = 0
-    nested = False
-    i = 0
-    n = len(pattern)
-    while i < n:
-        ch = pattern[i]
-        closed: _Group | None = None
-        if ch == "\\":
-            # A back-reference matches a length only known at run time: it backtracks like '.*'.
-            if pattern[i + 1 : i + 2] in _DIGITS:
-                count += 1
-                stack[-1].variable_inside = True
-            i += 2
-        elif ch == "[":
-            i = _skip_class(pattern, i)
-        elif ch == "(":
-            if pattern.startswith("(?#", i):
-                end = pattern.find(")", i)
-                i = n if end < 0 else end + 1
-                continue
-            if pattern.startswith("(?P=", i):
-                count += 1
-                stack[-1].variable_inside = True
-            stack.append(_Group(atomic=pattern.startswith("(?>", i)))
-            i += 1
-            continue
-        elif ch == ")":
-            closed = stack.pop() if len(stack) > 1 else _Group(atomic=False)
-            i += 1
-        elif ch == "|":
-            stack[-1].alternation = True
-            i += 1
-            continue
-        else:
-            i += 1
-        match = _QUANTIFIER_RE.match(pattern, i)
-        unbounded = variable = possessive = False
-        if match is not None:
-            symbol, lower, comma, upper, mode = match.groups()
-            if symbol != "{}":  # '{}' is a literal as Python's re reads it
-                unbounded = symbol in ("*", "+") or (bool(comma) and not upper)
-                variable = symbol == "?" or unbounded or (bool(comma) and (lower or "0") != upper)
-                possessive = mode == "+"
-                i = match.end()
-        if closed is not None:
-            risky_inside = (closed.variable_inside or closed.alternation) and not closed.atomic
-            if unbounded and not possessive and risky_inside:
-                nested = True
-            if closed.variable_inside and not closed.atomic:
-                stack[-1].variable_inside = True
-        if variable and not possessive:
-            stack[-1].variable_inside = True
-        if unbounded and not possessive:
-            count += 1
-    return RegexProfile(count, nested)
-
-
-def _skip_class(pattern: str, i: int) -> int:
-    """The index after the character class that starts at ``pattern[i] == '['``."""
-    j = i + 1
-    if j < len(pattern) and pattern[j] == "^":
-        j += 1
-    if j < len(pattern) and pattern[j] == "]":
-        j += 1
-    while j < len(pattern) and pattern[j] != "]":
-        j += 2 if pattern[j] == "\\" else 1
-    return j + 1
-
-
 def json_equal(a: Any, b: Any, _depth: int = 0) -> bool:
     """Equality of JSON values: ``true`` is not ``1``, ``1`` is ``1.0``, arrays and objects compare deeply.
 
@@ -460,14 +344,26 @@ def json_equal(a: Any, b: Any, _depth: int = 0) -> bool:
     if isinstance(a, str) and isinstance(b, str):
         return a == b
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        left: list[Any] = list(a)  # pyright: ignore[reportUnknownArgumentType]
-        right: list[Any] = list(b)  # pyright: ignore[reportUnknownArgumentType]
+        left, right = cast(Sequence[Any], a), cast(Sequence[Any], b)
         return len(left) == len(right) and all(json_equal(x, y, _depth + 1) for x, y in zip(left, right, strict=True))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        ma: Mapping[Any, Any] = a  # pyright: ignore[reportUnknownVariableType]
-        mb: Mapping[Any, Any] = b  # pyright: ignore[reportUnknownVariableType]
+        ma, mb = cast(Mapping[Any, Any], a), cast(Mapping[Any, Any], b)
         return ma.keys() == mb.keys() and all(json_equal(ma[k], mb[k], _depth + 1) for k in ma)
     return False
+
+
+def _as_mapping(value: object) -> Mapping[str, Any] | None:
+    """``value`` as a JSON object, or None. Keys are not checked: lookups by a string key are safe either way."""
+    return cast(Mapping[str, Any], value) if isinstance(value, Mapping) else None
+
+
+def _length(value: object) -> int | None:
+    """The length a ``max_len`` condition tests: of a string, or of an array; None for anything else."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        return len(cast(list[Any], value))
+    return None
 
 
 @dataclass(frozen=True)

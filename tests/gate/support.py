@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from truss.budget import BudgetState
-from truss.contract import Contract, load_contract_text
+from truss.contract import Contract, ProviderCapabilities, load_contract_text
 from truss.gate import Gate, Journal, Redactor
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
@@ -85,6 +85,7 @@ class ListProvider:
     responses: list[TurnResponse]
     requests: list[TurnRequest] = field(default_factory=list[TurnRequest])
     name: str = "list"
+    capabilities: ProviderCapabilities = field(default_factory=lambda: ProviderCapabilities(needs_model=False))
 
     async def next_turn(self, request: TurnRequest) -> TurnResponse:
         self.requests.append(request)

@@ -24,6 +24,7 @@ ALLOWED = {
     "re",
     "types",
     "typing",
+    "truss._regex",
     "truss.contract",
     "truss.tools",
 }

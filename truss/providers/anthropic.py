@@ -23,6 +23,7 @@ import httpx2
 
 from truss._clock import Clock
 from truss._errors import ProviderError
+from truss.contract.providers import ANTHROPIC
 from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_arguments, as_list, as_object, token_count
 from truss.providers.base import StopReason, ToolCall, TurnRequest, TurnResponse, Usage
 
@@ -45,6 +46,7 @@ class AnthropicProvider:
     """A model behind the Anthropic Messages API."""
 
     name = "anthropic"
+    capabilities = ANTHROPIC.capabilities
 
     def __init__(
         self,

@@ -24,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-__all__ = ["Provider", "ToolCall", "ToolSpec", "TurnRequest", "TurnResponse", "Usage"]
+from truss.contract.providers import ProviderCapabilities
+
+__all__ = ["Provider", "ProviderCapabilities", "ToolCall", "ToolSpec", "TurnRequest", "TurnResponse", "Usage"]
 
 StopReason = Literal["end_turn", "tool_use", "max_tokens", "refusal", "other"]
 
@@ -117,9 +119,17 @@ class TurnResponse:
 
 
 class Provider(Protocol):
-    """A model. Real providers retry 429/5xx themselves and raise ``ProviderError`` when they give up."""
+    """A model. Real providers retry 429/5xx themselves and raise ``ProviderError`` when they give up.
+
+    ``name`` is recorded in every ``model_turn``; ``capabilities`` is what the loop asks instead of
+    the name (whether the provider plays a fixed plan, so a recorded turn may be checked by asking
+    it again).
+    """
 
     name: str
+
+    @property
+    def capabilities(self) -> ProviderCapabilities: ...
 
     async def next_turn(self, request: TurnRequest) -> TurnResponse: ...
 

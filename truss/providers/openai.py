@@ -31,6 +31,7 @@ import httpx2
 
 from truss._clock import Clock
 from truss._errors import ProviderError
+from truss.contract.providers import OPENAI
 from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_arguments, as_list, as_object, token_count
 from truss.providers.base import StopReason, ToolCall, TurnRequest, TurnResponse, Usage
 
@@ -51,6 +52,7 @@ class OpenAIProvider:
     """A model behind a Chat Completions endpoint (OpenAI or any compatible server)."""
 
     name = "openai"
+    capabilities = OPENAI.capabilities
 
     def __init__(
         self,

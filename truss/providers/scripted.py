@@ -9,8 +9,9 @@ function of the request and the contract only, so a replayed run asks for, and g
 Step arguments may refer to earlier results (steps count from 0):
 
 - ``${steps.N.result}``: the text of step N's result;
-- ``${steps.N.result/a/0/b}``: an RFC 6901 pointer into step N's ``structuredContent`` (or, when
-  the server sent none, into its text parsed as JSON);
+- ``${steps.N.result/a/0/b}``: an RFC 6901 pointer (``truss._pointer``, the one resolver done
+  checks use too) into step N's ``structuredContent`` (or, when the server sent none, into its
+  text parsed as JSON);
 - ``${steps.N.is_error}``: whether step N's result was an error (a denial is one).
 
 A string that is exactly one reference takes the referenced JSON value with its type; a reference
@@ -37,7 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from truss._errors import InputError
+from truss._pointer import resolve_pointer
 from truss.contract import Contract, Step, render_arguments
+from truss.contract.providers import SCRIPTED
 from truss.ledger.canonical import canonical
 from truss.providers._http import as_list, as_object
 from truss.providers.base import ToolCall, TurnRequest, TurnResponse
@@ -69,6 +72,7 @@ class ScriptedProvider:
     """Plays the contract's steps; ``environ`` fills ``${env.X}`` in their arguments."""
 
     name = "scripted"
+    capabilities = SCRIPTED.capabilities
 
     def __init__(self, contract: Contract, *, environ: Mapping[str, str]) -> None:
         self._steps: list[Step] = list(contract.agent.steps)
@@ -232,30 +236,3 @@ def _as_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return canonical(value).decode("utf-8")
-
-
-def resolve_pointer(document: Any, pointer: str) -> tuple[bool, Any]:
-    """RFC 6901: ``(True, value)`` when ``pointer`` finds a value in ``document``, else ``(False, None)``."""
-    if pointer == "":
-        return True, document
-    if not pointer.startswith("/"):
-        return False, None
-    current = document
-    for raw in pointer[1:].split("/"):
-        part = raw.replace("~1", "/").replace("~0", "~")
-        obj = as_object(current)
-        items = as_list(current)
-        if obj is not None:
-            if part not in obj:
-                return False, None
-            current = obj[part]
-        elif items is not None:
-            if not part.isdigit() or not part.isascii() or (part != "0" and part.startswith("0")):
-                return False, None
-            position = int(part)
-            if position >= len(items):
-                return False, None
-            current = items[position]
-        else:
-            return False, None
-    return True, current

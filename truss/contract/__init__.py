@@ -1,0 +1,102 @@
+"""Contracts: the models of every table and key, and loading, layering, substitution and hashing.
+
+A contract is one TOML file (DESIGN section 2). The package has one module per job:
+
+- ``fields``: the value types of keys (names, globs, regexes, durations, pointers) and the model base;
+- ``models``: the tables (``Contract`` and everything in it but servers and done checks);
+- ``servers``: ``[[mcp.servers]]``;
+- ``checks``: ``[[done.checks]]`` and the registry of done-check kinds with their evaluations;
+- ``providers``: the registry of provider kinds ``[agent] provider`` may name, and their capabilities;
+- ``layers``: reading files and merging operator config, agent file, contract and overlay;
+- ``validation``: pydantic's errors as one located ``ContractError``;
+- ``locating``: key paths and where each key is in a file's text;
+- ``substitution``: ``${params.X}``/``${env.X}``/``${steps...}``, checked at load, rendered at run time;
+- ``params``: typed param values and narrowed budgets from callers;
+- ``hashing``: the contract hash;
+- ``loading``: ``load_contract``, which ties them together.
+
+Every name below is importable from ``truss.contract`` itself. Reading files is the only I/O.
+"""
+
+from __future__ import annotations
+
+from truss.contract.checks import (
+    DONE_CHECKS,
+    CallRecord,
+    Checked,
+    CheckKind,
+    DoneCheck,
+    Evidence,
+    match_value,
+    value_at,
+)
+from truss.contract.fields import duration_ms
+from truss.contract.hashing import contract_hash
+from truss.contract.layers import MAX_FILE_BYTES, MAX_NESTING, decode_toml_bytes, read_toml_file
+from truss.contract.loading import load_contract, load_contract_text, validation_context
+from truss.contract.locating import format_path
+from truss.contract.models import (
+    AgentConfig,
+    ArgCondition,
+    Budget,
+    Contract,
+    ContractMeta,
+    DoneConfig,
+    Harness,
+    LedgerSettings,
+    ParamSpec,
+    Policy,
+    PolicyRule,
+    Step,
+)
+from truss.contract.params import narrow_budget, parse_param_args
+from truss.contract.providers import PROVIDER_KINDS, ProviderCapabilities, ProviderKind
+from truss.contract.servers import AsyncDecl, AsyncPending, McpConfig, SecretHeader, Server, ToolSettings
+from truss.contract.substitution import render_arguments, render_intent, template_refs
+
+__all__ = [
+    "DONE_CHECKS",
+    "MAX_FILE_BYTES",
+    "MAX_NESTING",
+    "PROVIDER_KINDS",
+    "AgentConfig",
+    "ArgCondition",
+    "AsyncDecl",
+    "AsyncPending",
+    "Budget",
+    "CallRecord",
+    "CheckKind",
+    "Checked",
+    "Contract",
+    "ContractMeta",
+    "DoneCheck",
+    "DoneConfig",
+    "Evidence",
+    "Harness",
+    "LedgerSettings",
+    "McpConfig",
+    "ParamSpec",
+    "Policy",
+    "PolicyRule",
+    "ProviderCapabilities",
+    "ProviderKind",
+    "SecretHeader",
+    "Server",
+    "Step",
+    "ToolSettings",
+    "contract_hash",
+    "decode_toml_bytes",
+    "duration_ms",
+    "format_path",
+    "load_contract",
+    "load_contract_text",
+    "match_value",
+    "narrow_budget",
+    "parse_param_args",
+    "read_toml_file",
+    "render_arguments",
+    "render_intent",
+    "template_refs",
+    "validation_context",
+    "value_at",
+]

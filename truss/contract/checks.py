@@ -1,0 +1,259 @@
+"""Done checks: the ``[[done.checks]]`` model, the registry of check kinds, and the built-in kinds.
+
+A check's ``kind`` is looked up in a registry of ``CheckKind`` when the contract loads: a kind
+that is not registered is refused there with its key path (fail closed), so no check can reach
+the verdict without its own evaluation. A kind says which of the check's keys it needs
+(``tool``; ``regex`` or ``equals``) and may check more (``validate``); its ``evaluate`` reads the
+session's ``Evidence`` (the recorded calls, denials, final answer and payloads) and returns
+``Checked(ok, detail)``. ``truss.verdict`` gathers the evidence from the ledger and turns the
+results into the verdict. A program or a test adds a kind with ``DONE_CHECKS.register(kind)``
+(or its own registry, given to the loader and to ``truss.verdict.evaluate``).
+
+The built-in kinds:
+
+- ``tool_succeeded``: the tool was called and its *last* call returned a result without
+  ``isError`` (a model may retry after an error; what it ended with counts).
+- ``result_matches``: the last successful call of the tool has, at ``pointer``, a value that
+  ``equals`` the given JSON value or whose text matches ``regex`` (``re.search``: the pattern may
+  match anywhere; anchor it with ``^``/``$`` to match all). ``pointer = ""`` means the result's
+  text; any other pointer (RFC 6901) reads ``structuredContent``, or the text parsed as JSON when
+  the server sent no structured content. A non-string value is matched as compact JSON.
+- ``final_matches``: the model's final answer, with ``equals`` or ``regex`` as above.
+- ``no_denials``: no call was denied (by policy, budget, a person or a bad request); with
+  ``tool`` set, no call of that tool was.
+
+Pure: evaluation reads payloads only through the ``blob`` function it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from pydantic import ValidationInfo, field_validator, model_validator
+
+from truss._pointer import resolve_pointer
+from truss._registry import Registry
+from truss.contract.fields import TOOL_REF_RE, KeyValueError, Model, Pointer, Regex
+from truss.ledger.canonical import CanonicalError, canonical
+
+__all__ = [
+    "DONE_CHECKS",
+    "CallRecord",
+    "CheckKind",
+    "Checked",
+    "DoneCheck",
+    "Evidence",
+    "check_kinds_in",
+    "match_value",
+    "value_at",
+]
+
+MAX_MATCH_CHARS = 1_048_576
+"""The most text a ``regex`` check searches (checks run on recorded results, which ``max_result_bytes`` bounds)."""
+
+
+class DoneCheck(Model):
+    """One ``[[done.checks]]`` table. Which keys a check needs depends on its kind."""
+
+    kind: str
+    tool: str | None = None
+    pointer: Pointer = ""
+    regex: Regex | None = None
+    equals: Any = None
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, value: str, info: ValidationInfo) -> str:
+        kinds = check_kinds_in(info.context)
+        if value not in kinds:
+            raise KeyValueError(
+                kinds.unknown(value),
+                remedy="Use one of the kinds docs/contracts.md lists, or register yours in truss.contract.DONE_CHECKS",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self, info: ValidationInfo) -> DoneCheck:
+        kind = check_kinds_in(info.context).require(self.kind)
+        if kind.needs_tool and not self.tool:
+            raise ValueError(f"a {self.kind} check needs a tool")
+        if self.tool is not None and not TOOL_REF_RE.match(self.tool):
+            raise ValueError(f"tool {self.tool!r} must be a namespaced name 'mcp:<server>:<tool>'")
+        if kind.needs_match and self.regex is None and "equals" not in self.model_fields_set:
+            raise ValueError(f"a {self.kind} check needs regex or equals")
+        problem = kind.validate(self) if kind.validate is not None else None
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One recorded ``mcp_tool_call``: ``failure`` is its failure cause when the call failed below the tool."""
+
+    tool: str
+    call: str
+    is_error: bool
+    result_ref: str | None
+    failure: str | None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a session recorded, as done checks read it: calls and denials in order, the final answer."""
+
+    calls: Sequence[CallRecord]
+    denials: Sequence[str]  # the tool of each denied call
+    final_text: str | None
+    blob: Callable[[str], bytes | None]
+
+    def calls_of(self, tool: str | None) -> list[CallRecord]:
+        return [c for c in self.calls if c.tool == tool]
+
+    def payload(self, call: CallRecord) -> Any | None:
+        """The recorded result of ``call`` as JSON, or None when it has none or its payload was erased."""
+        data = self.blob(call.result_ref) if call.result_ref else None
+        return None if data is None else json.loads(data)
+
+
+@dataclass(frozen=True)
+class Checked:
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class CheckKind:
+    """A done-check kind: its name, the keys it needs, its evaluation."""
+
+    name: str
+    evaluate: Callable[[DoneCheck, Evidence], Checked]
+    needs_tool: bool = False
+    needs_match: bool = False  # regex or equals
+    validate: Callable[[DoneCheck], str | None] | None = None  # more checks at load: the problem, or None
+    summary: str = ""
+
+
+def match_value(check: DoneCheck, value: Any) -> Checked:
+    """``value`` against the check's ``equals`` (JSON equality) or ``regex`` (searched in its text)."""
+    if "equals" in check.model_fields_set:
+        ok = _json_equal(value, check.equals)
+        return Checked(ok, "equals the expected value" if ok else "does not equal the expected value")
+    pattern = check.regex or ""
+    text = value if isinstance(value, str) else canonical(value).decode("utf-8")
+    ok = re.search(pattern, text[:MAX_MATCH_CHARS]) is not None
+    return Checked(ok, f"matches /{pattern}/" if ok else f"does not match /{pattern}/")
+
+
+def value_at(result: Any, pointer: str) -> tuple[bool, Any]:
+    """What a check's ``pointer`` finds in a recorded tool result: ``""`` is its text (see the module docstring)."""
+    if not isinstance(result, dict):
+        return False, None
+    wire = cast(dict[str, Any], result)
+    if pointer == "":
+        return True, _text(wire)
+    document: Any = wire.get("structuredContent")
+    if document is None:
+        try:
+            document = json.loads(_text(wire))
+        except (ValueError, RecursionError):
+            return False, None
+    return resolve_pointer(document, pointer)
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    try:
+        return canonical(a) == canonical(b)
+    except (CanonicalError, ValueError):
+        return False
+
+
+def _text(result: Mapping[str, Any]) -> str:
+    parts: list[str] = []
+    content: Any = result.get("content") or []
+    for item in cast(list[Any], content) if isinstance(content, list) else []:
+        if isinstance(item, dict):
+            block = cast(dict[str, Any], item)
+            if block.get("type") == "text" and isinstance(block.get("text"), str):
+                parts.append(block["text"])
+    return "\n".join(parts)
+
+
+# -- the built-in kinds -----------------------------------------------------------------------------
+
+
+def _tool_succeeded(check: DoneCheck, evidence: Evidence) -> Checked:
+    tool = check.tool
+    of_tool = evidence.calls_of(tool)
+    if not of_tool:
+        return Checked(False, f"{tool} was never called")
+    last = of_tool[-1]
+    if last.is_error:
+        why = f"failed ({last.failure})" if last.failure else "returned an error result"
+        return Checked(False, f"the last call of {tool} ({last.call}) {why}")
+    return Checked(True, f"{tool} succeeded ({last.call})")
+
+
+def _result_matches(check: DoneCheck, evidence: Evidence) -> Checked:
+    tool = check.tool
+    good = [c for c in evidence.calls_of(tool) if not c.is_error]
+    if not good:
+        return Checked(False, f"{tool} has no successful result")
+    last = good[-1]
+    result = evidence.payload(last)
+    if result is None:
+        return Checked(False, f"the result of {last.call} is not available (payload erased)")
+    found, value = value_at(result, check.pointer)
+    if not found:
+        return Checked(False, f"{last.call}: nothing at pointer {check.pointer!r}")
+    matched = match_value(check, value)
+    where = f"{last.call} at {check.pointer!r}" if check.pointer else f"{last.call} text"
+    return Checked(matched.ok, f"{where} {matched.detail}")
+
+
+def _final_matches(check: DoneCheck, evidence: Evidence) -> Checked:
+    if evidence.final_text is None:
+        return Checked(False, "the model gave no final answer")
+    matched = match_value(check, evidence.final_text)
+    return Checked(matched.ok, f"final answer {matched.detail}")
+
+
+def _no_denials(check: DoneCheck, evidence: Evidence) -> Checked:
+    hits = [t for t in evidence.denials if check.tool is None or t == check.tool]
+    if hits:
+        return Checked(False, f"{len(hits)} call(s) were denied")
+    return Checked(True, "no call was denied")
+
+
+DONE_CHECKS: Registry[CheckKind] = Registry(
+    "done-check kind",
+    [
+        CheckKind("tool_succeeded", _tool_succeeded, needs_tool=True, summary="the tool's last call succeeded"),
+        CheckKind(
+            "result_matches",
+            _result_matches,
+            needs_tool=True,
+            needs_match=True,
+            summary="the tool's last successful result matches",
+        ),
+        CheckKind("final_matches", _final_matches, needs_match=True, summary="the final answer matches"),
+        CheckKind("no_denials", _no_denials, summary="no call (of the tool) was denied"),
+    ],
+)
+"""The done-check kinds contracts are loaded and verdicts evaluated against unless given another registry."""
+
+CONTEXT_KEY = "truss.check_kinds"
+"""The key of a check-kind registry in a pydantic validation context (``Contract.model_validate``)."""
+
+
+def check_kinds_in(context: object) -> Registry[CheckKind]:
+    """The registry a validation ``context`` carries, or ``DONE_CHECKS``."""
+    if isinstance(context, Mapping):
+        found = cast(Mapping[str, Any], context).get(CONTEXT_KEY)
+        if isinstance(found, Registry):
+            return cast(Registry[CheckKind], found)
+    return DONE_CHECKS

@@ -1,0 +1,160 @@
+"""The value types of contract keys: names, globs, regexes, durations, pointers, and the model base.
+
+Every model of the contract package derives from ``Model`` (unknown keys refused, frozen, strict
+types) and types its keys with the annotated types here, so that a glob, a regex or a duration is
+checked the same way wherever it appears. Durations stay strings (``"30s"``) so that the canonical
+form and its hash are what the operator wrote; ``duration_ms()`` converts them. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import warnings
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from truss._clock import parse_duration_ms
+from truss._pointer import pointer_problem
+
+__all__ = [
+    "CREDENTIAL_ENV_RE",
+    "CREDENTIAL_HEADER_RE",
+    "CREDENTIAL_QUERY_RE",
+    "ENV_NAME_RE",
+    "NAME_RE",
+    "PIN_RE",
+    "SERVER_NAME_RE",
+    "TOOL_REF_RE",
+    "Duration",
+    "EnvName",
+    "Glob",
+    "KeyValueError",
+    "Model",
+    "NonNegativeInt",
+    "Pointer",
+    "PositiveInt",
+    "Regex",
+    "check_env_name",
+    "check_tool_ref",
+    "duration_ms",
+    "toml_type",
+]
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+SERVER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+PIN_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+TOOL_REF_RE = re.compile(r"^mcp:[a-z0-9][a-z0-9_-]{0,31}:.+$")
+CREDENTIAL_ENV_RE = re.compile(r"(?i)token|secret|passw(?:or)?d|api_?key|access_?key|private_?key|credential|cookie")
+"""Environment names whose literal values would be credentials (refused in ``env``: use ``secret_env``)."""
+CREDENTIAL_HEADER_RE = re.compile(r"(?i)^(?:proxy-)?authorization$|^cookie$|token|secret|api-?key|password")
+"""Header names whose literal values would be credentials (refused: use ``{ secret_env = ... }``)."""
+CREDENTIAL_QUERY_RE = re.compile(r"(?i)^(?:key|auth|sig|signature|code|credentials?)$")
+"""Query parameters that carry credentials in URLs (besides the header names above): ?key=, ?sig=, ?auth=."""
+
+
+def _check_duration(value: str) -> str:
+    parse_duration_ms(value)
+    return value
+
+
+def _check_regex(value: str) -> str:
+    with warnings.catch_warnings():
+        # Python warns (FutureWarning) about patterns whose meaning will change, such as '[a--z]'
+        # or a nested set; refusing them keeps a rule meaning the same on every Python version.
+        warnings.simplefilter("error")
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {value!r}: {exc}") from exc
+        except Warning as exc:
+            raise ValueError(f"ambiguous regular expression {value!r}: {exc}; escape the character") from exc
+    return value
+
+
+def _check_glob(value: str) -> str:
+    if not value:
+        raise ValueError("a glob may not be empty")
+    # fnmatch accepts nearly anything; refuse unbalanced character classes, which it would
+    # silently treat as literals and so match something other than what the operator meant.
+    depth = 0
+    for ch in value:
+        if ch == "[":
+            depth += 1
+        elif ch == "]" and depth:
+            depth -= 1
+    if depth:
+        raise ValueError(f"invalid glob {value!r}: '[' without a closing ']'")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            re.compile(fnmatch.translate(value))
+        except (re.error, Warning) as exc:
+            raise ValueError(f"invalid glob {value!r}: {exc}") from exc
+    return value
+
+
+def check_env_name(value: str) -> str:
+    if not ENV_NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name (letters, digits, '_')")
+    return value
+
+
+def check_tool_ref(value: str) -> str:
+    if not TOOL_REF_RE.match(value):
+        raise ValueError(f"tool {value!r} must be a namespaced name 'mcp:<server>:<tool>'")
+    return value
+
+
+def _check_pointer(value: str) -> str:
+    problem = pointer_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+Duration = Annotated[str, AfterValidator(_check_duration)]
+Regex = Annotated[str, AfterValidator(_check_regex)]
+Glob = Annotated[str, AfterValidator(_check_glob)]
+EnvName = Annotated[str, AfterValidator(check_env_name)]
+Pointer = Annotated[str, AfterValidator(_check_pointer)]
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+def duration_ms(value: str) -> int:
+    """Milliseconds of a validated duration string."""
+    return parse_duration_ms(value)
+
+
+class KeyValueError(ValueError):
+    """A validator's refusal that knows its remedy (the loader shows it instead of a generic one)."""
+
+    def __init__(self, message: str, *, remedy: str) -> None:
+        super().__init__(message)
+        self.remedy = remedy
+
+
+class Model(BaseModel):
+    """The base of every contract model: unknown keys refused, values frozen, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+
+
+def toml_type(value: Any) -> str:
+    """The TOML word for the type of ``value`` ("a string", "an array"), for messages."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__

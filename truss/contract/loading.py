@@ -1,0 +1,178 @@
+"""Loading a contract: its layers merged, validated against the models and registries, located errors.
+
+``load_contract`` reads the files and ``load_contract_text`` does the rest over their texts:
+parse each layer (``truss.contract.layers``), merge them into the effective data, validate it
+against the models (every pydantic error becomes one ``ContractError`` with the file, key path and
+line: ``truss.contract.validation``), check the ``${...}`` references
+(``truss.contract.substitution``) and the operator's ``[harness]`` limits, fill in the params
+(``truss.contract.params``) and check that the result has a canonical form to hash. The provider
+kinds and done-check kinds the contract may name come from registries (default
+``PROVIDER_KINDS`` and ``DONE_CHECKS``); a name that is not registered is refused here, with its
+key path, never treated as something else.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from truss._errors import UsageError
+from truss._registry import Registry
+from truss.contract.checks import CONTEXT_KEY as CHECKS_KEY
+from truss.contract.checks import DONE_CHECKS, CheckKind
+from truss.contract.hashing import contract_hash
+from truss.contract.layers import Layer, error_in, merge_layers, parse_layer, read_toml_file
+from truss.contract.models import Contract
+from truss.contract.params import param_values, parse_param_args
+from truss.contract.providers import CONTEXT_KEY as PROVIDERS_KEY
+from truss.contract.providers import PROVIDER_KINDS, ProviderKind
+from truss.contract.substitution import check_templates, env_refs
+from truss.contract.validation import from_validation
+from truss.ledger.canonical import CanonicalError
+
+__all__ = ["load_contract", "load_contract_text", "validation_context"]
+
+
+def _check_harness(contract: Contract, layers: list[Layer], effective: dict[str, Any]) -> None:
+    harness = contract.harness
+    for i, server in enumerate(contract.mcp.servers):
+        if (
+            server.transport == "stdio"
+            and harness.allow_commands is not None
+            and server.command not in harness.allow_commands
+        ):
+            raise error_in(
+                layers,
+                effective,
+                ("mcp", "servers", i, "command"),
+                f"server {server.name!r}: command {server.command!r} is not in the operator's [harness] allow_commands",
+                remedy="Use an allowed command, or ask the operator to add it to allow_commands",
+                server=server.name,
+            )
+        if server.transport == "http" and harness.allow_hosts is not None and server.url:
+            host = (urlsplit(server.url).hostname or "").lower()
+            if not any(fnmatch.fnmatchcase(host, pattern.lower()) for pattern in harness.allow_hosts):
+                raise error_in(
+                    layers,
+                    effective,
+                    ("mcp", "servers", i, "url"),
+                    f"server {server.name!r}: host {host!r} is not in the operator's [harness] allow_hosts",
+                    remedy="Use an allowed host, or ask the operator to add it to allow_hosts",
+                    server=server.name,
+                )
+
+
+def load_contract(
+    path: Path | str,
+    *,
+    home: Path | str | None = None,
+    agent_file: Path | str | None = None,
+    overlay: Path | str | None = None,
+    params: Mapping[str, Any] | None = None,
+    param_args: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    providers: Registry[ProviderKind] | None = None,
+    checks: Registry[CheckKind] | None = None,
+) -> Contract:
+    """The effective contract of the file at ``path`` with its layers (see ``truss.contract.layers``).
+
+    ``home``: the Truss home whose ``config.toml`` (if present) is the operator layer.
+    ``params``: typed values from a caller (serve-mcp); ``param_args``: ``["k=v"]`` from the
+    command line, typed by the contract's specs. ``environ``: when given, every ``${env.X}`` the
+    contract uses must be set in it (values are not read into the contract). ``providers`` and
+    ``checks``: the registries ``agent.provider`` and each done check's ``kind`` must be found in
+    (default ``PROVIDER_KINDS`` and ``DONE_CHECKS``).
+    """
+    config_text: tuple[str, str] | None = None
+    if home is not None:
+        config_path = Path(home) / "config.toml"
+        if config_path.exists():
+            config_text = (str(config_path), read_toml_file(config_path, role="operator config"))
+    return load_contract_text(
+        read_toml_file(path),
+        source=str(path),
+        config=config_text,
+        agent=(str(agent_file), read_toml_file(agent_file, role="agent")) if agent_file is not None else None,
+        overlay=(str(overlay), read_toml_file(overlay, role="overlay")) if overlay is not None else None,
+        params=params,
+        param_args=param_args,
+        environ=environ,
+        providers=providers,
+        checks=checks,
+    )
+
+
+def load_contract_text(
+    text: str,
+    *,
+    source: str,
+    config: tuple[str, str] | None = None,
+    agent: tuple[str, str] | None = None,
+    overlay: tuple[str, str] | None = None,
+    params: Mapping[str, Any] | None = None,
+    param_args: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    providers: Registry[ProviderKind] | None = None,
+    checks: Registry[CheckKind] | None = None,
+) -> Contract:
+    """``load_contract`` over texts: each layer is ``(file name for messages, TOML text)``. No I/O."""
+    contract_layer = parse_layer(text, file=source, role="contract")
+    config_layer = parse_layer(config[1], file=config[0], role="operator config") if config else None
+    agent_layer = parse_layer(agent[1], file=agent[0], role="agent") if agent else None
+    overlay_layer = parse_layer(overlay[1], file=overlay[0], role="overlay") if overlay else None
+    layers = [x for x in (config_layer, agent_layer, contract_layer, overlay_layer) if x is not None]
+
+    effective = merge_layers(config_layer, agent_layer, contract_layer, overlay_layer)
+    try:
+        contract = Contract.model_validate(effective, context=validation_context(providers, checks))
+    except ValidationError as exc:
+        raise from_validation(exc, layers, effective) from None
+    check_templates(layers, effective, contract.contract.params)
+    _check_harness(contract, layers, effective)
+
+    given: dict[str, Any] = dict(params or {})
+    if param_args:
+        try:
+            parsed = parse_param_args(param_args, contract.contract.params)
+        except UsageError as exc:
+            name = exc.fields.get("param")
+            raise contract_layer.error(
+                exc.message, ("contract", "params", *([name] if name else [])), remedy=exc.remedy, param=name
+            ) from None
+        for name, value in parsed.items():
+            if name in given:
+                raise UsageError(f"param {name!r} is given twice", remedy="Give each param once", param=name)
+            given[name] = value
+    contract = contract.model_copy(update={"param_values": param_values(contract, contract_layer, given)})
+
+    if environ is not None:
+        for name in env_refs(contract):
+            if name not in environ:
+                raise contract_layer.error(
+                    f"the contract uses ${{env.{name}}}, and {name} is not set",
+                    ("contract", "intent"),
+                    remedy=f"Set {name} in the environment that runs Truss",
+                    env=name,
+                )
+    try:
+        contract_hash(contract)
+    except CanonicalError as exc:
+        raise contract_layer.error(
+            f"the contract has no canonical JSON form: {exc}", remedy="Simplify the value"
+        ) from None
+    return contract
+
+
+def validation_context(
+    providers: Registry[ProviderKind] | None = None, checks: Registry[CheckKind] | None = None
+) -> dict[str, Any]:
+    """The pydantic context for ``Contract.model_validate`` that validates against these registries.
+
+    Without one, the models use ``PROVIDER_KINDS`` and ``DONE_CHECKS``.
+    """
+    return {PROVIDERS_KEY: providers or PROVIDER_KINDS, CHECKS_KEY: checks or DONE_CHECKS}

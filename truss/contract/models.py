@@ -1,0 +1,291 @@
+"""The contract models: every table and key of a contract except ``[[mcp.servers]]`` and ``[[done.checks]]``.
+
+``Contract`` is the effective contract (DESIGN section 2): what the loader builds from the layers,
+what is hashed and recorded when a session starts, and what every later stage reads. The models
+refuse unknown keys at every level and check names, globs, regexes, durations and sizes; a
+provider name must be registered (``truss.contract.providers``) and a done-check kind too
+(``truss.contract.checks``): the registries come from the validation context, or are the
+defaults. Servers live in ``truss.contract.servers``. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from truss._regex import regex_profile
+from truss.contract.checks import DoneCheck
+from truss.contract.fields import (
+    NAME_RE,
+    Duration,
+    EnvName,
+    Glob,
+    KeyValueError,
+    Model,
+    NonNegativeInt,
+    PositiveInt,
+    Regex,
+    check_tool_ref,
+    toml_type,
+)
+from truss.contract.hashing import contract_hash
+from truss.contract.providers import provider_kinds_in
+from truss.contract.servers import McpConfig
+
+__all__ = [
+    "AgentConfig",
+    "ArgCondition",
+    "Budget",
+    "Contract",
+    "ContractMeta",
+    "DoneConfig",
+    "Harness",
+    "LedgerSettings",
+    "ParamSpec",
+    "Policy",
+    "PolicyRule",
+    "Step",
+]
+
+
+# -- [contract] -------------------------------------------------------------------------------
+
+
+class ParamSpec(Model):
+    """A typed parameter a caller may fill in: ``{ type = "string", max_len = 100, default = "x" }``."""
+
+    type: Literal["string", "integer", "number", "boolean"]
+    description: str | None = None
+    default: str | int | float | bool | None = None
+    max_len: NonNegativeInt | None = None
+    min: int | float | None = None
+    max: int | float | None = None
+    regex: Regex | None = None
+    enum: list[str | int | float | bool] | None = Field(default=None, alias="in")
+
+    @field_validator("regex")
+    @classmethod
+    def _regex_is_bounded(cls, value: str | None) -> str | None:
+        # Param values come from callers (serve-mcp), so the pattern must not backtrack
+        # exponentially on them; the same reading of a pattern's shape as policy conditions.
+        if value is not None and regex_profile(value).nested:
+            raise ValueError(
+                f"regex {value!r} nests repetition, which can take exponential time on a caller's value; "
+                "make the inner repetition atomic '(?>...)' or possessive ('*+', '++')"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _default_fits(self) -> ParamSpec:
+        if self.default is not None:
+            problem = self.problem_with(self.default)
+            if problem:
+                raise ValueError(f"default {self.default!r} does not fit: {problem}")
+        return self
+
+    def problem_with(self, value: Any) -> str | None:
+        """Why ``value`` does not fit this parameter, or None when it does."""
+        kind = self.type
+        ok = {
+            "string": isinstance(value, str),
+            "integer": isinstance(value, int) and not isinstance(value, bool),
+            "number": isinstance(value, int | float) and not isinstance(value, bool),
+            "boolean": isinstance(value, bool),
+        }[kind]
+        if not ok:
+            article = "an" if kind == "integer" else "a"
+            return f"expected {article} {kind}, got {toml_type(value)}"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
+            return "beyond +/-2**53, which has no exact JSON number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "not a finite number"
+        if isinstance(value, str):
+            if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+                return "holds a lone surrogate, which is not text"
+            if self.max_len is not None and len(value) > self.max_len:
+                return f"longer than max_len {self.max_len}"
+            if self.regex is not None:
+                limit = regex_profile(self.regex).max_chars
+                if len(value) > limit:
+                    return f"longer than the {limit} characters its regex is tested on"
+                if not re.fullmatch(self.regex, value):
+                    return f"does not match {self.regex!r}"
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if self.min is not None and value < self.min:
+                return f"below min {self.min}"
+            if self.max is not None and value > self.max:
+                return f"above max {self.max}"
+        if self.enum is not None and value not in self.enum:
+            return f"not one of {self.enum!r}"
+        return None
+
+
+class ContractMeta(Model):
+    name: str
+    intent: str = Field(min_length=1, max_length=20_000)
+    description: str | None = None
+    params: dict[str, ParamSpec] = Field(default_factory=dict[str, ParamSpec])
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME_RE.match(value):
+            raise ValueError(f"contract name {value!r} must be 1-64 of [a-z0-9-], starting with a letter or digit")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _param_names(cls, value: dict[str, ParamSpec]) -> dict[str, ParamSpec]:
+        for key in value:
+            if not re.match(r"^[a-z_][a-z0-9_]{0,63}$", key):
+                raise ValueError(f"param name {key!r} must be [a-z_][a-z0-9_]*")
+        return value
+
+
+# -- [agent] ----------------------------------------------------------------------------------
+
+
+class Step(Model):
+    """One planned call of the scripted provider."""
+
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict[str, Any])
+
+    @field_validator("tool")
+    @classmethod
+    def _tool(cls, value: str) -> str:
+        return check_tool_ref(value)
+
+
+class AgentConfig(Model):
+    provider: str = "scripted"
+    model: str | None = None
+    base_url: str | None = None
+    api_key_env: EnvName | None = None
+    system: str | None = None
+    max_turns: PositiveInt = 20
+    max_parallel_calls: PositiveInt = 4
+    max_output_tokens: PositiveInt = 4096
+    temperature: float | None = None
+    request_timeout: Duration = "120s"
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 4
+    steps: list[Step] = Field(default_factory=list[Step])
+    final: str | None = None
+
+    @field_validator("provider")
+    @classmethod
+    def _registered(cls, value: str, info: ValidationInfo) -> str:
+        kinds = provider_kinds_in(info.context)
+        if value not in kinds:
+            raise KeyValueError(
+                kinds.unknown(value),
+                remedy="Use a provider docs/providers.md lists, or register yours in truss.providers.PROVIDERS",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _provider_needs(self, info: ValidationInfo) -> AgentConfig:
+        kind = provider_kinds_in(info.context).require(self.provider)
+        if kind.capabilities.needs_model and not self.model:
+            raise ValueError(f"provider {self.provider!r} needs a model (agent.model)")
+        if self.base_url is not None and not re.match(r"^https?://[^\s]+$", self.base_url):
+            raise ValueError(f"base_url {self.base_url!r} must be an http:// or https:// URL")
+        return self
+
+
+# -- [budget] ---------------------------------------------------------------------------------
+
+
+class Budget(Model):
+    max_tool_calls: NonNegativeInt = 100
+    max_model_turns: PositiveInt = 20
+    max_tokens: PositiveInt | None = None
+    deadline: Duration = "10m"
+    call_timeout: Duration = "60s"
+    max_result_bytes: PositiveInt = 1_048_576
+    charge_memo_hits: bool = True
+
+
+# -- [policy] ---------------------------------------------------------------------------------
+
+
+class ArgCondition(Model):
+    """Conditions on one argument; all given must hold for the rule to match."""
+
+    equals: Any = None
+    in_: list[Any] | None = Field(default=None, alias="in")
+    glob: Glob | None = None
+    not_glob: Glob | None = None
+    regex: Regex | None = None
+    max_len: NonNegativeInt | None = None
+    min: int | float | None = None
+    max: int | float | None = None
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> ArgCondition:
+        if not self.model_fields_set:
+            raise ValueError(
+                "an argument condition needs at least one of equals, in, glob, not_glob, regex, max_len, min, max"
+            )
+        return self
+
+
+class PolicyRule(Model):
+    tool: Glob
+    effect: Literal["allow", "deny", "ask"]
+    reason: str | None = None
+    args: dict[str, ArgCondition] = Field(default_factory=dict[str, ArgCondition])
+
+
+class Policy(Model):
+    default: Literal["allow", "deny"] = "allow"
+    readonly_only: bool = False
+    rules: list[PolicyRule] = Field(default_factory=list[PolicyRule])
+
+
+# -- [[done.checks]] --------------------------------------------------------------------------
+
+
+class DoneConfig(Model):
+    checks: list[DoneCheck] = Field(default_factory=list[DoneCheck])
+
+
+# -- [ledger], [harness] ----------------------------------------------------------------------
+
+
+class LedgerSettings(Model):
+    durability: Literal["power", "process"] = "power"
+
+
+class Harness(Model):
+    """Operator-only settings ($TRUSS_HOME/config.toml): which commands and hosts servers may use."""
+
+    allow_commands: list[str] | None = None
+    allow_hosts: list[str] | None = None
+
+
+# -- the whole ----------------------------------------------------------------------------------
+
+
+class Contract(Model):
+    contract: ContractMeta
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    budget: Budget = Field(default_factory=Budget)
+    policy: Policy = Field(default_factory=Policy)
+    mcp: McpConfig = Field(default_factory=McpConfig)
+    done: DoneConfig = Field(default_factory=DoneConfig)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    harness: Harness = Field(default_factory=Harness)
+    param_values: dict[str, str | int | float | bool] = Field(default_factory=dict[str, str | int | float | bool])
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form whose canonical bytes are hashed (aliases, no None-valued keys)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    @property
+    def hash(self) -> str:
+        """``sha256:`` over the RFC 8785 bytes of ``to_json()`` (see ``truss.contract.hashing``)."""
+        return contract_hash(self)

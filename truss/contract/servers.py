@@ -1,0 +1,216 @@
+"""The ``[[mcp.servers]]`` tables: how to reach a server, which of its tools to mount, and their settings.
+
+A server is stdio (a command, its args, cwd and literal env) or http (a URL and headers). Secrets
+never appear as values: ``secret_env`` names variables passed from Truss's environment, and a
+header whose value is a secret is ``{ secret_env = "VAR", format = "Bearer {}" }``; a literal that
+looks like a credential (by its name) is refused, because the effective contract is recorded. Tool
+settings, ``retry_in_doubt`` and ``[[mcp.servers.async]]`` may name only allowlisted tools. Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from truss.contract.fields import (
+    CREDENTIAL_ENV_RE,
+    CREDENTIAL_HEADER_RE,
+    CREDENTIAL_QUERY_RE,
+    PIN_RE,
+    SERVER_NAME_RE,
+    Duration,
+    EnvName,
+    Model,
+    NonNegativeInt,
+    Pointer,
+    check_env_name,
+)
+
+__all__ = ["AsyncDecl", "AsyncPending", "McpConfig", "SecretHeader", "Server", "ToolSettings"]
+
+
+class SecretHeader(Model):
+    """A header whose value comes from Truss's environment at connect time, never recorded."""
+
+    secret_env: EnvName
+    format: str = "{}"
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        if value.count("{}") != 1:
+            raise ValueError("format must contain exactly one '{}' where the secret goes")
+        return value
+
+
+class ToolSettings(Model):
+    name: str = Field(min_length=1, max_length=256)
+    budget_calls: NonNegativeInt | None = None
+    call_timeout: Duration | None = None
+    pin: str | None = None
+    memo: Duration | None = None
+
+    @field_validator("pin")
+    @classmethod
+    def _pin(cls, value: str | None) -> str | None:
+        if value is not None and not PIN_RE.match(value):
+            raise ValueError(f"pin {value!r} must be 'sha256:' and 64 lower-case hex digits")
+        return value
+
+
+class AsyncPending(Model):
+    pointer: Pointer
+    equals: Any
+
+
+class AsyncDecl(Model):
+    """The signal pattern: a result matching ``pending`` suspends until ``truss signal``."""
+
+    tool: str = Field(min_length=1)
+    pending: AsyncPending
+    signal: Pointer
+
+
+class Server(Model):
+    name: str
+    transport: Literal["stdio", "http"] = "stdio"
+    command: str | None = None
+    args: list[str] = Field(default_factory=list[str])
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict[str, str])
+    secret_env: list[EnvName] = Field(default_factory=list[str])
+    url: str | None = None
+    headers: dict[str, str | SecretHeader] = Field(default_factory=dict[str, str | SecretHeader])
+    allow_tools: list[str]
+    budget_calls: NonNegativeInt | None = None
+    call_timeout: Duration | None = None
+    connect_timeout: Duration = "30s"
+    secret_args: list[str] = Field(default_factory=list[str])
+    retry_in_doubt: list[str] = Field(default_factory=list[str])
+    tools: list[ToolSettings] = Field(default_factory=list[ToolSettings])
+    async_: list[AsyncDecl] = Field(default_factory=list[AsyncDecl], alias="async")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not SERVER_NAME_RE.match(value):
+            raise ValueError(f"server name {value!r} must be 1-32 of [a-z0-9_-], starting with a letter or digit")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, literal in value.items():
+            check_env_name(key)
+            # The effective contract is recorded in the ledger: a credential written here would be too.
+            if literal and CREDENTIAL_ENV_RE.search(key):
+                raise ValueError(
+                    f"env {key!r} holds a literal value and its name says it is a credential; the contract "
+                    f"is recorded, so list {key!r} in secret_env and set it in Truss's environment instead"
+                )
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url_without_credentials(cls, value: str | None) -> str | None:
+        # The effective contract is recorded and exported: a credential in the URL would be too.
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        found = "user info" if "@" in parts.netloc else None
+        for name, _ in parse_qsl(parts.query, keep_blank_values=True):
+            if CREDENTIAL_HEADER_RE.search(name) or CREDENTIAL_QUERY_RE.match(name):
+                found = f"query parameter {name!r}"
+        if found is not None:
+            raise ValueError(
+                f"url holds a credential ({found}); the contract is recorded, so send it as a header "
+                'from the environment instead: headers = { Authorization = { secret_env = "VARIABLE", '
+                'format = "Bearer {}" } }'
+            )
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str | SecretHeader]) -> dict[str, str | SecretHeader]:
+        for name, header in value.items():
+            if isinstance(header, str) and header and CREDENTIAL_HEADER_RE.search(name):
+                raise ValueError(
+                    f"header {name!r} holds a literal value and carries credentials; the contract is recorded, "
+                    f'so write {name} = {{ secret_env = "VARIABLE", format = "Bearer {{}}" }} instead'
+                )
+        return value
+
+    @field_validator("allow_tools")
+    @classmethod
+    def _allow_tools(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError('allow_tools is empty: list the tools to mount, or ["*"] for all advertised')
+        seen: set[str] = set()
+        for item in value:
+            if not item or item != item.strip() or any(ord(c) < 0x20 for c in item):
+                raise ValueError(f"allow_tools entry {item!r} is not a tool name")
+            if item in seen:
+                raise ValueError(f"allow_tools lists {item!r} twice")
+            seen.add(item)
+        if "*" in value and len(value) > 1:
+            raise ValueError('allow_tools: "*" already means every advertised tool; list it alone')
+        return value
+
+    @model_validator(mode="after")
+    def _transport_fields(self) -> Server:
+        if self.transport == "stdio":
+            if not self.command:
+                raise ValueError(f"server {self.name!r}: a stdio server needs a command")
+            if self.url is not None or self.headers:
+                raise ValueError(f"server {self.name!r}: url and headers belong to http servers")
+        else:
+            if not self.url or not re.match(r"^https?://[^\s]+$", self.url):
+                raise ValueError(f"server {self.name!r}: an http server needs a url starting with http:// or https://")
+            if self.command is not None or self.args or self.env or self.cwd is not None:
+                raise ValueError(f"server {self.name!r}: command, args, env and cwd belong to stdio servers")
+        names = [t.name for t in self.tools]
+        seen: set[str] = set()
+        for name in names:  # a set, not list.count: a large file must not cost quadratic time
+            if name in seen:
+                raise ValueError(f"server {self.name!r}: tool settings for {name!r} appear twice")
+            seen.add(name)
+        if "*" not in self.allow_tools:
+            allowed = set(self.allow_tools)
+            for label, listed in (
+                ("tools", names),
+                ("retry_in_doubt", self.retry_in_doubt),
+                ("async", [a.tool for a in self.async_]),
+            ):
+                for name in listed:
+                    if name not in allowed:
+                        raise ValueError(f"server {self.name!r}: {label} names {name!r}, which is not in allow_tools")
+        return self
+
+    def tool_settings(self, tool: str) -> ToolSettings | None:
+        for settings in self.tools:
+            if settings.name == tool:
+                return settings
+        return None
+
+
+class McpConfig(Model):
+    servers: list[Server] = Field(default_factory=list[Server])
+
+    @field_validator("servers")
+    @classmethod
+    def _unique(cls, value: list[Server]) -> list[Server]:
+        seen: set[str] = set()
+        for server in value:
+            if server.name in seen:
+                raise ValueError(f"server name {server.name!r} is declared twice")
+            seen.add(server.name)
+        return value
+
+    def server(self, name: str) -> Server | None:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        return None
