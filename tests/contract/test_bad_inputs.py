@@ -43,6 +43,11 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "bad_contract_name": ("bad_contract_name.toml", "contract.name", 2),
     "bad_server_name": ("bad_server_name.toml", "mcp.servers[0].name", 6),
     "command_not_in_allow_commands": ("command_not_in_allow_commands.toml", "mcp.servers[0].command", 7),
+    "done_check_pointer_with_unknown_escape": (
+        "done_check_pointer_with_unknown_escape.toml",
+        "done.checks[0].pointer",
+        13,
+    ),
     "done_check_without_tool": ("done_check_without_tool.toml", "done.checks[0]", 5),
     "duplicate_server_names": ("duplicate_server_names.toml", "mcp.servers[1].name", 11),
     "duration_as_number": ("duration_as_number.toml", "budget.call_timeout", 6),
@@ -96,6 +101,7 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "toml_datetime_value": ("toml_datetime_value.toml", "agent.steps[0].arguments.when", 7),
     "toml_duplicate_key": ("toml_duplicate_key.toml", None, 7),
     "toml_syntax_error_missing_value": ("toml_syntax_error_missing_value.toml", None, 6),
+    "unknown_done_check_kind": ("unknown_done_check_kind.toml", "done.checks[0].kind", 11),
     "unknown_key_in_policy_rule": ("unknown_key_in_policy_rule.toml", "policy.rules[0].because", 8),
     "unknown_key_in_server": ("unknown_key_in_server.toml", "mcp.servers[0].allowed_tools", 10),
     "unknown_key_after_multiline_values": (
@@ -105,6 +111,7 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     ),
     "unknown_param_reference": ("unknown_param_reference.toml", "agent.steps[0].arguments.timezone", 10),
     "unknown_policy_effect": ("unknown_policy_effect.toml", "policy.rules[0].effect", 7),
+    "unknown_provider": ("unknown_provider.toml", "agent.provider", 6),
     "unknown_top_level_key": ("unknown_top_level_key.toml", "budjet", 5),
     "unknown_transport": ("unknown_transport.toml", "mcp.servers[0].transport", 7),
     "unterminated_reference": ("unterminated_reference.toml", "contract.intent", 3),
@@ -198,6 +205,8 @@ SUBPROCESS_SAMPLE = [
     "overlay_names_unknown_server",
     "command_not_in_allow_commands",
     "not_utf8",
+    "unknown_provider",
+    "unknown_done_check_kind",
 ]
 
 

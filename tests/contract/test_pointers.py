@@ -1,0 +1,123 @@
+"""One strict RFC 6901 resolver for plans and done checks: each file in ``pointers/`` is a pointer a resolver got wrong.
+
+Each case is run where a user meets it: as a ``result_matches`` done check (a wrong resolver
+passes a check on the wrong element, or crashes the verdict) and as a ``${steps.N.result/...}``
+reference in a scripted plan (a wrong resolver sends the wrong value to the next tool). Both must
+agree: found and the same value, or not found (the check fails; the plan stops before the call).
+An invalid pointer (a ``~`` that is not ``~0``/``~1``) is refused when the contract loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import truss.providers
+import truss.verdict
+from tests.gate.support import fake_connector, new_store
+from truss import ContractError
+from truss._pointer import resolve_pointer
+from truss.contract import Contract, load_contract_text
+from truss.session import RunOutcome, run_contract
+from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
+from truss.tools import MountedTool, ToolResult
+
+CASES = sorted((Path(__file__).parent / "pointers").glob("*.json"))
+
+
+def case(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+SERVER = """
+[[mcp.servers]]
+name = "srv"
+command = "unused"
+allow_tools = ["doc", "echo"]
+"""
+
+
+async def run(contract: Contract, document: Any, tmp_path: Path) -> tuple[RunOutcome, FakeTransport]:
+    async def handler(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
+        if tool.tool == "doc":
+            return text_result("the document", structured=document)
+        return text_result("echoed")
+
+    fake = FakeTransport(handler, tools=[mounted_tool("srv", "doc"), mounted_tool("srv", "echo")])
+    clock = ManualClock()
+    store, key = new_store(tmp_path, clock)
+    with anyio.fail_after(30):
+        outcome = await run_contract(
+            contract,
+            store=store,
+            key=key,
+            clock=clock,
+            home=tmp_path / "home",
+            environ={},
+            connector=fake_connector(fake),
+        )
+    return outcome, fake
+
+
+def test_every_resolver_in_truss_is_the_one_resolver() -> None:
+    assert truss.verdict.resolve_pointer is resolve_pointer
+    assert truss.providers.resolve_pointer is resolve_pointer
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_the_resolver_finds_exactly_what_rfc_6901_points_at(path: Path) -> None:
+    c = case(path)
+    assert resolve_pointer(c["document"], c["pointer"]) == (c["found"], c["value"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+async def test_a_done_check_pointer_finds_what_the_resolver_finds_or_fails(path: Path, tmp_path: Path) -> None:
+    c = case(path)
+    expected = f"equals = {json.dumps(c['value'])}" if c["found"] else 'regex = ""'  # "" matches anything found
+    text = f"""
+[contract]
+name = "pointer-check"
+intent = "read a document"
+[[agent.steps]]
+tool = "mcp:srv:doc"
+{SERVER}
+[[done.checks]]
+kind = "result_matches"
+tool = "mcp:srv:doc"
+pointer = {json.dumps(c["pointer"])}
+{expected}
+"""
+    if not c["valid"]:
+        with pytest.raises(ContractError) as caught:
+            load_contract_text(text, source="c.toml")
+        assert caught.value.fields["path"] == "done.checks[0].pointer"
+        return
+    outcome, _ = await run(load_contract_text(text, source="c.toml"), c["document"], tmp_path)
+    assert outcome.status == ("pass" if c["found"] else "fail"), outcome.reason
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+async def test_a_plan_reference_finds_what_the_resolver_finds_or_stops_the_plan(path: Path, tmp_path: Path) -> None:
+    c = case(path)
+    reference = json.dumps("${steps.0.result" + c["pointer"] + "}")
+    text = f"""
+[contract]
+name = "pointer-plan"
+intent = "pass a value on"
+[[agent.steps]]
+tool = "mcp:srv:doc"
+[[agent.steps]]
+tool = "mcp:srv:echo"
+arguments = {{ value = {reference} }}
+{SERVER}
+"""
+    outcome, fake = await run(load_contract_text(text, source="c.toml"), c["document"], tmp_path)
+    echoed = [call.arguments for call in fake.calls if call.tool == "mcp:srv:echo"]
+    assert echoed == ([{"value": c["value"]}] if c["found"] else []), outcome.reason
