@@ -13,6 +13,7 @@ so that edge would make every module part of one cycle. An *explicit* ``import t
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from tests.test_architecture import ALL, ROOT, SOURCES, Import
@@ -111,7 +112,7 @@ def _a_cycle_in(graph: dict[str, dict[str, Import]], component: set[str]) -> lis
 
 
 def _describe(graph: dict[str, dict[str, Import]], cycle: list[str]) -> str:
-    steps = [f"  {a} -> {b} ({graph[a][b].file}:{graph[a][b].line})" for a, b in zip(cycle, cycle[1:], strict=False)]
+    steps = [f"  {a} -> {b} ({graph[a][b].file}:{graph[a][b].line})" for a, b in itertools.pairwise(cycle)]
     return "import cycle:\n" + "\n".join(steps)
 
 
