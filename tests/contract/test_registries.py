@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+from pydantic import ValidationError
 
 from tests.gate.support import fake_connector, new_store
 from truss import ContractError, InputError
@@ -27,6 +28,7 @@ from truss.contract import (
     ProviderCapabilities,
     ProviderKind,
     load_contract_text,
+    validation_context,
 )
 from truss.providers import PROVIDERS, Provider, ProviderEnv, ProviderRegistry, TurnRequest, TurnResponse, make_provider
 from truss.providers.base import ToolCall
@@ -34,6 +36,8 @@ from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
 from truss.verdict import evaluate
+
+DOCS = Path(__file__).resolve().parent.parent.parent / "docs"
 
 SERVER = """
 [[mcp.servers]]
@@ -135,6 +139,11 @@ def test_a_kind_in_a_private_registry_loads_only_with_that_registry() -> None:
     with pytest.raises(ContractError) as caught:
         load_contract_text(text, source="c.toml")
     assert caught.value.fields["path"] == "done.checks[0].kind"
+    # A recorded effective contract is read back the same way: with the registry, or not at all.
+    recorded = loaded.to_json()
+    assert Contract.model_validate(recorded, context=validation_context(checks=kinds)) == loaded
+    with pytest.raises(ValidationError):
+        Contract.model_validate(recorded)
 
 
 def test_a_check_whose_kind_has_no_evaluation_fails_the_verdict_and_never_passes() -> None:
@@ -280,3 +289,13 @@ def test_a_kind_registered_for_a_block_is_gone_after_it_even_when_the_block_rais
     assert "called_times" not in DONE_CHECKS
     with pytest.raises(LookupError):
         DONE_CHECKS.require("called_times")
+
+
+@pytest.mark.parametrize("name", DONE_CHECKS.names())
+def test_every_done_check_kind_truss_registers_has_a_row_in_the_reference(name: str) -> None:
+    assert f"| `{name}` |" in (DOCS / "contracts.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", PROVIDER_KINDS.names())
+def test_every_provider_truss_registers_has_a_row_in_the_providers_page(name: str) -> None:
+    assert f"| `{name}`" in (DOCS / "providers.md").read_text(encoding="utf-8")
