@@ -123,8 +123,15 @@ def test_only_the_clock_module_imports_time_uuid_or_secrets() -> None:
     assert not bad, _show(bad)
 
 
-PURE = ["truss/policy.py", "truss/budget.py", "truss/verdict.py", "truss/contract/", "truss/_regex.py"]
-PURE += ["truss/_pointer.py", "truss/_registry.py"]
+PURE = [
+    "truss/policy.py",
+    "truss/budget.py",
+    "truss/verdict.py",
+    "truss/contract/",
+    "truss/_regex.py",
+    "truss/_pointer.py",
+    "truss/_registry.py",
+]
 
 
 @pytest.mark.parametrize("module", PURE)

@@ -188,8 +188,8 @@ class AgentConfig(Model):
 
     @model_validator(mode="after")
     def _provider_needs(self, info: ValidationInfo) -> AgentConfig:
-        kind = provider_kinds_in(info.context).require(self.provider)
-        if kind.capabilities.needs_model and not self.model:
+        kind = provider_kinds_in(info.context).get(self.provider)  # None only if _registered refused it
+        if kind is not None and kind.capabilities.needs_model and not self.model:
             raise ValueError(f"provider {self.provider!r} needs a model (agent.model)")
         if self.base_url is not None and not re.match(r"^https?://[^\s]+$", self.base_url):
             raise ValueError(f"base_url {self.base_url!r} must be an http:// or https:// URL")
