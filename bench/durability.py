@@ -39,7 +39,7 @@ from truss.gate import CallRequest, Gate, Journal, Redactor  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
 from truss.ledger.keys import IdentityKey  # noqa: E402
 from truss.ledger.store import open_store  # noqa: E402
-from truss.mcp._tasks import connect_with_tasks  # noqa: E402
+from truss.mcp.client import connect  # noqa: E402
 from truss.session import approve_call, pending_approvals, resume_session, run_contract  # noqa: E402
 
 SERVER = REPO / "tests" / "durability" / "servers" / "counting.py"
@@ -84,7 +84,7 @@ async def replayed_vs_live(tmp: Path, store: Any, calls: int, rounds: int) -> No
     c = contract(tmp)
     live_times: list[float] = []
     replay_times: list[float] = []
-    async with connect_with_tasks(c, log_dir=tmp / "logs", clock=CLOCK) as mounts:
+    async with connect(c, log_dir=tmp / "logs", clock=CLOCK) as mounts:
         for r in range(rounds):
             session = f"live-{r}"
             journal = Journal(store, session)
@@ -116,7 +116,7 @@ async def replayed_vs_live(tmp: Path, store: Any, calls: int, rounds: int) -> No
 
 async def resume_long_session(tmp: Path, store: Any, key: Any, steps: int) -> None:
     c = contract(tmp, steps)
-    connector = functools.partial(connect_with_tasks, verbose=False)
+    connector = functools.partial(connect, verbose=False)
     common: dict[str, Any] = {"store": store, "key": key, "clock": CLOCK, "home": tmp, "environ": {},
                               "connector": connector}  # fmt: skip
     start = time.perf_counter()

@@ -20,7 +20,7 @@ from truss_cli._ctx import Ctx, table
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
 if TYPE_CHECKING:  # the session modules load only in the handlers: other commands stay fast
-    from truss.gate import ProgressEvent
+    from truss.events import Event
     from truss.session import RunOutcome
 
 _STATUS_WORD = {
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
             return outcome.exit_code
         from truss.session import run_contract
 
-        async def start(stop: anyio.Event, progress: Callable[[ProgressEvent], None]) -> RunOutcome:
+        async def start(stop: anyio.Event, progress: Callable[[Event], None]) -> RunOutcome:
             return await run_contract(
                 contract,
                 store=store,
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
                 environ=environ,
                 connector=_connector(ctx, no_wait=args.no_wait),
                 session_id=args.session,
-                on_progress=progress,
+                events=[progress],
                 stop=stop,
             )
 
@@ -118,7 +118,7 @@ def resume(args: argparse.Namespace, ctx: Ctx) -> int:
     try:
         from truss.session import resume_session
 
-        async def start(stop: anyio.Event, progress: Callable[[ProgressEvent], None]) -> RunOutcome:
+        async def start(stop: anyio.Event, progress: Callable[[Event], None]) -> RunOutcome:
             return await resume_session(
                 args.session,
                 store=store,
@@ -127,7 +127,7 @@ def resume(args: argparse.Namespace, ctx: Ctx) -> int:
                 home=ctx.home,
                 environ=environ,
                 connector=_connector(ctx, no_wait=args.no_wait),
-                on_progress=progress,
+                events=[progress],
                 stop=stop,
             )
 
@@ -187,12 +187,12 @@ def _open_ledger(ctx: Ctx, *, create: bool = False, signing: bool = True) -> tup
 def _connector(ctx: Ctx, *, no_wait: bool = False) -> Any:
     import functools
 
-    from truss.mcp._tasks import connect_with_tasks  # Mounts plus MCP Tasks for tools that declare them
+    from truss.mcp.client import connect
 
-    return functools.partial(connect_with_tasks, verbose=ctx.verbose, no_wait=no_wait)
+    return functools.partial(connect, verbose=ctx.verbose, no_wait=no_wait)
 
 
-def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[ProgressEvent], None]], Any]) -> RunOutcome:
+def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[Event], None]], Any]) -> RunOutcome:
     """Run ``start`` with a stop event that Ctrl-C and SIGTERM set, printing progress lines."""
     printer = _Progress(ctx)
 
@@ -224,24 +224,28 @@ def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[ProgressEvent], Non
 
 
 class _Progress:
-    """One stderr line per call: call id, tool, outcome, duration, what is left of the budget."""
+    """A subscriber of the run's events (``truss.events``) that prints one stderr line per call:
+    call id, tool, outcome, duration, what is left of the budget; with ``-v`` also model turns and
+    the servers' progress messages."""
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
 
-    def __call__(self, event: ProgressEvent) -> None:
-        if event.kind == "call":
-            outcome = event.outcome or "?"
-            if event.detail and outcome in ("denied", "failed"):
-                outcome += f" ({event.detail})"
+    def __call__(self, event: Event) -> None:
+        from truss.events import CallEnded, ModelAnswered, ToolProgress
+
+        if isinstance(event, CallEnded) and event.outcome != "error":  # an error is the run's to report
+            outcome = event.outcome
+            if event.code and outcome in ("denied", "failed"):
+                outcome += f" ({event.code})"
             duration = f"{event.duration_ms:.1f} ms" if event.duration_ms else "-"
             replayed = "  (replayed)" if event.replayed else ""
-            left = _left(event.budget_left or {})
+            left = _left(event.budget_left)
             self.ctx.progress(f"  {event.call:<6} {event.tool}  {outcome}  {duration}  left: {left}{replayed}")
-        elif event.kind == "tool_progress" and self.ctx.verbose:
+        elif isinstance(event, ToolProgress) and self.ctx.verbose:
             self.ctx.progress(f"  {event.call:<6} {event.tool}  progress {event.detail}")
-        elif event.kind == "turn" and self.ctx.verbose:
-            self.ctx.progress(f"  model {event.detail}{'  (replayed)' if event.replayed else ''}")
+        elif isinstance(event, ModelAnswered) and self.ctx.verbose:
+            self.ctx.progress(f"  model turn {event.turn}{'  (replayed)' if event.replayed else ''}")
 
 
 def _left(left: Mapping[str, Any]) -> str:

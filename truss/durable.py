@@ -20,7 +20,7 @@ frozen at the session's first entry (a deadline cannot be re-derived offline; se
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -296,7 +296,7 @@ class _ReadOnlyStore:
     def __init__(self, store: Any) -> None:
         self._store = store
 
-    def append(self, session: str, records: list[Record], **_: Any) -> list[StoredEntry]:
+    def append(self, session: str, records: Sequence[Record], **_: Any) -> list[StoredEntry]:
         kinds = ", ".join(r.kind for r in records)
         raise ReplayDivergenceError(
             f"replaying session {session} needed a step the record does not hold ({kinds})",
@@ -304,6 +304,10 @@ class _ReadOnlyStore:
             actual=f"a new {kinds} entry",
             session=session,
         )
+
+    def blob(self, ref: str) -> bytes | None:
+        data: bytes | None = self._store.blob(ref)
+        return data
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -37,11 +37,14 @@ from truss import budget as budget_mod
 from truss._clock import Clock
 from truss._errors import ProviderError, ReplayDivergenceError, TrussError
 from truss.budget import BudgetState, Charged, Exceeded
+from truss.calls import CallOutcome, CallRequest
 from truss.contract import Contract
-from truss.gate import CallOutcome, CallRequest, Gate, ProgressEvent, Redactor
+from truss.events import RunEvents
+from truss.gate import Gate
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record
 from truss.providers.base import Provider, ToolCall, ToolSpec, TurnRequest, TurnResponse
+from truss.redaction import Redactor
 from truss.turns import delta
 
 __all__ = ["DEFAULT_SYSTEM", "LoopResult", "StopReason", "run_loop"]
@@ -75,7 +78,7 @@ def _budget_note(left: Mapping[str, Any]) -> str:
     for key in ("servers", "tools"):
         nested: Any = left.get(key)
         if isinstance(nested, dict):
-            parts += [f"{key[:-1]} {name}={n}" for name, n in nested.items()]  # pyright: ignore[reportUnknownVariableType]
+            parts += [f"{key[:-1]} {name}={n}" for name, n in cast(dict[str, Any], nested).items()]
     return "[budget left: " + ", ".join(parts) + "]"
 
 
@@ -135,32 +138,84 @@ async def run_loop(
     clock: Clock,
     intent: str,
     redactor: Redactor,
-    on_progress: Callable[[ProgressEvent], None] | None = None,
+    events: RunEvents | None = None,
 ) -> LoopResult:
-    """Drive the run until it is done, stopped by a limit, failed by the provider, or suspended."""
+    """Drive the run until it is done, stopped by a limit, failed by the provider, or suspended.
+
+    Each turn is a span of ``events`` (``TurnStarted`` .. ``TurnEnded``) around the model's answer
+    and the calls it proposed; the gate's call spans are its children.
+    """
     tools = sorted(gate.tools.values(), key=lambda t: t.name)
     specs = [ToolSpec(t.provider_name, t.description, dict(t.input_schema)) for t in tools]
-    by_provider = {t.provider_name: t.name for t in tools}
-    system = contract.agent.system or DEFAULT_SYSTEM
-    conversation = _Conversation(intent)
-    tools_bytes = canonical(redactor.scrub([spec.to_json() for spec in specs]))
-    chain = _Chain(tools=sha256_ref(tools_bytes), tools_bytes=tools_bytes)
-    outcomes: list[CallOutcome] = []
-    limiter = anyio.CapacityLimiter(contract.agent.max_parallel_calls)
+    run = _Loop(
+        contract=contract,
+        gate=gate,
+        provider=provider,
+        clock=clock,
+        redactor=redactor,
+        events=events if events is not None and events.active else None,
+        specs=specs,
+        by_provider={t.provider_name: t.name for t in tools},
+        system=contract.agent.system or DEFAULT_SYSTEM,
+        conversation=_Conversation(intent),
+        chain=_chain(redactor, specs),
+        limiter=anyio.CapacityLimiter(contract.agent.max_parallel_calls),
+    )
     turn = 0
     while True:
         turn += 1
         charged = await gate.charge(lambda state: budget_mod.charge_turn(state, contract, clock.now_ms()))
         if isinstance(charged, Exceeded):
             stop: StopReason = "deadline" if charged.limit == "deadline" else "budget"
-            return LoopResult(stop, turn - 1, reason=charged.detail, limit=charged.limit, outcomes=tuple(outcomes))
-        time_left = budget_mod.time_left_s(contract, gate.budget, clock.now_ms())
+            return LoopResult(stop, turn - 1, reason=charged.detail, limit=charged.limit, outcomes=tuple(run.outcomes))
+        if run.events is None:
+            result = await run.turn(turn)
+        else:
+            run.events.turn_started(turn)
+            calls = len(run.outcomes)
+            try:
+                result = await run.turn(turn)
+            except BaseException:
+                run.events.turn_ended(turn, "error", len(run.outcomes) - calls)
+                raise
+            run.events.turn_ended(turn, result.stop if result is not None else "ok", len(run.outcomes) - calls)
+        if result is not None:
+            return result
+
+
+def _chain(redactor: Redactor, specs: list[ToolSpec]) -> _Chain:
+    tools_bytes = canonical(redactor.scrub([spec.to_json() for spec in specs]))
+    return _Chain(tools=sha256_ref(tools_bytes), tools_bytes=tools_bytes)
+
+
+@dataclass
+class _Loop:
+    """One run of the loop: what every turn shares."""
+
+    contract: Contract
+    gate: Gate
+    provider: Provider
+    clock: Clock
+    redactor: Redactor
+    events: RunEvents | None
+    specs: list[ToolSpec]
+    by_provider: dict[str, str]
+    system: str
+    conversation: _Conversation
+    chain: _Chain
+    limiter: anyio.CapacityLimiter
+    outcomes: list[CallOutcome] = field(default_factory=list[CallOutcome])
+
+    async def turn(self, turn: int) -> LoopResult | None:
+        """One turn (already charged): the model's answer, then its calls. None: the run goes on."""
+        contract, gate, outcomes = self.contract, self.gate, self.outcomes
+        time_left = budget_mod.time_left_s(contract, gate.budget, self.clock.now_ms())
         response: TurnResponse | None = None
         try:
             with anyio.move_on_after(time_left):
                 response = await _turn(
-                    _Turn(turn, system, specs, conversation, chain), provider, gate, redactor, by_provider, contract,
-                    on_progress,
+                    _Turn(turn, self.system, self.specs, self.conversation, self.chain), self.provider, gate,
+                    self.redactor, self.by_provider, contract, self.events,
                 )  # fmt: skip
         except ProviderError as exc:
             return LoopResult("provider_error", turn, reason=exc.message, outcomes=tuple(outcomes))
@@ -169,16 +224,16 @@ async def run_loop(
             return LoopResult("deadline", turn, reason=detail, limit="deadline", outcomes=tuple(outcomes))
         usage = await gate.charge(functools.partial(_add_usage, contract=contract, response=response))
         if isinstance(usage, Exceeded):
-            conversation.add(_assistant(response))
+            self.conversation.add(_assistant(response))
             return LoopResult("budget", turn, reason=usage.detail, limit=usage.limit, outcomes=tuple(outcomes))
-        conversation.add(_assistant(response))
+        self.conversation.add(_assistant(response))
         if not response.tool_calls:
             return LoopResult("done", turn, final_text=response.text, outcomes=tuple(outcomes))
 
         requests = [
             CallRequest(
                 call=f"c{turn}.{i}",
-                tool=by_provider.get(c.name) or _unknown_name(c.name),
+                tool=self.by_provider.get(c.name) or _unknown_name(c.name),
                 arguments=c.arguments,
                 turn=turn,
                 raw_arguments=c.raw_arguments,
@@ -186,16 +241,17 @@ async def run_loop(
             )
             for i, c in enumerate(response.tool_calls)
         ]
-        results = await _run_calls(gate, requests, limiter)
+        results = await _run_calls(gate, requests, self.limiter)
         outcomes.extend(results)
         for call, outcome in zip(response.tool_calls, results, strict=True):
-            conversation.add(_tool_message(call, outcome), _budget_note(gate.remaining()))
+            self.conversation.add(_tool_message(call, outcome), _budget_note(gate.remaining()))
         waiting = tuple(o.call for o in results if o.outcome == "suspended")
         if waiting:
             codes = {o.code for o in results if o.outcome == "suspended"}
             on = "approval" if "approval" in codes else "signal" if "signal" in codes else "task"
             why = {"approval": "waiting for approval", "signal": "waiting for a signal"}.get(on, "waiting for a task")
             return LoopResult("suspended", turn, reason=why, waiting=waiting, waiting_on=on, outcomes=tuple(outcomes))
+        return None
 
 
 async def _run_calls(gate: Gate, requests: list[CallRequest], limiter: anyio.CapacityLimiter) -> list[CallOutcome]:
@@ -258,14 +314,14 @@ def _redact_calls(
     calls: Any, redactor: Redactor, by_provider: Mapping[str, str], contract: Contract
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for raw in calls if isinstance(calls, list) else []:  # pyright: ignore[reportUnknownVariableType]
-        call: dict[str, Any] = dict(raw)  # pyright: ignore[reportUnknownArgumentType]
+    for raw in cast(list[Any], calls) if isinstance(calls, list) else []:
+        call: dict[str, Any] = dict(cast(Mapping[str, Any], raw))
         tool = by_provider.get(str(call.get("name")))
         args: Any = call.get("arguments")
         if tool is not None and isinstance(args, dict):
             server = tool.split(":")[1]
             if contract.mcp.server(server) is not None:
-                call["arguments"] = redactor.redact_arguments(server, args)  # pyright: ignore[reportUnknownArgumentType]
+                call["arguments"] = redactor.redact_arguments(server, cast(dict[str, Any], args))
         out.append(call)
     return out
 
@@ -325,7 +381,7 @@ async def _turn(  # noqa: PLR0917 - one private call site
     redactor: Redactor,
     by_provider: Mapping[str, str],
     contract: Contract,
-    on_progress: Callable[[ProgressEvent], None] | None,
+    events: RunEvents | None,
 ) -> TurnResponse:
     journal = gate.journal
     pending = turn.conversation.pending()
@@ -391,10 +447,8 @@ async def _turn(  # noqa: PLR0917 - one private call site
                         actual=f"model_turn {turn.number} response {sha256_ref(canonical(planned))}",
                     )
         turn.advance(recorded_request, replay_key)
-        if on_progress is not None:
-            on_progress(
-                ProgressEvent(kind="turn", session=journal.session, detail=f"turn {turn.number}", replayed=True)
-            )
+        if events is not None:
+            events.model_answered(turn.number, recorded, replayed=True)
         return response
 
     response = await provider.next_turn(turn.request())
@@ -425,9 +479,9 @@ async def _turn(  # noqa: PLR0917 - one private call site
     blobs = {request_ref: request_bytes, response_ref: response_bytes}
     if not turn.chain.tools_stored:
         blobs[turn.chain.tools] = turn.chain.tools_bytes
-    await journal.append(Record("model_turn", body_out, blobs), durable=True)
+    [entry] = await journal.append(Record("model_turn", body_out, blobs), durable=True)
     turn.chain.tools_stored = True
     turn.advance(request_ref, replay_key)
-    if on_progress is not None:
-        on_progress(ProgressEvent(kind="turn", session=journal.session, detail=f"turn {turn.number}"))
+    if events is not None:
+        events.model_answered(turn.number, entry, replayed=False)
     return response

@@ -33,7 +33,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +55,8 @@ from truss._errors import (
 )
 from truss.budget import BudgetState
 from truss.contract import Contract, render_intent
-from truss.gate import Gate, Journal, ProgressEvent, Redactor
+from truss.events import EventBus, ProgressEvent, RunEvents, Subscriber, progress_subscriber
+from truss.gate import Gate, Journal, Redactor
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
@@ -149,15 +150,21 @@ async def run_contract(
     on_progress: Callable[[ProgressEvent], None] | None = None,
     provider: ProviderFactory | None = None,
     stop: anyio.Event | None = None,
+    events: Iterable[Subscriber] = (),
 ) -> RunOutcome:
-    """Run ``contract`` as a new session and return its outcome (see the module docstring)."""
+    """Run ``contract`` as a new session and return its outcome (see the module docstring).
+
+    ``events`` subscribe to the run's typed events (``truss.events``); ``on_progress`` receives
+    their flat ``ProgressEvent`` view.
+    """
     if session_id is not None:
         check_session_id(session_id)
         if store.session(session_id) is not None:
             return outcome_of(store, session_id)
     session = session_id or clock.new_id("s")
     journal = Journal(store, session)
-    run = _Run(contract, store, key, clock, home, environ, connector, journal, on_progress, provider, stop)
+    sinks = _subscribers(events, on_progress)
+    run = _Run(contract, store, key, clock, home, environ, connector, journal, sinks, provider, stop)
     return await run.drive(principal=principal, resumed_from=None)
 
 
@@ -173,6 +180,7 @@ async def resume_session(
     on_progress: Callable[[ProgressEvent], None] | None = None,
     provider: ProviderFactory | None = None,
     stop: anyio.Event | None = None,
+    events: Iterable[Subscriber] = (),
 ) -> RunOutcome:
     """Continue a suspended or interrupted session from its record (see the module docstring)."""
     info = store.session(session)
@@ -203,8 +211,13 @@ async def resume_session(
     started = entries[0].body
     contract = _recorded_contract(session, started)
     journal = Journal(store, session, recorded=entries)
-    run = _Run(contract, store, key, clock, home, environ, connector, journal, on_progress, provider, stop)
+    sinks = _subscribers(events, on_progress)
+    run = _Run(contract, store, key, clock, home, environ, connector, journal, sinks, provider, stop)
     return await run.drive(principal=started.get("principal"), resumed_from=started)
+
+
+def _subscribers(events: Iterable[Subscriber], on_progress: Callable[[ProgressEvent], None] | None) -> list[Subscriber]:
+    return [*events, *([progress_subscriber(on_progress)] if on_progress is not None else [])]
 
 
 def check_session_id(session_id: str) -> None:
@@ -299,7 +312,7 @@ class _Run:
         environ: Mapping[str, str],
         connector: Connector,
         journal: Journal,
-        on_progress: Callable[[ProgressEvent], None] | None,
+        subscribers: list[Subscriber],
         provider: ProviderFactory | None,
         stop: anyio.Event | None,
     ) -> None:
@@ -311,17 +324,28 @@ class _Run:
         self.environ = environ
         self.connector = connector
         self.journal = journal
-        self.on_progress = on_progress
+        self.events = RunEvents(EventBus(subscribers), clock, journal.session, start_seq=journal.next_seq)
         self.provider_factory = provider
         self.stop = stop
         self.session = journal.session
         self.redactor = Redactor(contract, environ)
 
-    def _progress(self, event: ProgressEvent) -> None:
-        if self.on_progress is not None:
-            self.on_progress(event)
-
     async def drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
+        """The run leg as one span of events: ``SessionStarted`` first, ``SessionEnded`` on every way out."""
+        name, resumed = self.contract.contract.name, resumed_from is not None
+        self.events.session_started(contract=name, contract_hash=self.contract.hash, resumed=resumed)
+        status, reason = "error", None
+        try:
+            outcome = await self._drive(principal=principal, resumed_from=resumed_from)
+            status, reason = outcome.status, outcome.reason
+            return outcome
+        except BaseException as exc:
+            reason = type(exc).__name__
+            raise
+        finally:
+            self.events.session_ended(status, reason, self.journal.head)
+
+    async def _drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
         budget = BudgetState.start(self.clock.now_ms())
         log_dir = self.home / "logs" / self.session
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -334,7 +358,13 @@ class _Run:
             # shutdown in the connector's exit is shielded, so they are ended either way.
             async with (
                 _stoppable(self.stop),
-                self.connector(self.contract, log_dir=log_dir, environ=self.environ, clock=self.clock) as mounts,
+                self.connector(
+                    self.contract,
+                    log_dir=log_dir,
+                    environ=self.environ,
+                    clock=self.clock,
+                    on_event=self.events.server_event,
+                ) as mounts,
             ):
                 entered = True
                 if resumed_from is None:
@@ -349,7 +379,7 @@ class _Run:
                     clock=self.clock,
                     budget=budget,
                     redactor=self.redactor,
-                    on_progress=self.on_progress,
+                    events=self.events,
                 )
                 result = await run_loop(
                     contract=self.contract,
@@ -358,7 +388,7 @@ class _Run:
                     clock=self.clock,
                     intent=intent,
                     redactor=self.redactor,
-                    on_progress=self.on_progress,
+                    events=self.events,
                 )
         except InDoubtError as exc:
             return await self._suspend("in_doubt", (str(exc.fields.get("call")),), exc.message)
@@ -480,10 +510,12 @@ class _Run:
                 )
         else:
             await self.journal.append(Record("verdict", body), durable=True)
+        verdict_entry = next(e for e in reversed(self.journal.entries) if e.kind == "verdict")
         _faults.fault("during_verdict")
         [ended] = await self.journal.append(Record("session_ended", {"status": verdict.status}), durable=True)
         self.store.set_status(self.session, verdict.status)
         checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
+        self.events.checkpoint_signed(checkpoint)
         predicate = {
             "status": verdict.status,
             "checks": body["checks"],
@@ -493,9 +525,7 @@ class _Run:
         }
         envelope = _verdict_envelope(self.session, ended.hash, predicate, self.key)
         self.store.set_envelope(self.session, envelope)
-        self._progress(
-            ProgressEvent(kind="verdict", session=self.session, outcome=verdict.status, detail=verdict.reason)
-        )
+        self.events.verdict(verdict.status, verdict.reason, verdict_entry)
         return RunOutcome(self.session, verdict.status, body, ended.hash, checkpoint, EXIT_CODES[verdict.status],
                           verdict.reason)  # fmt: skip
 
@@ -511,12 +541,14 @@ class _Run:
             body["in_flight"] = sorted(in_flight)
         status = "interrupted" if reason == "interrupted" else "suspended"
         checkpoint: str | None = None
+        entry: StoredEntry | None = None
         # Shielded: an interrupted run still records that it was interrupted.
         with anyio.CancelScope(shield=True):
-            await self.journal.append(Record("session_suspended", body), durable=True)
+            [entry] = await self.journal.append(Record("session_suspended", body), durable=True)
             self.store.set_status(self.session, status)
             checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
-        self._progress(ProgressEvent(kind="suspended", session=self.session, outcome=reason, detail=detail))
+        self.events.checkpoint_signed(checkpoint)
+        self.events.suspended(reason, calls, detail, entry)
         return RunOutcome(self.session, status, None, self._head(), checkpoint, 3, detail, calls, reason)
 
     async def _reload(self) -> None:
@@ -560,7 +592,7 @@ async def _stoppable(stop: anyio.Event | None) -> AsyncGenerator[None]:
 
 def _server_json(status: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name in ("transport", "protocol_version", "server_info", "instructions"):
+    for name in ("transport", "protocol_version", "server_info", "instructions", "launcher", "auth"):
         value = getattr(status, name, None)
         if value is not None:
             out[name] = value

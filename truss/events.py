@@ -1,0 +1,484 @@
+"""The run's event stream: typed events with span ids, parents and times, for any number of subscribers.
+
+A run leg (one ``truss run``, or one ``truss resume`` of a session) is a tree of spans:
+
+- the **session** span (``SessionStarted`` .. ``SessionEnded``), no parent;
+- one **turn** span per model turn (``TurnStarted`` .. ``TurnEnded``), parent the session span;
+  a turn spans the model's answer and the calls it proposed;
+- one **call** span per tool call the gate handled (``CallStarted`` .. ``CallEnded``), parent its
+  turn's span.
+
+Point events happen inside a span (``span`` names it): ``ModelAnswered`` (in its turn: the
+recorded ``model_turn``), ``CallDenied`` and ``ToolProgress`` (in their call), and in the
+session ``Suspended``, ``CheckpointSigned``, ``VerdictReached`` and ``ServerEvent`` (what a
+launcher or auth flow reports about a server, e.g. a sandbox's egress decision). Every event
+carries ``session``, ``span``, ``parent`` (the parent of ``span``) and ``time_ms`` from the run's
+injected clock; an ended span also carries ``start_ms``. Events that follow a ledger entry name it
+(``seq``, ``index``), so an exporter can link a span to the signed record.
+
+Span ids are derived, not random: ``<session>@<seq>`` for a leg that starts at entry ``seq`` (0
+for a new run, the next seq for a resume), ``<leg>/t<turn>`` and ``<leg>/<call>``. They are
+unique within a store and the same on every replay of the record; an exporter maps them to the
+ids its format wants (OpenTelemetry's 16-byte trace and 8-byte span ids, say, by hashing).
+
+``EventBus`` delivers each event to every subscriber in order, synchronously, on the run's event
+loop. A subscriber must be quick (an exporter hands events to its own queue or thread); one that
+raises is counted (``EventBus.failures``) and logged at debug level on the ``truss.events``
+logger, and never breaks the run or the other subscribers. Events never carry arguments, results
+or secret values: only names, ids, outcomes, counts and the (scrubbed) reasons the ledger holds.
+
+``ProgressEvent`` is the older, flat view that serve-mcp's progress notifications and callers of
+``on_progress`` receive; ``progress_subscriber`` derives it from the typed events.
+
+This module is a leaf: no I/O, no clock of its own, nothing above it imported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from truss._clock import Clock
+from truss.ledger.entry import StoredEntry
+
+__all__ = [
+    "CallDenied",
+    "CallEnded",
+    "CallStarted",
+    "CheckpointSigned",
+    "Event",
+    "EventBus",
+    "ModelAnswered",
+    "ProgressEvent",
+    "ProgressSink",
+    "RunEvents",
+    "ServerEvent",
+    "SessionEnded",
+    "SessionStarted",
+    "Subscriber",
+    "Suspended",
+    "ToolProgress",
+    "TurnEnded",
+    "TurnStarted",
+    "VerdictReached",
+    "progress_subscriber",
+]
+
+_log = logging.getLogger("truss.events")
+
+
+# -- the events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """What every event carries. ``kind`` names the event type (``call_ended`` ...)."""
+
+    kind: ClassVar[str] = "event"
+    session: str
+    span: str  # the span this event starts or ends, or (point events) happened in
+    parent: str | None  # the parent of ``span``
+    time_ms: int  # when, on the run's clock (Unix milliseconds)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionStarted(Event):
+    kind: ClassVar[str] = "session_started"
+    contract: str
+    contract_hash: str
+    resumed: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionEnded(Event):
+    """The leg ended: ``status`` as the run returned it (pass, fail, error, suspended, interrupted,
+    diverged), or ``error`` with ``reason`` the exception's type when it raised."""
+
+    kind: ClassVar[str] = "session_ended"
+    start_ms: int
+    status: str
+    reason: str | None = None
+    seq: int | None = None  # the leg's last entry
+    index: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnStarted(Event):
+    kind: ClassVar[str] = "turn_started"
+    turn: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TurnEnded(Event):
+    """``outcome``: ``ok`` (the run goes on), or why the loop stopped in this turn (``done``,
+    ``suspended``, ``budget``, ``deadline``, ``provider_error``, ``error``)."""
+
+    kind: ClassVar[str] = "turn_ended"
+    start_ms: int
+    turn: int
+    outcome: str
+    calls: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelAnswered(Event):
+    """The turn's ``model_turn`` entry was recorded (or, ``replayed``, found in the record)."""
+
+    kind: ClassVar[str] = "model_answered"
+    turn: int
+    provider: str
+    replayed: bool
+    tool_calls: int
+    input_tokens: int
+    output_tokens: int
+    stop_reason: str | None
+    seq: int
+    index: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallStarted(Event):
+    kind: ClassVar[str] = "call_started"
+    call: str
+    tool: str
+    server: str | None
+    turn: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallEnded(Event):
+    """How the gate settled the call. ``outcome``: ok, tool_error, failed, denied, suspended, or
+    ``error`` when the gate raised (in doubt, divergence; ``code`` is the exception's type).
+    ``decision``: the policy's (allow, deny, ask) when it was asked in this leg. ``seq``/``index``:
+    the last entry recorded for the call."""
+
+    kind: ClassVar[str] = "call_ended"
+    start_ms: int
+    call: str
+    tool: str
+    server: str | None
+    turn: int
+    outcome: str
+    code: str | None = None
+    reason: str | None = None
+    limit: str | None = None
+    decision: str | None = None
+    duration_ms: float = 0.0
+    replayed: bool = False
+    seq: int | None = None
+    index: int | None = None
+    budget_left: Mapping[str, Any] = field(default_factory=dict[str, Any])
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallDenied(Event):
+    kind: ClassVar[str] = "call_denied"
+    call: str
+    tool: str
+    code: str
+    reason: str
+    rule: int | None
+    limit: str | None
+    seq: int
+    index: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolProgress(Event):
+    kind: ClassVar[str] = "tool_progress"
+    call: str
+    tool: str
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Suspended(Event):
+    kind: ClassVar[str] = "suspended"
+    reason: str
+    calls: tuple[str, ...]
+    detail: str | None
+    seq: int | None
+    index: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSigned(Event):
+    kind: ClassVar[str] = "checkpoint_signed"
+    size: int | None  # the tree size the checkpoint covers
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerdictReached(Event):
+    kind: ClassVar[str] = "verdict"
+    status: str
+    reason: str | None
+    seq: int
+    index: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerEvent(Event):
+    """Something a launcher or an auth flow reports about one server (``name``: what happened)."""
+
+    kind: ClassVar[str] = "server_event"
+    server: str
+    name: str
+    attributes: Mapping[str, Any] = field(default_factory=dict[str, Any])
+
+
+Subscriber = Callable[[Event], None]
+
+
+# -- delivery -------------------------------------------------------------------------------------
+
+
+class EventBus:
+    """Subscribers of a run's events (any number); ``emit`` delivers to each, isolating failures."""
+
+    def __init__(self, subscribers: Iterable[Subscriber] = ()) -> None:
+        self._subscribers: list[Subscriber] = list(subscribers)
+        self.failures = 0
+
+    def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
+        """Add ``subscriber``; returns a function that removes it again."""
+        self._subscribers.append(subscriber)
+
+        def unsubscribe() -> None:
+            if subscriber in self._subscribers:
+                self._subscribers.remove(subscriber)
+
+        return unsubscribe
+
+    def __bool__(self) -> bool:
+        return bool(self._subscribers)
+
+    def emit(self, event: Event) -> None:
+        for subscriber in tuple(self._subscribers):
+            try:
+                subscriber(event)
+            except Exception:
+                self.failures += 1
+                _log.debug("event subscriber %r failed on %s", subscriber, event.kind, exc_info=True)
+
+
+class RunEvents:
+    """Builds one run leg's events (ids, parents, times) and emits them on a bus.
+
+    The gate, the loop and the session call it; with no subscriber every method returns at once,
+    so a run that nobody watches pays nothing.
+    """
+
+    def __init__(self, bus: EventBus, clock: Clock, session: str, *, start_seq: int = 0) -> None:
+        self.bus = bus
+        self._clock = clock
+        self.session = session
+        self.span = f"{session}@{start_seq}"
+        self._starts: dict[str, int] = {}
+
+    @property
+    def active(self) -> bool:
+        return bool(self.bus)
+
+    def _now(self) -> int:
+        return self._clock.now_ms()
+
+    def turn_span(self, turn: int) -> str:
+        return f"{self.span}/t{turn}"
+
+    def call_span(self, call: str) -> str:
+        return f"{self.span}/{call}"
+
+    def _start(self, span: str) -> int:
+        now = self._now()
+        self._starts[span] = now
+        return now
+
+    def _end(self, span: str) -> tuple[int, int]:
+        now = self._now()
+        return self._starts.pop(span, now), now
+
+    # -- session --
+
+    def session_started(self, *, contract: str, contract_hash: str, resumed: bool) -> None:
+        if self.bus:
+            now = self._start(self.span)
+            self.bus.emit(SessionStarted(session=self.session, span=self.span, parent=None, time_ms=now,
+                                         contract=contract, contract_hash=contract_hash, resumed=resumed))  # fmt: skip
+
+    def session_ended(self, status: str, reason: str | None, last: StoredEntry | None = None) -> None:
+        if self.bus:
+            start, now = self._end(self.span)
+            self.bus.emit(SessionEnded(session=self.session, span=self.span, parent=None, time_ms=now,
+                                       start_ms=start, status=status, reason=reason, seq=_seq(last),
+                                       index=_index(last)))  # fmt: skip
+
+    def suspended(self, reason: str, calls: tuple[str, ...], detail: str | None, entry: StoredEntry | None) -> None:
+        if self.bus:
+            self.bus.emit(Suspended(session=self.session, span=self.span, parent=None, time_ms=self._now(),
+                                    reason=reason, calls=calls, detail=detail, seq=_seq(entry),
+                                    index=_index(entry)))  # fmt: skip
+
+    def checkpoint_signed(self, note: str | None) -> None:
+        if self.bus:
+            size = _checkpoint_size(note)
+            self.bus.emit(CheckpointSigned(session=self.session, span=self.span, parent=None, time_ms=self._now(),
+                                           size=size))  # fmt: skip
+
+    def verdict(self, status: str, reason: str | None, entry: StoredEntry) -> None:
+        if self.bus:
+            self.bus.emit(VerdictReached(session=self.session, span=self.span, parent=None, time_ms=self._now(),
+                                         status=status, reason=reason, seq=entry.seq, index=entry.index))  # fmt: skip
+
+    def server_event(self, server: str, name: str, attributes: Mapping[str, Any]) -> None:
+        if self.bus:
+            self.bus.emit(ServerEvent(session=self.session, span=self.span, parent=None, time_ms=self._now(),
+                                      server=server, name=name, attributes=dict(attributes)))  # fmt: skip
+
+    # -- turns --
+
+    def turn_started(self, turn: int) -> None:
+        if self.bus:
+            span = self.turn_span(turn)
+            self.bus.emit(TurnStarted(session=self.session, span=span, parent=self.span, time_ms=self._start(span),
+                                      turn=turn))  # fmt: skip
+
+    def turn_ended(self, turn: int, outcome: str, calls: int = 0) -> None:
+        if self.bus:
+            span = self.turn_span(turn)
+            start, now = self._end(span)
+            self.bus.emit(TurnEnded(session=self.session, span=span, parent=self.span, time_ms=now, start_ms=start,
+                                    turn=turn, outcome=outcome, calls=calls))  # fmt: skip
+
+    def model_answered(self, turn: int, entry: StoredEntry, *, replayed: bool) -> None:
+        if self.bus:
+            body: Mapping[str, Any] = entry.body
+            usage: Mapping[str, Any] = body.get("usage") or {}
+            stop: Any = body.get("stop_reason")
+            self.bus.emit(ModelAnswered(
+                session=self.session, span=self.turn_span(turn), parent=self.span, time_ms=self._now(), turn=turn,
+                provider=str(body.get("provider")), replayed=replayed, tool_calls=int(body.get("tool_calls") or 0),
+                input_tokens=int(usage.get("input_tokens") or 0), output_tokens=int(usage.get("output_tokens") or 0),
+                stop_reason=stop if isinstance(stop, str) else None, seq=entry.seq, index=entry.index,
+            ))  # fmt: skip
+
+    # -- calls --
+
+    def call_started(self, call: str, tool: str, server: str | None, turn: int) -> None:
+        if self.bus:
+            span = self.call_span(call)
+            self.bus.emit(CallStarted(session=self.session, span=span, parent=self.turn_span(turn),
+                                      time_ms=self._start(span), call=call, tool=tool, server=server,
+                                      turn=turn))  # fmt: skip
+
+    def call_ended(
+        self,
+        call: str,
+        tool: str,
+        server: str | None,
+        turn: int,
+        *,
+        outcome: str,
+        code: str | None = None,
+        reason: str | None = None,
+        limit: str | None = None,
+        decision: str | None = None,
+        duration_ms: float = 0.0,
+        replayed: bool = False,
+        entry: StoredEntry | None = None,
+        budget_left: Mapping[str, Any] | None = None,
+    ) -> None:
+        if self.bus:
+            span = self.call_span(call)
+            start, now = self._end(span)
+            self.bus.emit(CallEnded(
+                session=self.session, span=span, parent=self.turn_span(turn), time_ms=now, start_ms=start, call=call,
+                tool=tool, server=server, turn=turn, outcome=outcome, code=code, reason=reason, limit=limit,
+                decision=decision, duration_ms=duration_ms, replayed=replayed, seq=_seq(entry), index=_index(entry),
+                budget_left=dict(budget_left or {}),
+            ))  # fmt: skip
+
+    def call_denied(self, call: str, tool: str, turn: int, entry: StoredEntry) -> None:
+        if self.bus:
+            body: Mapping[str, Any] = entry.body
+            rule: Any = body.get("rule")
+            limit: Any = body.get("limit")
+            self.bus.emit(CallDenied(
+                session=self.session, span=self.call_span(call), parent=self.turn_span(turn), time_ms=self._now(),
+                call=call, tool=tool, code=str(body.get("code")), reason=str(body.get("reason")),
+                rule=rule if isinstance(rule, int) else None, limit=limit if isinstance(limit, str) else None,
+                seq=entry.seq, index=entry.index,
+            ))  # fmt: skip
+
+    def tool_progress(self, call: str, tool: str, turn: int, detail: str) -> None:
+        if self.bus:
+            self.bus.emit(ToolProgress(session=self.session, span=self.call_span(call), parent=self.turn_span(turn),
+                                       time_ms=self._now(), call=call, tool=tool, detail=detail))  # fmt: skip
+
+
+def _seq(entry: StoredEntry | None) -> int | None:
+    return entry.seq if entry is not None else None
+
+
+def _index(entry: StoredEntry | None) -> int | None:
+    return entry.index if entry is not None else None
+
+
+def _checkpoint_size(note: str | None) -> int | None:
+    lines = note.split("\n") if note else []
+    return int(lines[1]) if len(lines) > 1 and lines[1].isdigit() else None
+
+
+# -- the flat progress view -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """What serve-mcp turns into progress notifications (and ``on_progress`` callers receive).
+
+    ``kind``: ``call`` (a gate outcome), ``turn`` (a model turn), ``tool_progress`` (a server's
+    progress notification), ``suspended``, ``verdict``. Never carries arguments or results.
+    """
+
+    kind: str
+    session: str
+    call: str | None = None
+    tool: str | None = None
+    outcome: str | None = None
+    duration_ms: float | None = None
+    detail: str | None = None
+    budget_left: Mapping[str, Any] | None = None
+    replayed: bool = False
+
+
+ProgressSink = Callable[[ProgressEvent], None]
+
+
+def progress_subscriber(sink: ProgressSink) -> Subscriber:
+    """A subscriber that hands ``sink`` the ``ProgressEvent`` view of the events that have one."""
+
+    def deliver(event: Event) -> None:
+        progress = as_progress(event)
+        if progress is not None:
+            sink(progress)
+
+    return deliver
+
+
+def as_progress(event: Event) -> ProgressEvent | None:
+    """The ``ProgressEvent`` view of ``event``, or None when it has none."""
+    if isinstance(event, CallEnded):
+        if event.outcome == "error":  # the gate raised: the run reports that, not a call line
+            return None
+        return ProgressEvent("call", event.session, event.call, event.tool, event.outcome, event.duration_ms,
+                             event.code, event.budget_left, event.replayed)  # fmt: skip
+    if isinstance(event, ToolProgress):
+        return ProgressEvent("tool_progress", event.session, event.call, event.tool, detail=event.detail)
+    if isinstance(event, ModelAnswered):
+        return ProgressEvent("turn", event.session, detail=f"turn {event.turn}", replayed=event.replayed)
+    if isinstance(event, Suspended):
+        return ProgressEvent("suspended", event.session, outcome=event.reason, detail=event.detail)
+    if isinstance(event, VerdictReached):
+        return ProgressEvent("verdict", event.session, outcome=event.status, detail=event.reason)
+    return None

@@ -1,0 +1,213 @@
+"""The journal: one session's records appended in order, and what a resumed run finds recorded.
+
+``Journal.append`` writes records through the store (durable or not) and indexes what it wrote;
+built over the entries recorded before (a resumed run), it indexes those too: model turns by
+number, and per call id the ``RecordedCall`` slots a resumed gate consults (approval, denial,
+intent, result, in doubt, resolution, pending, signal).
+
+Replay matching also lives here: a resumed run's request must be the recorded one (same tool, same
+recorded arguments), else ``ReplayDivergenceError`` says which entry and what differs; a payload
+the record needs but that was erased is a divergence too; an intent without a result, for a tool
+not declared safe to re-send, is recorded ``in_doubt`` and raises ``InDoubtError``.
+
+What this module does not do: decide anything about a call (the gate does) or read the clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from truss._errors import InDoubtError, ReplayDivergenceError
+from truss.ledger.canonical import canonical, sha256_ref
+from truss.ledger.entry import Record, StoredEntry
+
+__all__ = ["IN_FLIGHT", "Journal", "JournalStore", "RecordedCall"]
+
+
+class JournalStore(Protocol):
+    """What the journal needs of a store: appending, and reading payloads back (every
+    ``truss.ledger.store.LedgerStore`` is one; replay's read-only view is one too)."""
+
+    def append(
+        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+    ) -> list[StoredEntry]: ...
+
+    def blob(self, ref: str) -> bytes | None: ...
+
+
+@dataclass
+class RecordedCall:
+    """What a session's record holds for one call id (for replay on resume)."""
+
+    call: str
+    requested: StoredEntry | None = None  # approval_requested
+    decided: StoredEntry | None = None  # approval_decided
+    denied: StoredEntry | None = None  # mcp_tool_denied
+    intent: StoredEntry | None = None  # mcp_tool_intent
+    result: StoredEntry | None = None  # mcp_tool_call
+    in_doubt: StoredEntry | None = None
+    resolved: StoredEntry | None = None  # in_doubt_resolved
+    pending: StoredEntry | None = None  # mcp_tool_pending (a signal or an MCP task)
+    signal: StoredEntry | None = None  # signal_received
+    last: StoredEntry | None = None  # the latest of the above
+
+
+_CALL_SLOTS = {
+    "approval_requested": "requested",
+    "approval_decided": "decided",
+    "mcp_tool_denied": "denied",
+    "mcp_tool_intent": "intent",
+    "mcp_tool_call": "result",
+    "in_doubt": "in_doubt",
+    "in_doubt_resolved": "resolved",
+    "mcp_tool_pending": "pending",
+    "signal_received": "signal",
+}
+
+
+class _InFlight:
+    """How many calls of this process are between their intent and their result (all runs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    def add(self, delta: int) -> None:
+        with self._lock:  # runs may live on several event loops (threads) of one process
+            self.count += delta
+
+
+IN_FLIGHT = _InFlight()
+
+
+class Journal:
+    """Appends one session's records, in order, and indexes the entries recorded before (resume).
+
+    Where ``append`` runs the store's (synchronous, thread-safe, group-committing) ``append``:
+
+    - on the event loop itself when the write needs no fsync, or when no other call is in flight
+      in this process (``IN_FLIGHT``, over all runs: serve-mcp runs many at once): a thread
+      hand-off costs more than such a write, and on a loaded machine several times more
+      (docs/benchmarks.md, bench/gate.py);
+    - in a worker thread when other calls are in flight, so their intents and results queue in the
+      store together and share fsyncs (group commit) while the loop serves the others.
+
+    Either way the write is never abandoned: a cancelled run still finishes the write it started,
+    so there is never a half-recorded step. Blobs are scrubbed of secrets by the caller.
+    """
+
+    def __init__(self, store: JournalStore, session: str, *, recorded: Iterable[StoredEntry] = ()) -> None:
+        self.store = store
+        self.session = session
+        self.calls: dict[str, RecordedCall] = {}
+        self.turns: dict[int, StoredEntry] = {}
+        self.entries: list[StoredEntry] = []
+        self.denials = 0
+        for entry in recorded:
+            self._index(entry)
+
+    @property
+    def head(self) -> StoredEntry | None:
+        return self.entries[-1] if self.entries else None
+
+    @property
+    def next_seq(self) -> int:
+        return self.entries[-1].seq + 1 if self.entries else 0
+
+    def _index(self, entry: StoredEntry) -> None:
+        self.entries.append(entry)
+        kind = entry.kind
+        body: Mapping[str, Any] = entry.body
+        if kind == "model_turn":
+            self.turns[int(body["turn"])] = entry
+        slot = _CALL_SLOTS.get(kind)
+        if slot is not None:
+            call = str(body["call"])
+            recorded = self.calls.setdefault(call, RecordedCall(call))
+            setattr(recorded, slot, entry)
+            recorded.last = entry
+        if kind == "mcp_tool_denied":
+            self.denials += 1
+
+    async def append(self, *records: Record, durable: bool = True, expect_seq: int | None = None) -> list[StoredEntry]:
+        def write() -> list[StoredEntry]:
+            return self.store.append(self.session, list(records), durable=durable, expect_seq=expect_seq)
+
+        if not durable or IN_FLIGHT.count <= 1:
+            stored = write()
+            # Still a point where the run can be cancelled, without a trip through the event loop
+            # (a full checkpoint is one more loop iteration per entry, ~5% of a fast call).
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        else:
+            stored = await anyio.to_thread.run_sync(write)
+        for entry in stored:
+            self._index(entry)
+        return stored
+
+    def blob(self, ref: str) -> bytes | None:
+        return self.store.blob(ref)
+
+    # -- replay matching ---------------------------------------------------------------------
+
+    def match(self, call: str, tool: str, stored_args: Mapping[str, Any] | None, entry: StoredEntry) -> None:
+        """Refuse a resumed request that is not the recorded one (tool and recorded arguments)."""
+        body: Mapping[str, Any] = entry.body
+        args_ref = sha256_ref(canonical(dict(stored_args))) if stored_args is not None else None
+        if body.get("tool") != tool or body.get("args") != args_ref:
+            raise self.divergence(call, entry, f"{tool} with arguments {args_ref}")
+
+    def divergence(self, call: str, entry: StoredEntry | None, actual: str) -> ReplayDivergenceError:
+        body: Mapping[str, Any] = entry.body if entry is not None else {}
+        expected = f"{entry.kind if entry else '?'} {body.get('tool')} with arguments {body.get('args')}"
+        return ReplayDivergenceError(
+            f"resumed session {self.session} asked for {actual} as call {call}, but the ledger recorded {expected}",
+            remedy="The run no longer matches its record; nothing was called. Start a new run",
+            session=self.session,
+            seq=entry.seq if entry else None,
+            expected=expected,
+            actual=actual,
+        )
+
+    def payload(self, call: str, entry: StoredEntry, ref: Any, *, what: str | None = None) -> bytes:
+        """The recorded payload ``ref`` of ``entry``; erased (``truss ledger erase``) is a divergence."""
+        data = self.blob(str(ref))
+        if data is not None:
+            return data
+        if what is not None:
+            message = f"call {call} of session {self.session} was recorded, but its {what} was erased"
+        else:
+            message = (
+                f"call {call} of session {self.session}: the payload recorded in entry {entry.seq} "
+                f"({entry.kind}) was erased"
+            )
+        raise ReplayDivergenceError(
+            message,
+            remedy="A session whose payloads were erased cannot be resumed; start a new run",
+            session=self.session,
+            seq=entry.seq,
+            expected=f"{what} payload" if what is not None else "payload " + str(ref),
+            actual="erased",
+        )
+
+    async def in_doubt(self, call: str, tool: str, recorded: RecordedCall) -> None:
+        """Record (once) that ``call`` was sent without a recorded result, and raise ``InDoubtError``."""
+        if recorded.in_doubt is None:
+            intent = recorded.intent.seq if recorded.intent else None
+            await self.append(Record("in_doubt", {"call": call, "tool": tool, "intent": intent}), durable=True)
+        raise InDoubtError(
+            f"call {call} ({tool}) of session {self.session} was sent but its result "
+            "was never recorded, and the tool is not declared safe to re-send",
+            remedy=f"Find out whether it happened, then run 'truss resolve {self.session} {call}' "
+            "with --result JSON, --failed or --not-sent, and resume",
+            session=self.session,
+            call=call,
+            tool=tool,
+            reason="in_doubt",
+        )

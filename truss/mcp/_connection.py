@@ -1,0 +1,480 @@
+"""One server's connection, from spawn to exit: transport, launcher, auth, stderr, list changes, processes.
+
+``run_server(live, reach)`` owns one server for the whole run, in its own task: it opens the
+transport (stdio through the run's ``Launcher``, Streamable HTTP through an ``httpx2.AsyncClient``
+with the contract's headers and the run's ``HttpAuth`` flow, or an in-process server in tests),
+lists and mounts the tools (``truss.mcp._mount``), reports readiness or the start error through
+``Live``, then re-lists whenever the server says its tools changed, until ``connect`` exits.
+Whatever way it ends, the stdio server's process group is ended (``truss.mcp._procs``) before the
+launcher tears its helpers down, and the stderr log is closed.
+
+Secrets: ``secret_env`` and secret header values are resolved here from the given environment and
+passed to their own server only; they never reach a message, a log or a field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import math
+import sys
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import KW_ONLY, dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import httpx2
+from mcp import Client, StdioServerParameters, types
+from mcp.client.caching import CacheMode
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from truss import __version__ as _truss_version
+from truss._clock import Clock
+from truss._errors import McpError, PinMismatchError, ServerStartError
+from truss.contract import Contract, SecretHeader, Server, duration_ms
+from truss.ledger.canonical import CanonicalError, canonical
+from truss.mcp import _procs
+from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
+from truss.mcp._mount import UNPINNABLE, list_all, mount, pin_or_none
+from truss.mcp._results import closed
+from truss.mcp._status import ServerStatus, tool_definition
+from truss.mcp._stderr import StderrSink
+from truss.mcp._tasks import offers_tasks
+from truss.mcp.auth import HttpAuth
+from truss.mcp.launch import Launch, Launcher, Report
+from truss.tools import MountedTool
+
+__all__ = ["CALLING", "Live", "Reach", "quiet_sdk_logs", "run_server"]
+
+_LISTEN_ACK_S = 5.0
+
+# (server, tool) of the call in progress in this task: a re-list inside it must not re-send to a changed tool.
+CALLING: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("truss_mcp_calling", default=None)
+
+ServerEvents = Callable[[str, str, Mapping[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How this run reaches its servers (the same for every server of one ``connect``)."""
+
+    contract: Contract
+    log_dir: Path
+    environ: Mapping[str, str]
+    clock: Clock
+    verbose: bool
+    launcher: Launcher
+    auth: HttpAuth
+    on_event: ServerEvents | None = None
+
+    def report(self, server: str) -> Report:
+        """What a launcher or auth flow of ``server`` calls to report an event (never raises)."""
+        on_event = self.on_event
+
+        def report(name: str, attributes: Mapping[str, Any]) -> None:
+            if on_event is not None:
+                with contextlib.suppress(Exception):  # an observer must not break a server's connection
+                    on_event(server, name, dict(attributes))
+
+        return report
+
+
+@dataclass
+class TrussClient(Client):
+    """``mcp.Client`` that shows Truss every tools/list page, including the SDK's own re-lists."""
+
+    _: KW_ONLY
+    on_tools_page: Callable[[types.ListToolsResult], None] | None = None
+
+    async def list_tools(
+        self,
+        *,
+        cursor: str | None = None,
+        meta: types.RequestParamsMeta | None = None,
+        cache_mode: CacheMode = "use",
+    ) -> types.ListToolsResult:
+        page = await super().list_tools(cursor=cursor, meta=meta, cache_mode=cache_mode)
+        if self.on_tools_page is not None:
+            self.on_tools_page(page)
+        return page
+
+
+class Live:
+    """One server's connection, owned by one task from start to end."""
+
+    def __init__(self, settings: Server, inprocess: Any = None) -> None:
+        self.settings = settings
+        self.name = settings.name
+        self.inprocess = inprocess
+        self.client: TrussClient | None = None
+        self.status: ServerStatus | None = None
+        self.mounted: dict[str, MountedTool] = {}
+        self.task_support: dict[str, str] = {}  # mounted tool -> its declared execution.taskSupport
+        self.offers_tasks = False  # capabilities.tasks.requests.tools.call at connect
+        self.changed: dict[str, str | None] = {}  # tool -> new pin (None: no longer advertised)
+        self.error: McpError | None = None
+        self.dead: McpError | None = None
+        self.ready = anyio.Event()
+        self.stop = anyio.Event()
+        self.relist_wanted = anyio.Event()
+        self.relists = 0
+        self.relisted = anyio.Event()
+        self.garbage = 0
+        self.pid: int | None = None
+        self.log: Path | None = None
+        self.sink: StderrSink | None = None
+        self.http_statuses: list[int] = []
+        self.launcher_json: dict[str, Any] | None = None
+        self.auth_json: dict[str, Any] | None = None
+
+    # -- list changes ---------------------------------------------------------------------
+
+    def absorb_page(self, page: types.ListToolsResult) -> None:
+        for tool in page.tools:
+            mounted = self.mounted.get(tool.name)
+            if mounted is None:
+                continue
+            pin = pin_or_none(tool_definition(tool)) or UNPINNABLE  # unpinnable now: changed, refused
+            # Sticky: a definition that changes back is still refused (a rug pull may revert to
+            # look innocent), and ``changed`` keeps the last pin seen.
+            if pin != mounted.pin or tool.name in self.changed:
+                self.changed[tool.name] = pin
+        current = CALLING.get()
+        if current is not None and current[0] == self.name and current[1] in self.changed:
+            # The SDK is re-listing inside a call (HEADER_MISMATCH recovery) and would re-send to a
+            # tool whose definition changed: stop here, before the re-send.
+            raise self.pin_error(current[1])
+
+    def absorb_full(self, tools: list[types.Tool]) -> None:
+        advertised = {t.name for t in tools}
+        for name in self.mounted:
+            if name not in advertised:
+                self.changed[name] = None
+
+    def pin_error(self, tool: str) -> PinMismatchError:
+        expected = self.mounted[tool].pin
+        actual = self.changed.get(tool)
+        if actual is None:
+            what = "is no longer advertised"
+        elif actual == expected:
+            what = "changed its definition during the run and changed it back"
+        else:
+            what = "changed its definition"
+        return PinMismatchError(
+            f"tool {tool!r} of MCP server {self.name!r} {what} after it was mounted "
+            f"(mounted pin {expected}, now {actual or 'absent'}); calls to it are refused for the rest of the run",
+            remedy="Review the new definition with `truss mcp probe`; if it is trusted, start a new run",
+            server=self.name,
+            tool=tool,
+            expected=expected,
+            actual=actual,
+        )
+
+    async def relist(self) -> None:
+        client = self.client
+        if client is None or self.dead is not None:
+            return
+        tools = await list_all(client)
+        self.absorb_full(tools)
+        self.relists += 1
+        self.relisted.set()
+        self.relisted = anyio.Event()
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self.relist_wanted.set()
+        elif isinstance(message, Exception):
+            self.garbage += 1
+
+
+# -- opening a transport ------------------------------------------------------------------------
+
+
+def _seconds(value: str | None) -> float | None:
+    return duration_ms(value) / 1000.0 if value is not None else None
+
+
+def _longest_call_s(contract: Contract, server: Server) -> float:
+    candidates = [_seconds(contract.budget.call_timeout), _seconds(server.call_timeout)]
+    candidates += [_seconds(t.call_timeout) for t in server.tools]
+    return max(c for c in candidates if c is not None)
+
+
+def _resolve_secret(server: Server, name: str, environ: Mapping[str, str], where: str) -> str:
+    value = environ.get(name)
+    if value is None or value == "":
+        raise ServerStartError(
+            f"MCP server {server.name!r} needs the secret environment variable {name} ({where}), which is not set",
+            remedy=f"Export {name} in Truss's environment before the run",
+            server=server.name,
+            cause="missing_secret",
+            variable=name,
+        )
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value) and where.startswith("header"):
+        raise ServerStartError(
+            f"the secret environment variable {name} for MCP server {server.name!r} holds control characters, "
+            "which a header value may not",
+            remedy=f"Check the value of {name}",
+            server=server.name,
+            cause="bad_secret",
+            variable=name,
+        )
+    return value
+
+
+def _stdio_env(server: Server, environ: Mapping[str, str], marker: str) -> dict[str, str]:
+    env = dict(server.env)
+    for name in server.secret_env:
+        env[name] = _resolve_secret(server, name, environ, "secret_env")
+    env[_procs.MARKER_ENV] = marker
+    return env
+
+
+def _http_headers(server: Server, environ: Mapping[str, str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for key, value in server.headers.items():
+        if isinstance(value, SecretHeader):
+            secret = _resolve_secret(server, value.secret_env, environ, f"header {key}")
+            headers[key] = value.format.replace("{}", secret)
+        else:
+            headers[key] = value
+    for name in server.secret_env:
+        _resolve_secret(server, name, environ, "secret_env")
+    return headers
+
+
+def _description(server: Server, seam: str, value: Any) -> dict[str, Any]:
+    """A launcher's or auth flow's description, checked to be recordable JSON."""
+    try:
+        if not isinstance(value, dict):
+            raise TypeError(type(value).__name__)
+        canonical(value)
+    except (CanonicalError, RecursionError, TypeError) as exc:
+        raise ServerStartError(
+            f"the {seam} for MCP server {server.name!r} describes itself with something that is not "
+            f"recordable JSON ({type(exc).__name__})",
+            remedy=f"Fix the {seam}'s describe(): a JSON object of strings, integers, booleans, lists, objects",
+            server=server.name,
+            cause=f"bad_{seam.replace(' ', '_')}",
+        ) from None
+    return cast(dict[str, Any], value)
+
+
+@asynccontextmanager
+async def _tracked_stdio(
+    reach: Reach, live: Live, declared: Launch, sink: StderrSink, marker: str
+) -> AsyncGenerator[Any]:
+    assert sink.writer is not None
+    async with reach.launcher.launch(live.settings, declared, reach.report(live.name)) as actual:
+        # "replace": with "strict", one non-UTF-8 byte stalls the SDK's reader for good (it drains
+        # stdout until EOF); replaced bytes make a line that fails to parse, which is counted and
+        # reported with the call's error instead.
+        params = StdioServerParameters(
+            command=actual.command,
+            args=list(actual.args),
+            env=dict(actual.env),
+            cwd=actual.cwd,
+            encoding_error_handler="replace",
+        )
+        try:
+            async with stdio_client(params, errlog=sink.writer) as streams:
+                sink.spawned()
+                # Rarely (a loaded machine) the child's /proc entry is not readable at once: retry, bounded.
+                for _ in range(50):
+                    live.pid = _procs.find_marked_child(marker)
+                    if live.pid is not None:
+                        break
+                    await anyio.sleep(0.01)
+                yield streams
+        finally:
+            if live.pid is not None:  # the server's processes end before the launcher's helpers
+                await _procs.end_group(live.pid)
+
+
+def _client_info() -> types.Implementation:
+    return types.Implementation(name="truss", version=_truss_version)
+
+
+async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
+    server = live.settings
+    connect_s = duration_ms(server.connect_timeout) / 1000.0
+    target: Any
+    if live.inprocess is not None:
+        target = live.inprocess
+    elif server.transport == "stdio":
+        assert server.command is not None
+        live.launcher_json = _description(server, "launcher", reach.launcher.describe(server))
+        marker = reach.clock.new_id("spawn")
+        env = _stdio_env(server, reach.environ, marker)
+        reach.log_dir.mkdir(parents=True, exist_ok=True)
+        sink = StderrSink(
+            reach.log_dir / f"{server.name}.stderr.log",
+            name=server.name,
+            echo=sys.stderr if reach.verbose else None,
+            secrets=[env[name] for name in server.secret_env],  # a server may print what it was given
+        )
+        live.sink = sink
+        stack.callback(sink.spawned)
+        declared = Launch(command=server.command, args=tuple(server.args), env=env, cwd=server.cwd)
+        target = _tracked_stdio(reach, live, declared, sink, marker)
+    else:
+        assert server.url is not None
+        live.auth_json = _description(server, "auth flow", reach.auth.describe(server))
+        headers = _http_headers(server, reach.environ)
+
+        async def on_response(response: httpx2.Response) -> None:
+            if not live.ready.is_set():  # only connect-time statuses are reported
+                live.http_statuses.append(response.status_code)
+
+        http = httpx2.AsyncClient(
+            headers=headers,
+            auth=reach.auth.flow(server, reach.report(server.name)),
+            timeout=httpx2.Timeout(connect_s, read=_longest_call_s(reach.contract, server) + 30.0),
+            event_hooks={"response": [on_response]},
+        )
+        await stack.enter_async_context(http)
+        target = streamable_http_client(server.url, http_client=http, terminate_on_close=True)
+    client = TrussClient(
+        target,
+        mode="auto",
+        cache=None,
+        read_timeout_seconds=connect_s,
+        client_info=_client_info(),
+        message_handler=live.on_message,
+        on_tools_page=live.absorb_page,
+    )
+    await stack.enter_async_context(client)
+    return client
+
+
+# -- one server's life ----------------------------------------------------------------------------
+
+
+async def _watch_changes(live: Live, client: Client, connect_scope: anyio.CancelScope) -> None:
+    """Mark the server ready, then re-list whenever it says its tools changed: a 2025-11-25
+    notification, or a 2026-07-28 ``subscriptions/listen`` event. The subscription is
+    acknowledged before ``connect`` yields, so no change after that can be missed."""
+
+    async def relister() -> None:
+        while True:
+            await live.relist_wanted.wait()
+            live.relist_wanted = anyio.Event()
+            try:
+                await live.relist()
+            except Exception:
+                live.dead = live.dead or closed(live.name, "tools/list")
+                return
+
+    async def listener(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        started = False
+        # A server that offers subscriptions but never acknowledges one must not use up the whole
+        # connect timeout: without the subscription, notifications and re-lists still work.
+        ack = anyio.CancelScope(deadline=anyio.current_time() + _LISTEN_ACK_S)
+        try:
+            with ack:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    ack.deadline = math.inf
+                    task_status.started()
+                    started = True
+                    async for _event in subscription:
+                        live.relist_wanted.set()
+        except Exception:  # noqa: S110 - a refused or lost subscription is not fatal (see above)
+            pass
+        finally:
+            if not started:
+                task_status.started()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(relister)
+        caps = client.server_capabilities.tools
+        if client.protocol_version >= "2026-07-28" and caps is not None and caps.list_changed:
+            await tg.start(listener)
+        connect_scope.deadline = math.inf
+        live.ready.set()
+        await live.stop.wait()
+        tg.cancel_scope.cancel()
+
+
+async def run_server(live: Live, reach: Reach) -> None:
+    """Own one server from spawn to exit; report readiness or the start error through ``live``."""
+    server = live.settings
+    clock = reach.clock
+    connect_s = duration_ms(server.connect_timeout) / 1000.0
+    scope = anyio.CancelScope(deadline=anyio.current_time() + connect_s)
+    start = clock.monotonic()
+    stdio = server.transport == "stdio" and live.inprocess is None
+    log = reach.log_dir / f"{server.name}.stderr.log" if stdio else None
+    live.log = log
+    try:
+        with scope:
+            async with AsyncExitStack() as stack:
+                client = await _open(live, stack, reach)
+                live.client = client
+                tools = await list_all(client)
+                mounted = mount(
+                    server, client, tools, transport="inprocess" if live.inprocess is not None else server.transport,
+                    connect_ms=(clock.monotonic() - start) * 1000.0, pid=live.pid, log=log,
+                    launcher=live.launcher_json, auth=live.auth_json,
+                )  # fmt: skip
+                live.mounted, live.task_support, live.status = mounted.tools, mounted.task_support, mounted.status
+                live.offers_tasks = offers_tasks(mounted.status.capabilities)
+                await _watch_changes(live, client, scope)
+        if not live.ready.is_set():
+            where = f" in {log}" if log is not None else ""
+            live.error = ServerStartError(
+                f"MCP server {server.name!r} did not finish connecting within its connect_timeout of "
+                f"{server.connect_timeout}",
+                remedy=f"Check that the command starts an MCP server on stdout (see its stderr log{where}), or "
+                "raise connect_timeout",
+                retryable=True,
+                server=server.name,
+                cause="timeout",
+            )
+    except Exception as exc:
+        if live.ready.is_set():
+            live.dead = to_call_error(exc, server=server.name, tool="*")
+        else:
+            live.error = _start_error(exc, live)
+    finally:
+        live.client = None
+        if live.pid is not None:
+            await _procs.end_group(live.pid)
+        if live.sink is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(live.sink.close)
+        live.ready.set()
+
+
+def _start_error(exc: BaseException, live: Live) -> McpError:
+    server = live.settings
+    errors = [s for s in live.http_statuses if s >= 400]
+    fields: dict[str, Any] = {}
+    if errors:
+        fields["status"] = errors[0]
+    if server.transport == "http" and live.inprocess is None and server.url:
+        fields["url"] = safe_url(server.url)
+    elif server.command is not None:
+        fields["command"] = server.command
+        if live.log is not None:
+            fields["stderr_log"] = str(live.log)
+    for leaf in leaves(exc):
+        if isinstance(leaf, McpError):
+            for key, value in fields.items():
+                leaf.fields.setdefault(key, value)
+            leaf.fields.setdefault("server", server.name)
+            return leaf
+    return to_start_error(exc, server=server.name, **fields)
+
+
+def quiet_sdk_logs() -> None:
+    # The SDK logs a server's garbage output and teardown noise at ERROR. With no handler anywhere,
+    # Python's last-resort handler would print it on the terminal; Truss reports through its errors.
+    sdk = logging.getLogger("mcp")
+    if not sdk.handlers:
+        sdk.addHandler(logging.NullHandler())

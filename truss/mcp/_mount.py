@@ -1,0 +1,177 @@
+"""Listing, pinning and mounting one server's tools (DESIGN 3.2-3.4).
+
+``list_all`` follows ``tools/list`` pagination (bounded). ``mount`` keeps the allowlisted tools:
+each one's pin is the hash of its definition; a contract ``pin`` that differs is refused before any
+call; an allowlisted name the server does not advertise, a name advertised twice, an invalid or
+unpinnable allowlisted tool are start errors; under ``allow_tools = ["*"]`` the invalid and
+unpinnable ones are filtered instead (with the reason). It also notes which mounted tools declare
+``execution.taskSupport`` (``truss.mcp._tasks`` decides which of them run as tasks) and fills in
+the server's ``ServerStatus``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mcp import Client, types
+
+from truss._errors import PinMismatchError, ServerStartError, ToolNotAdvertisedError
+from truss.contract import Server
+from truss.ledger.canonical import CanonicalError
+from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
+from truss.tools import MountedTool, pin_of
+
+__all__ = ["TOOL_NAME_RE", "UNPINNABLE", "Mounted", "list_all", "mount", "pin_or_none"]
+
+# SEP-986: what a tool name may be. Anything else (spaces, unicode, ':' or '/') is never mounted.
+TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+UNPINNABLE = "unpinnable"
+_MAX_LIST_PAGES = 1000
+_MAX_NAMES_IN_ERROR = 30
+
+
+async def list_all(client: Client) -> list[types.Tool]:
+    tools: list[types.Tool] = []
+    cursor: str | None = None
+    for _ in range(_MAX_LIST_PAGES):
+        page = await client.list_tools(cursor=cursor)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            return tools
+    raise ServerStartError(
+        f"tools/list did not end after {_MAX_LIST_PAGES} pages",
+        remedy="The server's pagination never ends; report it upstream",
+        cause="protocol_error",
+    )
+
+
+def pin_or_none(definition: Mapping[str, Any]) -> str | None:
+    """The tool's pin, or None when its definition (from the server) has no RFC 8785 form."""
+    try:
+        return pin_of(definition)
+    except (CanonicalError, RecursionError):
+        return None
+
+
+@dataclass(frozen=True)
+class Mounted:
+    """What mounting one server gave: its allowlisted tools, the ``taskSupport`` each declares, its status."""
+
+    tools: dict[str, MountedTool]
+    task_support: dict[str, str]
+    status: ServerStatus
+
+
+def mount(
+    server: Server,
+    client: Client,
+    tools: list[types.Tool],
+    *,
+    transport: str,
+    connect_ms: float,
+    pid: int | None = None,
+    log: Path | None = None,
+    launcher: dict[str, Any] | None = None,
+    auth: dict[str, Any] | None = None,
+) -> Mounted:
+    """Mount ``server``'s allowlisted tools from its ``tools/list`` (see the module docstring)."""
+    mounted_tools: dict[str, MountedTool] = {}
+    task_support: dict[str, str] = {}
+    by_name: dict[str, types.Tool] = {}
+    for tool in tools:
+        if tool.name in by_name:
+            raise ServerStartError(
+                f"MCP server {server.name!r} advertises tool {tool.name!r} twice",
+                remedy="Report it upstream; Truss cannot tell which definition a call would reach",
+                server=server.name,
+                tool=tool.name,
+                cause="duplicate_tool",
+            )
+        by_name[tool.name] = tool
+    wildcard = server.allow_tools == ["*"]
+    allowed = set(by_name) if wildcard else set(server.allow_tools)
+    statuses: list[ToolStatus] = []
+    filtered: dict[str, str] = {}
+    for name, tool in by_name.items():
+        definition = tool_definition(tool)
+        maybe_pin = pin_or_none(definition)
+        if maybe_pin is None:
+            if name in allowed and not wildcard:
+                raise ServerStartError(
+                    f"MCP server {server.name!r} advertises tool {name!r} with a definition that has no canonical "
+                    "JSON form (an integer beyond 2**53 or nesting past 128 levels), so it cannot be pinned",
+                    remedy="Remove it from allow_tools, or have the server's tool definition fixed",
+                    server=server.name,
+                    tool=name,
+                    cause="unpinnable_tool",
+                )
+            filtered[name] = UNPINNABLE
+            statuses.append(ToolStatus(name, False, UNPINNABLE, dict(definition.get("annotations") or {})))
+            continue
+        pin = maybe_pin
+        valid = bool(TOOL_NAME_RE.match(name))
+        mounted = name in allowed and valid
+        if name in allowed and not valid:
+            if not wildcard:
+                raise ServerStartError(
+                    f"MCP server {server.name!r} advertises tool {name!r}, whose name is not a valid MCP tool "
+                    "name (1-128 of A-Z a-z 0-9 _ - .)",
+                    remedy="Remove it from allow_tools; Truss does not mount tools with such names",
+                    server=server.name,
+                    tool=name,
+                    cause="invalid_tool_name",
+                )
+            filtered[name] = "invalid_name"
+        elif name not in allowed:
+            filtered[name] = "not_allowlisted"
+        if mounted:
+            settings = server.tool_settings(name)
+            if settings is not None and settings.pin is not None and settings.pin != pin:
+                raise PinMismatchError(
+                    f"tool {name!r} of MCP server {server.name!r} has pin {pin}, but the contract pins {settings.pin}",
+                    remedy="The tool's definition changed since it was pinned: review it with `truss mcp probe "
+                    "--against`, then update the pin if it is trusted",
+                    server=server.name,
+                    tool=name,
+                    expected=settings.pin,
+                    actual=pin,
+                )
+            mounted_tools[name] = MountedTool(server=server.name, tool=name, definition=definition, pin=pin)
+            if tool.execution is not None and tool.execution.task_support is not None:
+                task_support[name] = tool.execution.task_support
+        statuses.append(ToolStatus(name, mounted, pin, dict(definition.get("annotations") or {})))
+    if not wildcard:
+        missing = [name for name in server.allow_tools if name not in by_name]
+        if missing:
+            advertised = sorted(by_name)
+            raise ToolNotAdvertisedError(
+                f"MCP server {server.name!r} does not advertise allowlisted tool(s) {', '.join(map(repr, missing))}; "
+                f"it advertises {', '.join(map(repr, advertised[:_MAX_NAMES_IN_ERROR])) or 'no tools'}",
+                remedy="Fix allow_tools in the contract (names are case-sensitive)",
+                server=server.name,
+                tool=missing[0],
+                missing=missing,
+                advertised=advertised[:_MAX_NAMES_IN_ERROR],
+            )
+    info = client.server_info
+    status = ServerStatus(
+        name=server.name,
+        transport=transport,
+        protocol_version=client.protocol_version,
+        server_info=info.model_dump(mode="json", exclude_none=True) if info is not None else None,
+        capabilities=client.server_capabilities.model_dump(by_alias=True, mode="json", exclude_none=True),
+        instructions=client.instructions,
+        connect_ms=connect_ms,
+        tools=statuses,
+        filtered=filtered,
+        pid=pid,
+        stderr_log=str(log) if log is not None else None,
+        launcher=launcher,
+        auth=auth,
+    )
+    return Mounted(mounted_tools, task_support, status)

@@ -1,0 +1,110 @@
+"""Secrets out of the record: ``secret_args`` fields redacted, known secret values scrubbed.
+
+``Redactor`` replaces each server's ``secret_args`` fields by ``"[redacted]"`` before anything is
+hashed or stored, and scrubs every known secret value (secret arguments seen in this run,
+``secret_env`` and secret header values) from every string the session stores. Values live only
+in the redactor's memory; nothing derived from them, not even a hash, is written anywhere (a hash
+of a short secret is a dictionary-attack target).
+
+What this module does not do: decide what is stored (the gate, the loop and the session do), or
+read the environment itself (it is given one).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, cast
+
+from truss.contract import Contract
+
+__all__ = ["REDACTED", "Redactor"]
+
+REDACTED = "[redacted]"
+_MIN_SCRUB_LEN = 4  # shorter "secrets" would scrub ordinary text; they are too weak to protect anyway
+
+
+class Redactor:
+    """Redacts ``secret_args`` fields and scrubs known secret values from anything stored."""
+
+    def __init__(self, contract: Contract, environ: Mapping[str, str]) -> None:
+        self._secret_fields: dict[str, tuple[str, ...]] = {s.name: tuple(s.secret_args) for s in contract.mcp.servers}
+        self._values: set[str] = set()
+        for server in contract.mcp.servers:
+            names = list(server.secret_env)
+            names += [h.secret_env for h in server.headers.values() if not isinstance(h, str)]
+            for name in names:
+                value = environ.get(name)
+                if value:
+                    self.remember(value)
+        self._pattern: re.Pattern[str] | None = None
+
+    def remember(self, value: str) -> None:
+        if len(value) >= _MIN_SCRUB_LEN and value not in self._values:
+            self._values.add(value)
+            self._pattern = None
+
+    def redact_arguments(self, server: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy with ``secret_args`` fields replaced by ``"[redacted]"``; their values are remembered.
+
+        A field is a top-level argument name, or a JSON pointer (``/auth/token``) into nested objects.
+        """
+        out: dict[str, Any] = _deep_copy(dict(arguments))
+        for spec in self._secret_fields.get(server, ()):
+            path = (
+                [p.replace("~1", "/").replace("~0", "~") for p in spec[1:].split("/")]
+                if spec.startswith("/")
+                else [spec]
+            )
+            holder: dict[str, Any] | None = out
+            for part in path[:-1]:
+                holder = _as_dict(holder.get(part)) if holder is not None else None
+            if holder is not None and path[-1] in holder:
+                self._remember_all(holder[path[-1]])
+                holder[path[-1]] = REDACTED
+        return self.scrub(out)
+
+    def _remember_all(self, value: Any) -> None:
+        if isinstance(value, str):
+            self.remember(value)
+        elif isinstance(value, dict):
+            for item in cast(dict[str, Any], value).values():
+                self._remember_all(item)
+        elif isinstance(value, list):
+            for item in cast(list[Any], value):
+                self._remember_all(item)
+
+    def scrub(self, value: Any) -> Any:
+        """``value`` with every known secret value inside its strings replaced by ``"[redacted]"``."""
+        if not self._values:
+            return value
+        if self._pattern is None:
+            ordered = sorted(self._values, key=len, reverse=True)  # longest first: no partial leftovers
+            self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
+        return _scrub(value, self._pattern)
+
+    def scrub_text(self, text: str) -> str:
+        scrubbed: Any = self.scrub(text)
+        return scrubbed if isinstance(scrubbed, str) else text
+
+
+def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
+    if isinstance(value, str):
+        return pattern.sub(REDACTED, value)
+    if isinstance(value, dict):
+        return {_scrub(k, pattern): _scrub(v, pattern) for k, v in cast(dict[Any, Any], value).items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v, pattern) for v in cast(list[Any], value)]
+    return value
+
+
+def _as_dict(value: Any) -> dict[str, Any] | None:
+    return cast(dict[str, Any], value) if isinstance(value, dict) else None
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in cast(dict[Any, Any], value).items()}
+    if isinstance(value, list | tuple):
+        return [_deep_copy(v) for v in cast(list[Any], value)]
+    return value
