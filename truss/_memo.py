@@ -4,8 +4,10 @@ A tool with ``memo = "1h"`` in its ``[[mcp.servers.tools]]`` settings may be ans
 ledger instead of its server: the gate asks ``MemoIndex.lookup`` for the newest ``mcp_tool_call``
 of the same namespaced tool, with the same tool pin, the same canonical (recorded) arguments and
 a server declared the same way (transport, command, args, cwd, env, url, and the names of its
-credentials: secret_env, headers), recorded no longer ago than the TTL, that succeeded (no
-``isError``, no failure) and whose result payload is still stored, in a session of the same
+credentials: secret_env, headers) and reached the same way (the ``launcher`` and ``auth``
+descriptions ``session_started`` recorded for it: a sandbox or an account changes the answer),
+recorded no longer ago than the TTL, that succeeded (no ``isError``, no failure) and whose
+result payload is still stored, in a session of the same
 principal (serve-mcp's callers never see each other's results; sessions without a principal,
 ``truss run``, share among themselves). Any such session counts, this one included.
 
@@ -31,13 +33,16 @@ __all__ = ["MemoIndex", "server_identity"]
 
 # The credential *names* count too: a result one account received must not answer another's call.
 _IDENTITY_KEYS = ("transport", "command", "args", "cwd", "env", "url", "secret_env", "headers")
+_REACHED_KEYS = ("launcher", "auth")  # from session_started.servers: how the server was reached
 
 
-def server_identity(server: Mapping[str, Any] | None) -> bytes | None:
+def server_identity(server: Mapping[str, Any] | None, reached: Mapping[str, Any] | None = None) -> bytes | None:
     """The canonical bytes of what makes two declarations the same server (None: unknown)."""
     if server is None:
         return None
-    return canonical({k: server[k] for k in _IDENTITY_KEYS if k in server})
+    identity = {k: server[k] for k in _IDENTITY_KEYS if k in server}
+    identity.update({f"reached_{k}": reached[k] for k in _REACHED_KEYS if reached is not None and k in reached})
+    return canonical(identity)
 
 
 class MemoIndex:
@@ -55,7 +60,10 @@ class MemoIndex:
         mine = self._contract.mcp.server(tool.server)
         if mine is None:
             return None
-        identity = server_identity(mine.model_dump(mode="json", by_alias=True, exclude_none=True))
+        # This session's own record says how its server was reached; without one, the declaration alone.
+        identity = self._identity(self._session, tool.server) if self._session is not None else None
+        if identity is None:
+            identity = server_identity(mine.model_dump(mode="json", by_alias=True, exclude_none=True))
         size = int(self._store.tree_size())
         start = self._first_at_or_after(now_ms - ttl_ms, size)
         best: StoredEntry | None = None
@@ -102,10 +110,13 @@ class MemoIndex:
             effective = _as_dict(first.body.get("effective")) if first is not None else None
             mcp = _as_dict(effective.get("mcp")) if effective is not None else None
             servers: Any = mcp.get("servers") if mcp is not None else None
+            reached = _as_dict(first.body.get("servers")) if first is not None else None
             for item in cast(list[Any], servers) if isinstance(servers, list) else []:
                 declared = _as_dict(item)
                 if declared is not None and isinstance(declared.get("name"), str):
-                    known[str(declared["name"])] = server_identity(declared)
+                    name = str(declared["name"])
+                    how = _as_dict(reached.get(name)) if reached is not None else None
+                    known[name] = server_identity(declared, how)
             self._identities[session] = known
         return known.get(server)
 

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from tests.durability.support import cli, counting_contract, entries, invocations, kinds, make_home, truss
+from tests.gate.support import contract_from, new_store
+from truss.contract import Server
+from truss.mcp.client import connect
+from truss.mcp.launch import Launch, Report
+from truss.session import run_contract
+from truss.testing import ManualClock
 
 ASYNC = """
 [[mcp.servers.async]]
@@ -94,3 +105,36 @@ def test_a_memo_hit_is_charged_against_the_call_budget_unless_the_contract_says_
     recorded = kinds(home, "s")
     assert recorded.count("mcp_tool_denied") == denied
     assert invocations(tmp_path) == {"count k": 1}
+
+
+class _EnvLauncher:
+    """Runs the server under ``env MEMO_TEST=1``: the same server declaration, reached another way."""
+
+    def describe(self, server: Server) -> dict[str, Any]:
+        return {"kind": "env-prefix"}
+
+    @asynccontextmanager
+    async def launch(self, server: Server, declared: Launch, report: Report) -> AsyncGenerator[Launch]:
+        yield Launch("env", ("MEMO_TEST=1", declared.command, *declared.args), declared.env, declared.cwd)
+
+
+@pytest.mark.anyio
+async def test_a_memo_hit_needs_the_server_reached_the_same_way_not_only_declared_the_same(tmp_path: Path) -> None:
+    clock = ManualClock()  # the store's clock too: the memo window is measured on the entries' times
+    store, key = new_store(tmp_path, clock)
+    contract = contract_from(_memo_contract(tmp_path, "1h").read_text(encoding="utf-8"))
+
+    async def run(session: str, launcher: Any = None) -> None:
+        connector = functools.partial(connect, launcher=launcher)
+        with anyio.fail_after(60):
+            outcome = await run_contract(contract, store=store, key=key, clock=clock, home=tmp_path, environ={},
+                                         connector=connector, session_id=session)  # fmt: skip
+        assert outcome.status == "pass", outcome
+
+    await run("plain")
+    await run("launched", _EnvLauncher())  # a launcher (a sandbox, say) may change the answer: live
+    assert invocations(tmp_path) == {"count k": 2}
+    await run("again", _EnvLauncher())  # reached the same way as "launched": a hit
+    assert invocations(tmp_path) == {"count k": 2}
+    [hit] = [e for e in store.read_session("again") if e.kind == "mcp_tool_call"]
+    assert hit.body["replayed_from"]["session"] == "launched"

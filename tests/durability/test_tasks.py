@@ -9,23 +9,37 @@ import json
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 from tests.conftest import node_peer
 from tests.durability.support import cli, entries, invocations, kinds, make_home, truss
+from tests.gate.support import contract_from, files_containing, new_store
+from truss._clock import SystemClock
+from truss._errors import ToolCallError
+from truss.contract import Contract
+from truss.mcp.client import Mounts, connect
 
 TASKS_SERVER = Path(__file__).resolve().parent / "servers" / "tasks.py"
+ATTACKS = Path(__file__).resolve().parent / "attacks"
+CLOCK = SystemClock()
 
 
-def _tasks_contract(directory: Path, *, call_timeout: str = "60s") -> Path:
+def _tasks_contract(directory: Path, *, call_timeout: str = "60s", **knobs: str) -> Path:
+    path = directory / "tasks.toml"
+    path.write_text(_tasks_toml(directory, call_timeout=call_timeout, **knobs), encoding="utf-8")
+    return path
+
+
+def _tasks_toml(directory: Path, *, call_timeout: str = "60s", **knobs: str) -> str:
+    """The contract around ``servers/tasks.py``; ``knobs`` are its environment switches."""
     env = {
         "COUNT_FILE": str(directory / "count.txt"),
         "TASK_FILE": str(directory / "tasks.json"),
         "TASK_DONE_FILE": str(directory / "done"),
+        **knobs,
     }
-    path = directory / "tasks.toml"
-    path.write_text(
-        f"""
+    return f"""
 [contract]
 name = "tasks"
 intent = "build"
@@ -44,10 +58,7 @@ connect_timeout = "60s"
 kind = "result_matches"
 tool = "mcp:tk:build"
 regex = "^built k$"
-""",
-        encoding="utf-8",
-    )
-    return path
+"""
 
 
 def _pending_task(home: Path, session: str) -> str:
@@ -223,3 +234,100 @@ def test_ctrl_c_while_a_task_runs_records_interrupted_and_resume_polls_the_same_
     assert invocations(tmp_path)["build k"] == 1
     [result] = [e for e in entries(home, "s1") if e.kind == "mcp_tool_call"]
     assert result.body["task"] == task
+
+
+# -- the one Tasks implementation: the same rules for truss run, serve-mcp and connect() ---------------
+
+
+def _task_contract(directory: Path, **knobs: str) -> Contract:
+    return contract_from(_tasks_toml(directory, **knobs))
+
+
+async def _build(mounts: Mounts, *, timeout_s: float = 30) -> str | None:
+    return await mounts.start_task(mounts.tools["mcp:tk:build"], {"key": "k"}, timeout_s=timeout_s)
+
+
+@pytest.mark.anyio
+async def test_a_task_id_of_5006_characters_holding_an_escape_is_refused_at_the_task_call(tmp_path: Path) -> None:
+    attack = ATTACKS / "task_id_5006_chars_with_escape.json"
+    contract = _task_contract(tmp_path, TASK_ID_FILE=str(attack))
+    with anyio.fail_after(60):
+        async with connect(contract, log_dir=tmp_path / "logs", clock=CLOCK) as mounts:
+            with pytest.raises(ToolCallError) as info:
+                await _build(mounts)
+    assert (info.value.cause, info.value.tool) == ("protocol_error", "build")
+    shown = info.value.diagnostics() + json.dumps(info.value.to_json())
+    assert "\x1b" not in shown and "AAAAAAAAAA" not in shown
+
+
+@pytest.mark.slow
+def test_a_task_id_of_5006_characters_holding_an_escape_fails_the_call_and_is_recorded_nowhere(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "home")
+    attack = ATTACKS / "task_id_5006_chars_with_escape.json"
+    contract = _tasks_contract(tmp_path, TASK_ID_FILE=str(attack))
+    run = truss(home, "run", str(contract), "--session", "s1")
+    assert run.returncode == 4, run.stdout + run.stderr  # a call that failed below the tool: an error verdict
+    [result] = [e for e in entries(home, "s1") if e.kind == "mcp_tool_call"]
+    assert result.body["failure"]["cause"] == "protocol_error" and "task" not in result.body
+    assert "mcp_tool_pending" not in kinds(home, "s1")
+    task_id: str = json.loads(attack.read_text(encoding="utf-8"))["task_id"]
+    assert files_containing(home, task_id[:16].encode()) == []
+    assert files_containing(home, task_id[-300:].encode()) == []
+    assert "\x1b" not in run.stdout + run.stderr
+    assert cli(home, "ledger", "verify").returncode == 0
+
+
+@pytest.mark.anyio
+async def test_a_server_that_does_not_offer_tasks_gets_plain_calls_even_for_a_task_tool(tmp_path: Path) -> None:
+    contract = _task_contract(tmp_path, TASK_SUPPORT="optional", NO_TASK_CAPABILITY="1")
+    with anyio.fail_after(60):
+        async with connect(contract, log_dir=tmp_path / "logs", clock=CLOCK) as mounts:
+            assert await _build(mounts) is None
+            result = await mounts.call(mounts.tools["mcp:tk:build"], {"key": "k"}, timeout_s=30)
+    assert result.text == "built k"
+    assert invocations(tmp_path) == {"plain k": 1}
+
+
+@pytest.mark.anyio
+async def test_an_optional_task_tool_runs_as_a_task_asking_a_day_of_ttl(tmp_path: Path) -> None:
+    (tmp_path / "done").touch()
+    contract = _task_contract(tmp_path, TASK_SUPPORT="optional")
+    with anyio.fail_after(60):
+        async with connect(contract, log_dir=tmp_path / "logs", clock=CLOCK) as mounts:
+            task = await _build(mounts)
+            assert task == "task-k"
+            result = await mounts.task_result(mounts.tools["mcp:tk:build"], task, timeout_s=30)
+    assert result is not None and result.text == "built k"
+    assert invocations(tmp_path)["ttl 86400000"] == 1 and "plain k" not in invocations(tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("end", ["cancelled", "input_required"])
+async def test_a_task_that_ends_cancelled_or_wants_input_is_a_failure_below_the_tool(tmp_path: Path, end: str) -> None:
+    (tmp_path / "done").touch()
+    contract = _task_contract(tmp_path, TASK_END=end)
+    with anyio.fail_after(60):
+        async with connect(contract, log_dir=tmp_path / "logs", clock=CLOCK) as mounts:
+            task = await _build(mounts)
+            assert task is not None
+            with pytest.raises(ToolCallError) as info:
+                await mounts.task_result(mounts.tools["mcp:tk:build"], task, timeout_s=30)
+    assert (info.value.cause, info.value.retryable, info.value.task) == (f"task_{end}", False, "task-k")
+
+
+@pytest.mark.anyio
+async def test_a_serve_mcp_run_calls_a_task_tool_as_a_task(tmp_path: Path) -> None:
+    from truss.mcp._serve_backend import LedgerBackend
+    from truss.mcp._serve_core import Principal
+
+    (tmp_path / "done").touch()
+    store, key = new_store(tmp_path)
+    backend = LedgerBackend(home=tmp_path, store=store, key=key, clock=CLOCK, environ={})
+    contract = backend.load(_tasks_contract(tmp_path), {}, {})
+    with anyio.fail_after(60):
+        answer = await backend.run(contract, session_id="s1", principal=Principal("t", "u"), on_progress=lambda _: None)
+    assert answer.status == "pass", answer
+    recorded = list(store.read_session("s1"))
+    [pending] = [e for e in recorded if e.kind == "mcp_tool_pending"]
+    [result] = [e for e in recorded if e.kind == "mcp_tool_call"]
+    assert pending.body["task"] == result.body["task"] == "task-k"

@@ -225,6 +225,22 @@ async def test_result_over_max_result_bytes_is_an_error_result(tmp_path: Path) -
     assert steps(store)[-1].body["failure"]["cause"] == "result_too_large"
 
 
+async def test_a_result_the_transport_refused_as_too_large_is_recorded_in_the_same_form(tmp_path: Path) -> None:
+    # The real MCP tier refuses an over-size result itself (an isError result with extra.refused);
+    # the record must not depend on which side measured it: one form, failure.cause = result_too_large.
+    async def big(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
+        return text_result("x" * 5000)
+
+    store, _ = new_store(tmp_path)
+    fake = FakeTransport(big, max_result_bytes=1000, tools=transport().tools.values())
+    gate = make_gate(contract_from(contract_text()), store, fake)  # the contract's limit is the default 1 MiB
+    outcome = await gate.call(req("c1.0"))
+    assert (outcome.outcome, outcome.code, outcome.result.is_error) == ("failed", "result_too_large", True)
+    [result] = [e for e in steps(store) if e.kind == "mcp_tool_call"]
+    assert result.body["failure"] == {"cause": "result_too_large", "retryable": False}
+    assert result.body["is_error"] is True
+
+
 async def test_secret_args_are_redacted_before_hashing_and_scrubbed_from_results(tmp_path: Path) -> None:
     canary = "canary-7f3a9c1e-secret-value"
     store, _ = new_store(tmp_path)

@@ -58,3 +58,8 @@ def group_members(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             found.append(int(entry))
     return found
+
+
+def http_server(url: str, **extra: object) -> dict[str, object]:
+    """A ``[[mcp.servers]]`` entry named ``web`` for the Streamable HTTP server at ``url``."""
+    return {"name": "web", "transport": "http", "url": url, "allow_tools": ["echo"], "connect_timeout": "5s", **extra}

@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import select
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import anyio
 import pytest
 
-from tests.conftest import node_peer
-from tests.mcp._util import SERVERS, contract_of
+from tests.mcp._util import contract_of, http_server
 from truss._clock import SystemClock
 from truss._errors import ServerStartError, ToolCallError
 from truss.mcp.client import connect
@@ -24,66 +16,6 @@ from truss.mcp.client import connect
 pytestmark = pytest.mark.anyio
 
 CLOCK = SystemClock()
-
-
-def _read_marker(stream: IO[bytes], prefix: str, timeout_s: float) -> str:
-    """The value after ``prefix`` on the first line that has it, waiting at most ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    buffer = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            break
-        chunk = os.read(stream.fileno(), 4096)
-        if not chunk:
-            break
-        buffer += chunk
-        for line in buffer.decode(errors="replace").splitlines():
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-    raise AssertionError(f"no {prefix} line within {timeout_s} s: {buffer[-500:]!r}")
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(timeout=5)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
-
-
-@pytest.fixture
-def bad_http() -> Iterator[str]:
-    """Base URL of ``servers/http_bad.py``."""
-    process = subprocess.Popen([sys.executable, str(SERVERS / "http_bad.py")], stdout=subprocess.PIPE)
-    try:
-        assert process.stdout is not None
-        port = _read_marker(process.stdout, "PORT=", 30)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(process)
-
-
-@pytest.fixture
-def everything_http() -> Iterator[str]:
-    """URL of server-everything's Streamable HTTP endpoint, bound to 127.0.0.1 by the shim."""
-    node, script = node_peer("server-everything")
-    env = dict(os.environ, PORT="0", NODE_OPTIONS=f"--require {SERVERS / 'loopback_shim.js'}")
-    process = subprocess.Popen([node, script, "streamableHttp"], stderr=subprocess.PIPE, env=env)
-    try:
-        assert process.stderr is not None
-        port = _read_marker(process.stderr, "TRUSS_LISTEN_PORT=", 30)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        _stop(process)
-
-
-def http_server(url: str, **extra: object) -> dict[str, object]:
-    return {"name": "web", "transport": "http", "url": url, "allow_tools": ["echo"], "connect_timeout": "5s", **extra}
 
 
 @pytest.mark.parametrize("status", [401, 500])
@@ -168,20 +100,6 @@ async def test_secret_with_a_line_break_is_refused_before_any_request(tmp_path: 
             pass
     assert (info.value.cause, info.value.variable) == ("bad_secret", "WEB_TOKEN")
     assert "X-Injected" not in info.value.diagnostics() + json.dumps(info.value.to_json())
-
-
-@pytest.fixture
-def modern_http() -> Iterator[str]:
-    """URL of ``servers/http_modern.py`` (an SDK 2.x server), token ``modern-token``."""
-    process = subprocess.Popen(
-        [sys.executable, str(SERVERS / "http_modern.py"), "modern-token"], stdout=subprocess.PIPE
-    )
-    try:
-        assert process.stdout is not None
-        port = _read_marker(process.stdout, "PORT=", 30)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        _stop(process)
 
 
 async def test_stateless_era_over_http_with_a_bearer_secret_and_progress(tmp_path: Path, modern_http: str) -> None:

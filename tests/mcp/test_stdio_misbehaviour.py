@@ -3,17 +3,21 @@ and leaves no process behind."""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
-from tests.mcp._util import alive, contract_of, group_members, raw_server
+from tests.gate.support import contract_from, new_store
+from tests.mcp._util import RAW, alive, contract_of, group_members, raw_server
 from truss._clock import SystemClock
 from truss._errors import PinMismatchError, ServerStartError, ToolCallError
 from truss.mcp import _stderr
 from truss.mcp.client import connect
+from truss.session import run_contract
 
 pytestmark = pytest.mark.anyio
 
@@ -129,6 +133,32 @@ async def test_ten_megabyte_result_is_refused_as_an_error_result(tmp_path: Path)
     assert result.extra["refused"] == "max_result_bytes"
     assert result.extra["result_bytes"] > 10_000_000
     assert len(result.canonical_bytes()) < 1000
+
+
+@pytest.mark.slow
+async def test_a_ten_megabyte_result_is_recorded_as_a_result_too_large_failure(tmp_path: Path) -> None:
+    store, key = new_store(tmp_path)
+    contract = contract_from(f"""
+[contract]
+name = "huge"
+intent = "ask for too much"
+[budget]
+max_result_bytes = 1000000
+[[agent.steps]]
+tool = "mcp:huge:big"
+arguments = {{}}
+[[mcp.servers]]
+name = "huge"
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(RAW)}, "big_result"]
+allow_tools = ["big"]
+""")
+    with anyio.fail_after(60):
+        await run_contract(contract, store=store, key=key, clock=CLOCK, home=tmp_path, environ={}, connector=connect,
+                           session_id="s1")  # fmt: skip
+    [result] = [e for e in store.read_session("s1") if e.kind == "mcp_tool_call"]
+    assert result.body["failure"] == {"cause": "result_too_large", "retryable": False}
+    assert result.body["is_error"] is True
 
 
 async def test_meta_is_stripped_from_results(tmp_path: Path) -> None:

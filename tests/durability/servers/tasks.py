@@ -6,6 +6,16 @@ records ``build <key>`` in ``COUNT_FILE`` (fsync) and creates task ``task-<key>`
 ``TASK_DONE_FILE`` exists, then ``completed``; an id it never created is "Task not found" (-32602).
 Because the tasks live in a file, a new server process (Truss resumed after a crash) finds the task
 an earlier process created: the case the reference servers cannot show (theirs live in memory).
+
+Knobs (environment), for the rules of Truss's one Tasks implementation:
+
+- ``TASK_SUPPORT``: the tool's ``taskSupport`` (default ``required``); with ``optional`` a plain
+  ``tools/call`` is answered at once (logged ``plain <key>``);
+- ``NO_TASK_CAPABILITY=1``: the server does not advertise ``tasks.requests.tools.call``;
+- ``TASK_END``: ``cancelled`` or ``input_required``: the status ``tasks/get`` reports once done;
+- ``TASK_ID_FILE``: a JSON file whose ``task_id`` is the id the server hands out (attack data).
+
+A task-augmented call also logs ``ttl <ms>``, the TTL the client asked for.
 """
 
 from __future__ import annotations
@@ -20,7 +30,7 @@ TOOLS: list[dict[str, object]] = [
         "name": "build",
         "description": "Build something, slowly, as a task.",
         "inputSchema": {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]},
-        "execution": {"taskSupport": "required"},
+        "execution": {"taskSupport": os.environ.get("TASK_SUPPORT", "required")},
     }
 ]
 
@@ -58,7 +68,9 @@ def task(task_id: str, status: str) -> dict[str, object]:
 
 def handle(method: str, params: dict[str, object]) -> dict[str, object] | tuple[int, str]:
     if method == "initialize":
-        caps = {"tools": {}, "tasks": {"requests": {"tools": {"call": {}}}}}
+        caps: dict[str, object] = {"tools": {}, "tasks": {"requests": {"tools": {"call": {}}}}}
+        if os.environ.get("NO_TASK_CAPABILITY"):
+            caps = {"tools": {}}
         return {"protocolVersion": "2025-11-25", "capabilities": caps, "serverInfo": {"name": "tasks", "version": "1"}}
     if method == "tools/list":
         return {"tools": TOOLS}
@@ -66,12 +78,20 @@ def handle(method: str, params: dict[str, object]) -> dict[str, object] | tuple[
         args = params.get("arguments") or {}
         key = str(args.get("key")) if isinstance(args, dict) else ""
         if "task" not in params:
+            if os.environ.get("TASK_SUPPORT") == "optional":
+                log(f"plain {key}")
+                return {"content": [{"type": "text", "text": f"built {key}"}], "isError": False}
             return (-32600, "build must run as a task")
         log(f"build {key}")
+        meta = params["task"]
+        log(f"ttl {meta.get('ttl') if isinstance(meta, dict) else None}")
+        task_id = f"task-{key}"
+        if os.environ.get("TASK_ID_FILE"):
+            task_id = str(json.loads(Path(os.environ["TASK_ID_FILE"]).read_text(encoding="utf-8"))["task_id"])
         known = tasks()
-        known[f"task-{key}"] = key
+        known[task_id] = key
         Path(os.environ["TASK_FILE"]).write_text(json.dumps(known))
-        return {"task": task(f"task-{key}", "working")}
+        return {"task": task(task_id, "working")}
     task_id = str(params.get("taskId"))
     key = tasks().get(task_id)
     if method in ("tasks/get", "tasks/result") and key is None:
@@ -79,7 +99,7 @@ def handle(method: str, params: dict[str, object]) -> dict[str, object] | tuple[
     done = Path(os.environ["TASK_DONE_FILE"]).exists()
     if method == "tasks/get":
         log(f"get {task_id}")
-        return task(task_id, "completed" if done else "working")
+        return task(task_id, os.environ.get("TASK_END", "completed") if done else "working")
     if method == "tasks/result":
         return {"content": [{"type": "text", "text": f"built {key}"}], "isError": False}
     if method == "ping":
