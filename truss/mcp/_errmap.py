@@ -14,7 +14,7 @@ errors carry the request URL; only its scheme, host and path are kept).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import anyio
@@ -38,8 +38,9 @@ Mapped = tuple[str, bool, str, int | None]
 def leaves(exc: BaseException) -> Iterator[BaseException]:
     """The non-group exceptions inside (nested) exception groups, depth first."""
     if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
-            yield from leaves(inner)  # pyright: ignore[reportUnknownArgumentType]
+        group = cast(BaseExceptionGroup[BaseException], exc)
+        for inner in group.exceptions:
+            yield from leaves(inner)
     else:
         yield exc
 
