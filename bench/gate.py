@@ -14,7 +14,8 @@ Same stdio server (mcp-server-time, ``get_current_time {timezone: UTC}``), same 
    shows the gate's own cost;
    ``gate-only`` = ``Gate.call`` (power) over an in-process transport that answers at once with
    the server's recorded answer: the gate's own CPU per call (policy, budget, two signed entries
-   committed), without a server to wait for;
+   committed), without a server to wait for; ``watched`` = the same with one event subscriber
+   that does nothing (``truss.events``: what the run's event stream costs a call, printing aside);
 3. 16 concurrent: 16 tasks sharing one client (raw) or one gate (audited, power), throughput in
    calls/s and the ratio to raw (group commit lets concurrent intents and results share fsyncs).
 
@@ -44,6 +45,7 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 from truss._clock import SystemClock  # noqa: E402
 from truss.budget import BudgetState  # noqa: E402
 from truss.contract import Contract  # noqa: E402
+from truss.events import EventBus, RunEvents  # noqa: E402
 from truss.gate import CallRequest, Gate, Journal, Redactor  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
 from truss.ledger.keys import IdentityKey  # noqa: E402
@@ -80,7 +82,7 @@ def contract(durability: str) -> Contract:
 class Audited:
     """A gate over a real mount of the server, recording into a fresh SQLite ledger."""
 
-    def __init__(self, mounts: Any, store: Any, c: Contract, session: str) -> None:
+    def __init__(self, mounts: Any, store: Any, c: Contract, session: str, events: RunEvents | None = None) -> None:
         store.append(session, [Record("session_started", {"contract": c.contract.name})])
         self.gate = Gate(
             contract=c,
@@ -90,6 +92,7 @@ class Audited:
             clock=CLOCK,
             budget=BudgetState.start(CLOCK.now_ms()),
             redactor=Redactor(c, {}),
+            events=events,
         )
         self.n = 0
 
@@ -160,6 +163,9 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
         recorded = await power_mounts.call(power_mounts.tools[f"mcp:time:{TOOL}"], ARGS, timeout_s=30)
         instant = Audited(power_mounts, store, power_c, "s_instant")
         instant.gate.transport = Instant(recorded)
+        watched_events = RunEvents(EventBus([lambda _event: None]), CLOCK, "s_watched")
+        watched = Audited(power_mounts, store, power_c, "s_watched", events=watched_events)
+        watched.gate.transport = Instant(recorded)
         store.append("s_fsync", [Record("session_started", {"contract": "fsync"})])
 
         def appender(durable: bool) -> Any:
@@ -178,6 +184,7 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
             "fsync": appender(True),
             "no-fsync": appender(False),
             "gate-only": instant.call,
+            "watched": watched.call,
         }
         for fn in fns.values():  # warm up imports, caches and the WAL
             await timed(fn, 20)
