@@ -99,7 +99,6 @@ class Gate:
         self._budget = _Budget(budget)
         self.redactor = redactor
         self._events = events
-        self._tasks = pending_mod.task_transport(transport)
         self._intent_durable = contract.ledger.durability == "power"
         self._memo: MemoIndex | None = None
         self._decisions: dict[str, str] = {}  # call -> the policy's decision in this leg (for events)
@@ -457,7 +456,7 @@ class Gate:
         """Send the call: as an MCP task when the transport runs this tool as one (then ``mcp_tool_pending``
         records the task id before Truss waits), else as a plain call. None: the task still runs."""
         progress = self._progress(request)
-        tasks = self._tasks
+        tasks = pending_mod.task_transport(self.transport)
         task_id = await tasks.start_task(tool, arguments, timeout_s=timeout_s) if tasks is not None else None
         if tasks is None or task_id is None:
             return await self.transport.call(tool, arguments, timeout_s=timeout_s, progress=progress)
@@ -470,7 +469,7 @@ class Gate:
         pending = recorded.pending
         assert pending is not None
         tool = self.tools.get(request.tool)
-        tasks = self._tasks
+        tasks = pending_mod.task_transport(self.transport)
         if tool is None or tasks is None:
             raise self.journal.divergence(request.call, pending, f"{request.tool}, which cannot be polled in this run")
         await self._charge_call(tool.name)

@@ -3,7 +3,9 @@
 ``FakeTransport(handler)`` implements ``truss.tools.ToolTransport``: each call awaits
 ``handler(tool, arguments)``, which returns a ``ToolResult`` or a wire-form dict (``content``,
 ``structuredContent``, ``isError``) or raises a Truss error (``ToolCallError`` ...). The
-transport records every call, enforces ``max_result_bytes`` the way the real MCP tier does, and
+transport records every call, enforces ``max_result_bytes`` the way the real MCP tier does (an
+``isError`` result with ``extra["refused"]``, which the gate records as a ``result_too_large``
+failure), and
 honours ``timeout_s`` (a handler that does not finish in time raises ``ToolCallError`` with
 ``cause="timeout"``). ``mounted_tool`` and ``mounted_tools`` build ``MountedTool`` values with
 real pins.
