@@ -22,10 +22,10 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from truss._pointer import resolve_pointer
 from truss.contract import Contract
 from truss.ledger.entry import Record, StoredEntry
 from truss.tools import MountedTool, ProgressFn, ToolResult
-from truss.verdict import resolve_pointer
 
 __all__ = ["TaskTransport", "pending_signal", "pending_task", "signal_name", "task_result", "task_transport"]
 
