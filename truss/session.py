@@ -5,10 +5,12 @@
 1. a session id (``clock.new_id("s")`` or the caller's; a caller's id that already exists returns
    that session's outcome instead of running again, so a repeated request never runs twice);
 2. connect the contract's servers through the ``connector`` it is given (``truss.mcp.client.connect``
-   in production: this module never imports the MCP SDK); record ``session_started`` (contract
-   name, hash and effective JSON, pins, servers' protocol versions and info, principal, truss
-   version). A server that cannot start still gets a session: ``session_started`` with the failure,
-   then an ``error`` verdict, so every attempt is on the record;
+   in production: this module never imports the MCP SDK), called as ``connector(contract,
+   log_dir=, environ=, clock=, on_event=)`` (``on_event(server, name, attributes)`` turns what
+   launchers and auth flows report into the run's ``ServerEvent``s); record ``session_started``
+   (contract name, hash and effective JSON, pins, servers' protocol versions, info and how each
+   was reached, principal, truss version). A server that cannot start still gets a session:
+   ``session_started`` with the failure, then an ``error`` verdict, so every attempt is on the record;
 3. drive the loop (``truss.loop``) through the gate (``truss.gate``);
 4. end: ``verdict`` {status, checks, contract_hash, reason}, ``session_ended``, a signed
    checkpoint, and the DSSE verdict envelope (in-toto Statement v1 whose subject digest is the
