@@ -183,6 +183,9 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=erase)
     LEDGER_PARSERS["erase"] = p
     _register_log_commands(commands)
+    from truss_cli import _ledger_report  # report and why (docs/report.md), kept in their own module
+
+    LEDGER_PARSERS.update(_ledger_report.register(commands))
 
 
 # -- handlers ------------------------------------------------------------------------------------
