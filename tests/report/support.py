@@ -1,0 +1,52 @@
+"""What a person sees on a report page, read through the DevTools protocol."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.report.cdp import Page
+
+VERIFY_TIMEOUT = 120  # generous for a loaded machine; a report verifies in well under a second
+
+
+def open_report(page: Page, path: Path) -> dict[str, Any]:
+    """Open the report file and return the summary of its first verification."""
+    page.open(path.resolve().as_uri(), timeout=VERIFY_TIMEOUT)
+    summary: dict[str, Any] = page.evaluate("window.trussReport.after(0)", timeout=VERIFY_TIMEOUT)
+    return summary
+
+
+def choose_bundle_file(page: Page, path: Path) -> dict[str, Any]:
+    """Open another bundle through the page's file field, as a person would; its verification's summary."""
+    runs = page.evaluate("window.trussReport.runs")
+    page.set_file("#bundle-file", path)
+    summary: dict[str, Any] = page.evaluate(f"window.trussReport.after({runs})", timeout=VERIFY_TIMEOUT)
+    return summary
+
+
+def press(page: Page, button: str, *, fill: dict[str, str] | None = None) -> dict[str, Any]:
+    """Type into text fields (selector -> text), press ``button``; the summary of the verification it starts."""
+    runs = page.evaluate("window.trussReport.runs")
+    for selector, text in (fill or {}).items():
+        page.evaluate(f"document.querySelector({json.dumps(selector)}).value = {json.dumps(text)}")
+    page.evaluate(f"document.querySelector({json.dumps(button)}).click()")
+    summary: dict[str, Any] = page.evaluate(f"window.trussReport.after({runs})", timeout=VERIFY_TIMEOUT)
+    return summary
+
+
+def text_of(page: Page, selector: str) -> str:
+    value = page.evaluate(f"(document.querySelector({json.dumps(selector)}) || {{innerText: ''}}).innerText")
+    return str(value)
+
+
+def timeline(page: Page) -> list[dict[str, str]]:
+    """The timeline's rows: seq, kind, and the text of each cell as shown."""
+    rows: list[dict[str, str]] = page.evaluate(
+        """[...document.querySelectorAll('#timeline tbody tr')].map(tr => ({
+            pos: tr.dataset.pos, seq: tr.dataset.seq, kind: tr.dataset.kind, status: tr.dataset.status,
+            event: tr.cells[2].innerText, call: tr.cells[3].innerText, tool: tr.cells[4].innerText,
+            outcome: tr.cells[5].innerText, duration: tr.cells[6].innerText, verification: tr.cells[7].innerText}))"""
+    )
+    return rows
