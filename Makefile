@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PEERS := .peers
 export TRUSS_PEERS := $(CURDIR)/$(PEERS)
 
-.PHONY: demo test lint typecheck pytest peers bench clean venv
+.PHONY: demo test lint typecheck pytest peers chromium bench clean venv
 
 $(BIN)/truss: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,16 @@ peers: $(PEERS)/py/bin/mcp-server-time
 		$(MAKE) -s $(PEERS)/node22/node_modules/.bin/conformance; \
 	else echo "npm not found: tests that need the Node MCP peers are skipped (and fail under CI)"; fi
 
+# Debian's chromium: the headless browser the report tests (tests/report) open reports in. Installed
+# with apt-get when run as root (as CI runs); otherwise says what to install (the tests then skip,
+# and fail under CI).
+chromium:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }; \
+	else echo "chromium not found: the report's browser tests are skipped (and fail under CI); install it with: apt-get install chromium"; fi
+
 demo: venv peers
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss init
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss run contracts/hello.toml
@@ -49,11 +59,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/pyright
 
-pytest: venv peers
+pytest: venv peers chromium
 	$(BIN)/python -m pytest -q
 
 # Runs every stage even when an earlier one fails, so one report shows everything; fails if any failed.
-test: venv peers
+test: venv peers chromium
 	@status=0; \
 	$(MAKE) -s lint || status=1; \
 	$(MAKE) -s typecheck || status=1; \
@@ -61,7 +71,7 @@ test: venv peers
 	exit $$status
 
 # Every benchmark with its default settings (several minutes; see docs/benchmarks.md for each one).
-bench: venv peers
+bench: venv peers chromium
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:

@@ -180,6 +180,7 @@ class Browser:
         session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         page = Page(self, target, session)
         page.call("Page.enable")
+        page.call("Page.setLifecycleEventsEnabled", {"enabled": True})
         page.call("Network.enable")
         page.call("Runtime.enable")
         page.call(
@@ -202,12 +203,20 @@ class Page:
     ) -> dict[str, Any]:
         return self.browser.call(method, params, self.session, timeout=timeout)
 
-    def _mine(self, method: str) -> Callable[[dict[str, Any]], bool]:
-        return lambda m: m.get("method") == method and m.get("sessionId") == self.session
-
     def open(self, url: str, *, timeout: float | None = None) -> None:
-        self.call("Page.navigate", {"url": url})
-        self.browser.wait_for(self._mine("Page.loadEventFired"), timeout=timeout)
+        """Navigate and wait for *this* document's load (matched by loader id, not any load event)."""
+        loader = self.call("Page.navigate", {"url": url})["loaderId"]
+
+        def loaded(message: dict[str, Any]) -> bool:
+            params = message.get("params", {})
+            return (
+                message.get("method") == "Page.lifecycleEvent"
+                and message.get("sessionId") == self.session
+                and params.get("name") == "load"
+                and params.get("loaderId") == loader
+            )
+
+        self.browser.wait_for(loaded, timeout=timeout)
 
     def evaluate(self, expression: str, *, timeout: float | None = None) -> Any:
         """The value of ``expression`` (awaited when it is a promise), or raise with the page's exception."""
