@@ -1,6 +1,8 @@
 """``truss ledger report`` and ``truss ledger why``: the auditor's page, and one call's decision path.
 
-``cmd_ledger`` registers both under ``ledger`` (``register(commands)``). Thin: read the session or
+``cmd_ledger`` registers both under ``ledger`` (``register(commands, helpers)``), handing over the
+helpers it shares (trusted keys, the read-only store) so this module never imports it back. Thin:
+read the session or
 the bundle, call ``truss.report``, write or print. The report is always built from a bundle: for a
 SESSION, the bundle ``truss ledger export`` would write is made in memory first, so the page checks
 exactly what an auditor would be given. ``why`` reads the session through ``_read_session`` alone.
@@ -12,26 +14,37 @@ Exit codes: ``report`` 0 written and the bundle verifies, 1 written but the bund
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from truss_cli._ctx import Ctx
-from truss_cli.cmd_ledger import add_trusted_key_arg, open_ledger_readonly, trusted_from_args
 
 import truss
 from truss._errors import BundleFormatError, NotFoundError, UsageError
 from truss.ledger.bundle import MAX_BUNDLE_BYTES, export_bundle, verify_bundle
 from truss.ledger.entry import StoredEntry, iter_refs
-from truss.ledger.keys import IdentityKey
+from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.store import open_store
 from truss.report.page import build_report
 from truss.report.why import call_ids, explain_call
 
-__all__ = ["register"]
+__all__ = ["LedgerHelpers", "register"]
 
 
-def register(commands: Any) -> dict[str, argparse.ArgumentParser]:
+@dataclass(frozen=True)
+class LedgerHelpers:
+    """What ``cmd_ledger`` shares with these commands (its ``add_trusted_key_arg`` and so on)."""
+
+    add_trusted_key_arg: Callable[[argparse.ArgumentParser], None]
+    trusted_from_args: Callable[[argparse.Namespace, Ctx], TrustedKeys]
+    open_readonly: Callable[[Ctx], Any]
+
+
+def register(commands: Any, helpers: LedgerHelpers) -> dict[str, argparse.ArgumentParser]:
     """Add ``report`` and ``why`` to the ``ledger`` sub-commands; returns their parsers by name."""
     p = commands.add_parser(
         "report",
@@ -45,8 +58,8 @@ def register(commands: Any) -> dict[str, argparse.ArgumentParser]:
     p.add_argument("--bundle", metavar="FILE", help="report on an exported bundle instead of a session")
     p.add_argument("-o", "--output", metavar="FILE", required=True, help="the HTML file to write")
     p.add_argument("--no-payloads", action="store_true", help="with SESSION: leave argument and result bytes out")
-    add_trusted_key_arg(p)
-    p.set_defaults(handler=write_report)
+    helpers.add_trusted_key_arg(p)
+    p.set_defaults(handler=functools.partial(write_report, helpers=helpers))
     q = commands.add_parser(
         "why",
         help="why one call was allowed, denied, held or replayed, with the entries that record it",
@@ -57,16 +70,16 @@ def register(commands: Any) -> dict[str, argparse.ArgumentParser]:
     )
     q.add_argument("session", metavar="SESSION")
     q.add_argument("call", metavar="CALL")
-    q.set_defaults(handler=why)
+    q.set_defaults(handler=functools.partial(why, helpers=helpers))
     return {"report": p, "why": q}
 
 
 # -- reading -------------------------------------------------------------------------------------
 
 
-def _read_session(ctx: Ctx, session: str) -> tuple[list[StoredEntry], dict[str, bytes]]:
+def _read_session(ctx: Ctx, session: str, helpers: LedgerHelpers) -> tuple[list[StoredEntry], dict[str, bytes]]:
     """A session's entries and the payloads it still holds: the one place ``why`` reads the store."""
-    with open_ledger_readonly(ctx) as store:
+    with helpers.open_readonly(ctx) as store:
         if store.session(session) is None:
             raise NotFoundError(
                 f"no session {session!r} in {ctx.db}",
@@ -74,10 +87,10 @@ def _read_session(ctx: Ctx, session: str) -> tuple[list[StoredEntry], dict[str, 
                 what="session",
                 name=session,
             )
-        entries = list(store.read_session(session))
-        erased = store.erased_refs(session)
+        entries: list[StoredEntry] = list(store.read_session(session))
+        erased: set[str] = store.erased_refs(session)
         refs = {ref for e in entries for ref in iter_refs(e.body)} - erased
-        blobs = store.blobs_for(refs)
+        blobs: dict[str, bytes] = store.blobs_for(refs)
     return entries, blobs
 
 
@@ -116,7 +129,7 @@ def _write(path: Path, data: bytes) -> None:
 # -- handlers ------------------------------------------------------------------------------------
 
 
-def write_report(args: argparse.Namespace, ctx: Ctx) -> int:
+def write_report(args: argparse.Namespace, ctx: Ctx, *, helpers: LedgerHelpers) -> int:
     if bool(args.session) == bool(args.bundle):
         raise UsageError(
             "truss ledger report: give SESSION or --bundle FILE (one of them)",
@@ -125,7 +138,7 @@ def write_report(args: argparse.Namespace, ctx: Ctx) -> int:
         )
     if args.bundle and args.no_payloads:
         raise UsageError("truss ledger report: --no-payloads applies to SESSION; a bundle is shown as it is")
-    trusted = trusted_from_args(args, ctx)
+    trusted = helpers.trusted_from_args(args, ctx)
     data = _read_bundle(args.bundle) if args.bundle else _export(ctx, args.session, payloads=not args.no_payloads)
     checked = verify_bundle(data, trusted)
     if checked.exit_code == 2:
@@ -159,8 +172,8 @@ def write_report(args: argparse.Namespace, ctx: Ctx) -> int:
     return 1
 
 
-def why(args: argparse.Namespace, ctx: Ctx) -> int:
-    entries, blobs = _read_session(ctx, args.session)
+def why(args: argparse.Namespace, ctx: Ctx, *, helpers: LedgerHelpers) -> int:
+    entries, blobs = _read_session(ctx, args.session, helpers)
     explanation = explain_call(entries, blobs.get, args.call)
     if explanation is None:
         known = call_ids(entries)

@@ -185,7 +185,8 @@ def register(sub: Any) -> None:
     _register_log_commands(commands)
     from truss_cli import _ledger_report  # report and why (docs/report.md), kept in their own module
 
-    LEDGER_PARSERS.update(_ledger_report.register(commands))
+    shared = _ledger_report.LedgerHelpers(add_trusted_key_arg, trusted_from_args, open_ledger_readonly)
+    LEDGER_PARSERS.update(_ledger_report.register(commands, shared))
 
 
 # -- handlers ------------------------------------------------------------------------------------
