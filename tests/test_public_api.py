@@ -30,6 +30,7 @@ SNAPSHOT: dict[str, list[str]] = {
         "ReplayDivergenceError",
         "RunSuspended",
         "RuntimeFailure",
+        "SandboxError",
         "ServerStartError",
         "StoreBusyError",
         "StoreConflictError",

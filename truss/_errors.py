@@ -19,6 +19,7 @@ specific first, so the CLI and serve-mcp need exactly one handler::
         │   └── StoreBusyError          the store is locked by another process for too long
         ├── McpError                    an MCP server or transport failed (server, tool, retryable)
         │   ├── ServerStartError        could not start or connect a server
+        │   │   └── SandboxError        a server's sandbox cannot be set up (cause, remedy)
         │   ├── ToolNotAdvertisedError  an allowlisted tool the server does not list
         │   ├── PinMismatchError        a tool definition differs from its pin (expected, actual)
         │   └── ToolCallError           a call failed (timeout, connection closed, protocol error)
@@ -48,6 +49,7 @@ __all__ = [
     "ReplayDivergenceError",
     "RunSuspended",
     "RuntimeFailure",
+    "SandboxError",
     "ServerStartError",
     "StoreBusyError",
     "StoreConflictError",
@@ -233,6 +235,18 @@ class ServerStartError(McpError):
     """A server could not be started or connected (bad command, exit at start, refused, 401)."""
 
     kind = "server_start"
+
+
+class SandboxError(ServerStartError):
+    """A stdio server's sandbox cannot be set up, so the server is not started.
+
+    Fields: ``server``, ``cause`` (a stable code: ``not_linux``, ``bwrap_missing``,
+    ``bwrap_unusable``, ``bwrap_too_old``, ``userns_unavailable``, ``unresolvable``,
+    ``protected_path``, ``runtime_dir``), ``path`` where one is involved. Never a fallback:
+    a profile that is ``required`` refuses to start the server instead of running it unconfined.
+    """
+
+    kind = "sandbox"
 
 
 class ToolNotAdvertisedError(McpError):

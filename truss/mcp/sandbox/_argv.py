@@ -1,0 +1,292 @@
+"""The bwrap command line for one confined server, and its canonical description. Pure.
+
+``plan_sandbox`` turns an effective ``Profile``, the command's ``Resolution`` and the host's
+``SystemLayout`` into a ``SandboxPlan``: bwrap's options (without environment values, which the
+launcher passes through a memory file so they never appear in a process listing), the command
+run after ``--`` (Truss's small supervisor, which applies the limits and execs the server), the
+environment variable names the server gets, and ``description``: the JSON recorded for the
+session and hashed into each tool's identity.
+
+Order of the mounts (bwrap applies them in order, later ones on top): fresh ``/proc``, ``/dev``,
+``/dev/shm`` and ``/tmp``; the system trees; a fresh, empty home; every bind at its real path
+(parents before children; symlinks met on the way recreated); Truss's own files under
+``/run/truss``; masks over Truss's protected paths; the root and ``/dev`` remounted read-only.
+
+Truss's home, the identity key, the ledger and the sandbox's own runtime directory are never
+visible inside: a bind inside one of them is refused (``SandboxError``, cause ``protected_path``),
+and a bind containing one has it masked (an empty read-only tmpfs over a directory, ``/dev/null``
+over a file). Paths are compared after resolving symlinks; hard links are not detected.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from truss._errors import SandboxError
+from truss.mcp.sandbox._profile import Profile
+from truss.mcp.sandbox._resolve import SYSTEM_ROOTS, Bind, FsView, Resolution, SystemLayout, is_system, walk
+
+__all__ = [
+    "DEFAULT_TMP_BYTES",
+    "INNER_PATH",
+    "PROXY_SOCKET",
+    "RELAY_PORT",
+    "RUN_DIR",
+    "SandboxPlan",
+    "plan_sandbox",
+    "proxy_env",
+]
+
+RUN_DIR = "/run/truss"
+INNER_PATH = f"{RUN_DIR}/inner.py"
+PROXY_SOCKET = f"{RUN_DIR}/proxy.sock"
+RELAY_PORT = 3128
+# Each fresh tmpfs (/tmp, /dev/shm, the home) is bounded: by the memory limit, else by this.
+DEFAULT_TMP_BYTES = 512 * 1024 * 1024
+# Truss's own processes inside (bwrap's init, the supervisor, the relay) are not the server's.
+HELPER_TASKS = 3
+_PATH_VARS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "NODE_PATH")
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """Everything the launcher needs, and what the sandbox looks like from inside."""
+
+    options: tuple[str, ...]
+    command: tuple[str, ...]
+    env_names: tuple[str, ...]
+    extra_env: tuple[tuple[str, str], ...]
+    binds: tuple[Bind, ...]
+    masked: tuple[str, ...]
+    not_visible: tuple[tuple[str, str], ...]
+    description: dict[str, Any]
+
+
+def proxy_env(port: int = RELAY_PORT) -> tuple[tuple[str, str], ...]:
+    """The variables ordinary HTTP clients read to find a proxy, all pointing at the relay."""
+    url = f"http://127.0.0.1:{port}"
+    return tuple((name, url) for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"))
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def plan_sandbox(
+    profile: Profile,
+    resolution: Resolution,
+    helper: Resolution,
+    system: SystemLayout,
+    fs: FsView,
+    *,
+    command: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    protected: Sequence[str],
+    inner_script: str,
+    proxy_socket: str | None,
+    bwrap_version: str,
+    userns: bool = True,
+    server: str = "",
+) -> SandboxPlan:
+    """The bwrap options and supervisor command for one server. Raises ``SandboxError``."""
+    tmp_bytes = profile.limits.memory or DEFAULT_TMP_BYTES
+    opts: list[str] = []
+    namespaces = ["mount", "pid", "ipc", "uts", "cgroup"]
+    opts += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if userns:
+        # Own user namespace, and none nested inside it: less kernel surface for the server.
+        opts += ["--unshare-user", "--disable-userns"]
+        namespaces.append("user")
+    if profile.network != "host":
+        opts.append("--unshare-net")
+        namespaces.append("net")
+    opts += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "truss-sandbox"]
+    opts += ["--proc", "/proc", "--dev", "/dev"]
+    opts += ["--size", str(tmp_bytes), "--tmpfs", "/dev/shm", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+
+    for path in system.dirs:
+        opts += ["--ro-bind", path, path]
+    for link, target in system.symlinks:
+        opts += ["--symlink", target, link]
+    for path in system.etc:
+        opts += ["--ro-bind-try", path, path]
+
+    home = env.get("HOME", "")
+    fresh = ["/tmp"]
+    if home.startswith("/") and posixpath.normpath(home) != "/" and not is_system(home) and not _inside(home, "/tmp"):
+        home = posixpath.normpath(home)
+        opts += ["--size", str(tmp_bytes), "--tmpfs", home]
+        fresh.append(home)
+
+    binds, links = _binds(profile, resolution, helper, fs, server)
+    protected_real = _protected(fs, protected)
+    for bind in binds:
+        for secret in protected_real:
+            if _inside(bind.path, secret):
+                raise SandboxError(
+                    f"cannot confine MCP server {server!r}: {bind.path} ({bind.why}) is inside {secret}, "
+                    "which a sandbox never shows",
+                    remedy="Bind a path outside Truss's home, identity key and ledger",
+                    server=server,
+                    cause="protected_path",
+                    path=bind.path,
+                )
+    for bind in binds:
+        if bind.mode == "rw":
+            opts += ["--bind", bind.path, bind.path]
+        elif bind.mode == "overlay":
+            opts += ["--overlay-src", bind.path, "--tmp-overlay", bind.path]
+        else:
+            opts += ["--ro-bind", bind.path, bind.path]
+    visible = [b.path for b in binds]
+    for link, target in links:
+        if not any(_inside(link, root) for root in (*visible, *SYSTEM_ROOTS, *fresh)):
+            opts += ["--symlink", target, link]
+
+    opts += ["--ro-bind", inner_script, INNER_PATH]
+    if proxy_socket is not None:
+        opts += ["--ro-bind", proxy_socket, PROXY_SOCKET]
+
+    masked: list[str] = []
+    for secret, kind in sorted(protected_real.items()):
+        if not any(_inside(secret, b.path) for b in binds) or any(_inside(secret, m) for m in masked):
+            continue  # not visible anyway, or inside a directory already masked
+        masked.append(secret)
+        if kind == "dir":
+            opts += ["--size", "4096", "--tmpfs", secret, "--remount-ro", secret]
+        else:
+            opts += ["--ro-bind", "/dev/null", secret]
+
+    if not any(_inside(cwd, root) for root in (*visible, *SYSTEM_ROOTS, *fresh)):
+        opts += ["--dir", cwd]
+    opts += ["--chdir", cwd, "--remount-ro", "/dev", "--remount-ro", "/"]
+
+    extra = proxy_env() if profile.network == "allow" else ()
+    names = tuple(sorted(name for name in env if name not in {n for n, _ in extra}))
+    limits = profile.limits
+    rlimits: dict[str, int] = {"CORE": 0}
+    if limits.memory is not None:
+        rlimits["DATA"] = limits.memory
+    if limits.processes is not None:
+        rlimits["NPROC"] = limits.processes + HELPER_TASKS
+    if limits.cpu_s is not None:
+        rlimits["CPU"] = limits.cpu_s
+    if limits.file_size is not None:
+        rlimits["FSIZE"] = limits.file_size
+    config = {
+        "rlimits": rlimits,
+        "relay": {"port": RELAY_PORT, "socket": PROXY_SOCKET} if profile.network == "allow" else None,
+    }
+    supervisor = (helper.executable, "-I", "-S", INNER_PATH, json.dumps(config, separators=(",", ":"), sort_keys=True))
+    server_cmd = ("--", resolution.executable, command, *args)
+
+    not_visible = _not_visible(fs, env, args, cwd, [*visible, *SYSTEM_ROOTS, *fresh, *system.etc])
+    description: dict[str, Any] = {
+        "v": 1,
+        "mechanism": "bubblewrap",
+        "bwrap_version": bwrap_version,
+        "required": profile.required,
+        "namespaces": sorted(namespaces),
+        "network": profile.network,
+        "allow_hosts": [str(rule) for rule in profile.allow_hosts],
+        "limits": limits.as_json(),
+        "tmpfs_bytes": tmp_bytes,
+        "system": [*system.dirs, *system.etc],
+        "binds": [{"path": b.path, "mode": b.mode, "why": b.why} for b in binds],
+        "home": home if home in fresh else None,
+        "masked": sorted(masked),
+        "cwd": cwd,
+        "executable": resolution.executable,
+        "env": list(names),
+    }
+    return SandboxPlan(
+        options=tuple(opts),
+        command=(*supervisor, *server_cmd),
+        env_names=names,
+        extra_env=extra,
+        binds=tuple(binds),
+        masked=tuple(sorted(masked)),
+        not_visible=tuple(not_visible),
+        description=description,
+    )
+
+
+def _binds(
+    profile: Profile, resolution: Resolution, helper: Resolution, fs: FsView, server: str
+) -> tuple[list[Bind], list[tuple[str, str]]]:
+    links: dict[str, str] = dict(resolution.symlinks)
+    links.update(helper.symlinks)
+    chosen: dict[str, Bind] = {}
+    for mode, paths in (("rw", profile.write), ("ro", profile.read)):
+        for path in paths:
+            try:
+                real, met = walk(fs, path)
+            except ValueError as exc:
+                raise SandboxError(
+                    f"cannot confine MCP server {server!r}: {exc}", server=server, cause="unresolvable", path=path
+                ) from None
+            if fs.kind(real) is None:
+                raise SandboxError(
+                    f"cannot confine MCP server {server!r}: the sandbox {'write' if mode == 'rw' else 'read'} "
+                    f"path {path} does not exist",
+                    remedy="Create it first, or remove it from the profile",
+                    server=server,
+                    cause="unresolvable",
+                    path=path,
+                )
+            links.update(met)
+            chosen.setdefault(real, Bind(real, "rw" if mode == "rw" else "ro", "profile"))
+    profile_roots = list(chosen)
+    for bind in (*resolution.binds, *helper.binds):
+        if bind.path in chosen or any(_inside(bind.path, root) for root in profile_roots):
+            continue  # the operator's own bind already shows it, with the operator's mode
+        chosen[bind.path] = bind
+    ordered = sorted(chosen.values(), key=lambda b: b.path)
+    kept: list[Bind] = []
+    for bind in ordered:
+        # A read-only bind inside another read-only bind shows nothing new: one mount fewer.
+        if bind.mode == "ro" and any(k.mode == "ro" and _inside(bind.path, k.path) for k in kept):
+            continue
+        kept.append(bind)
+    return kept, sorted(links.items())
+
+
+def _protected(fs: FsView, paths: Sequence[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path in paths:
+        if not path.startswith("/"):
+            continue
+        try:
+            real, _ = walk(fs, posixpath.normpath(path))
+        except ValueError:
+            continue
+        kind = fs.kind(real)
+        if kind is not None:
+            out[real] = "dir" if kind == "dir" else "file"
+    return out
+
+
+def _not_visible(
+    fs: FsView, env: Mapping[str, str], args: Sequence[str], cwd: str, roots: Sequence[str]
+) -> list[tuple[str, str]]:
+    """Host paths the server's environment or arguments name that the sandbox does not show."""
+    out: list[tuple[str, str]] = []
+    candidates = [(name, part) for name in _PATH_VARS for part in env.get(name, "").split(":")]
+    candidates += [(f"argument {i + 1}", arg) for i, arg in enumerate(args)]
+    candidates.append(("cwd", cwd))
+    for where, path in candidates:
+        if not path.startswith("/") or fs.kind(path) is None:
+            continue
+        try:
+            real, _ = walk(fs, path)
+        except ValueError:
+            continue
+        if not any(_inside(path, root) or _inside(real, root) for root in roots):
+            out.append((where, path))
+    return out

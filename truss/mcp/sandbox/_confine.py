@@ -1,0 +1,312 @@
+"""``confined(...)``: the one entry point a launcher calls to start a stdio server in its sandbox.
+
+::
+
+    async with confined(profile, command, args, env, cwd, server="git", on_event=sink) as spawn:
+        params = StdioServerParameters(command=spawn.command, args=spawn.args, env=spawn.env, cwd=spawn.cwd)
+        ...                      # start the server with exactly that, talk to it
+        spawn.limit_hits()       # after a failure: which kernel limit stopped it, if any
+
+On entry it checks bwrap, resolves what the command needs, plans the mounts (refusing a plan that
+would show Truss's home, key or ledger), creates the cgroups where it may, writes the plan into a
+private runtime directory (mode 0700) and, for network ``allow``, starts the egress proxy on a
+Unix socket there. The command it hands back runs ``_launch.py``, which joins the cgroups and
+becomes bwrap. On exit, by any path, it kills whatever is left of the sandbox (its bwrap, and so
+its pid namespace; every process of its cgroups), stops the proxy, reports the flood summaries,
+removes the cgroups and the runtime directory.
+
+When bwrap cannot run here: a ``required`` profile raises ``SandboxError``; otherwise the spawn
+is the plain command with ``confined = False`` and ``fallback`` naming the cause, for the caller
+to record and show. It never falls back silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from truss._clock import Clock, SystemClock
+from truss._errors import SandboxError
+from truss.mcp.sandbox._argv import SandboxPlan, plan_sandbox
+from truss.mcp.sandbox._bwrap import Bwrap, find_bwrap
+from truss.mcp.sandbox._cgroup import Cgroups, LimitHit, setup_cgroups
+from truss.mcp.sandbox._fs import OsFs
+from truss.mcp.sandbox._profile import Profile
+from truss.mcp.sandbox._proxy import EgressProxy, EventSink
+from truss.mcp.sandbox._resolve import FsView, resolve_command, system_layout
+
+__all__ = ["Spawn", "confined"]
+
+_HERE = Path(__file__).resolve().parent
+_LAUNCH = _HERE / "_launch.py"
+_INNER = _HERE / "_inner.py"
+_MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
+_STATUS_LIMIT = 64 * 1024
+_EXIT_SIGNALS = {24: "cpu", 25: "file_size"}  # SIGXCPU, SIGXFSZ: the rlimit's own signals
+
+
+@dataclass
+class Spawn:
+    """How to start the server (``command``, ``args``, ``env``, ``cwd``) and what became of its sandbox."""
+
+    command: str
+    args: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    confined: bool
+    description: dict[str, Any]
+    fallback: str | None = None
+    plan: SandboxPlan | None = None
+    _runtime: Path | None = None
+    _cgroups: Cgroups = field(default_factory=Cgroups)
+
+    def status(self) -> dict[str, int]:
+        """What bwrap reported so far: ``child-pid`` (the sandbox's init), then ``exit-code``."""
+        out: dict[str, int] = {}
+        if self._runtime is None:
+            return out
+        try:
+            with open(self._runtime / "status.json", "rb") as handle:
+                text = handle.read(_STATUS_LIMIT)
+        except OSError:
+            return out
+        for line in text.decode("utf-8", "replace").splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    for key, value in record.items():  # pyright: ignore[reportUnknownVariableType]
+                        if key in ("child-pid", "exit-code") and isinstance(value, int):
+                            out[key] = value
+        return out
+
+    def exit_code(self) -> int | None:
+        """The supervisor's exit status once the sandbox ended (``128 + n``: the server got signal n)."""
+        return self.status().get("exit-code")
+
+    def limit_hits(self) -> list[LimitHit]:
+        """The kernel limits the sandbox ran into so far (cgroup counters, a limit's own signal)."""
+        hits = list(self._cgroups.hits())
+        code = self.exit_code()
+        if code is not None and code > 128 and (code - 128) in _EXIT_SIGNALS:
+            hits.append(LimitHit(_EXIT_SIGNALS[code - 128], f"the server was ended by signal {code - 128}"))
+        return hits
+
+    def diagnose(self) -> str | None:
+        """Why a confined start may have failed: the exit status, limits hit, paths not visible inside."""
+        if not self.confined or self.plan is None:
+            return None
+        notes: list[str] = []
+        code = self.exit_code()
+        if code == 126:
+            notes.append("the sandbox could not be set up (see the server's stderr for the truss-sandbox line)")
+        elif code == 127:
+            notes.append("the server's executable could not be started inside the sandbox (see its stderr)")
+        elif code is not None and code > 128:
+            notes.append(f"the server was ended by signal {code - 128}")
+        elif code is not None:
+            notes.append(f"the server exited with status {code}")
+        notes += [f"limit {h.limit} reached ({h.evidence})" for h in self.limit_hits()]
+        if self.plan.not_visible:
+            listed = ", ".join(f"{path} ({where})" for where, path in self.plan.not_visible)
+            notes.append(f"not visible inside the sandbox: {listed}; add what the server needs to the sandbox's read")
+        return "; ".join(notes) or None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            stat = handle.read()
+        return int(stat[stat.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _helper_python() -> str:
+    # The base interpreter, not a venv's: with -I -S the supervisor needs only the standard library.
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+@asynccontextmanager
+async def confined(
+    profile: Profile,
+    command: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str | None = None,
+    *,
+    server: str,
+    on_event: EventSink | None = None,
+    protected: Sequence[str | os.PathLike[str]] = (),
+    clock: Clock | None = None,
+    bwrap: Bwrap | None = None,
+    runtime_parent: str | os.PathLike[str] | None = None,
+    fs: FsView | None = None,
+    max_egress_events: int | None = None,
+) -> AsyncIterator[Spawn]:
+    """Start-up plan for one confined stdio server; see the module docstring. Raises ``SandboxError``.
+
+    ``env`` is exactly the environment the server gets inside (plus the proxy variables with
+    network ``allow``); ``protected`` are paths never shown inside (Truss's home, the identity key,
+    the ledger database and its ``-wal``/``-shm`` files); ``on_event`` receives each
+    ``EgressEvent`` and, at the end, the ``EgressSummary`` values (sync or async callable).
+    """
+    clock = clock or SystemClock()
+    view = fs or OsFs()
+    workdir = cwd or os.getcwd()
+    if bwrap is None:
+        try:
+            bwrap = await find_bwrap(server=server)
+        except SandboxError as exc:
+            if profile.required:
+                raise
+            yield Spawn(
+                command=command,
+                args=list(args),
+                env=dict(env),
+                cwd=cwd,
+                confined=False,
+                fallback=str(exc.cause),
+                description={"v": 1, "confined": False, "fallback": exc.cause, "profile": profile.as_json()},
+            )
+            return
+    python = _helper_python()
+    resolution = resolve_command(view, command, args, env, workdir, server=server)
+    helper = resolve_command(view, python, [], {}, "/", server=server)
+    system = system_layout(view, network=profile.network != "none")
+
+    try:
+        runtime = Path(tempfile.mkdtemp(prefix="truss-sbx-", dir=runtime_parent))
+    except OSError as exc:
+        raise SandboxError(
+            f"cannot confine MCP server {server!r}: cannot create its runtime directory: {exc.strerror}",
+            server=server,
+            cause="runtime_dir",
+        ) from None
+    socket_path = runtime / "proxy.sock"
+    cgroups = Cgroups()
+    try:
+        if len(str(socket_path).encode()) > _MAX_SOCKET_PATH:
+            raise SandboxError(
+                f"cannot confine MCP server {server!r}: the runtime directory {runtime} is too deep for a Unix socket",
+                remedy="Point TMPDIR at a short path such as /tmp",
+                server=server,
+                cause="runtime_dir",
+            )
+        guarded = [str(p) for p in protected]
+        if os.environ.get("TRUSS_HOME"):
+            guarded.append(os.environ["TRUSS_HOME"])
+        guarded.append(str(runtime))
+        plan = plan_sandbox(
+            profile,
+            resolution,
+            helper,
+            system,
+            view,
+            command=command,
+            args=args,
+            env=env,
+            cwd=workdir,
+            protected=guarded,
+            inner_script=str(_INNER),
+            proxy_socket=str(socket_path) if profile.network == "allow" else None,
+            bwrap_version=bwrap.version,
+            userns=bwrap.userns,
+            server=server,
+        )
+        cgroups, reasons = setup_cgroups(runtime.name, profile.limits)
+        description = dict(plan.description)
+        description["cgroups"] = cgroups.summary
+        description["rlimits_only"] = reasons
+        launch = {
+            "bwrap": bwrap.path,
+            "options": list(plan.options),
+            "env_names": list(plan.env_names),
+            "extra_env": [list(pair) for pair in plan.extra_env],
+            "command": list(plan.command),
+            "cgroup_procs": cgroups.procs_files,
+            "pid_file": str(runtime / "launcher.pid"),
+            "status_file": str(runtime / "status.json"),
+        }
+        plan_file = runtime / "plan.json"
+        fd = os.open(plan_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(launch, handle)
+        spawn = Spawn(
+            command=python,
+            args=["-I", "-S", str(_LAUNCH), str(plan_file)],
+            env=dict(env),
+            cwd=cwd,
+            confined=True,
+            description=description,
+            plan=plan,
+            _runtime=runtime,
+            _cgroups=cgroups,
+        )
+        async with anyio.create_task_group() as tg:
+            proxy: EgressProxy | None = None
+            if profile.network == "allow":
+                proxy = EgressProxy(
+                    server,
+                    profile.allow_hosts,
+                    clock,
+                    on_event,
+                    **({"max_events": max_egress_events} if max_egress_events is not None else {}),
+                )
+                listener = await anyio.create_unix_listener(socket_path)
+                tg.start_soon(proxy.serve, listener)
+            try:
+                yield spawn
+            finally:
+                await _end(spawn, cgroups)
+                tg.cancel_scope.cancel()
+                if proxy is not None:
+                    await proxy.flush()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await cgroups.kill_all()
+            cgroups.remove()
+            shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def _end(spawn: Spawn, cgroups: Cgroups) -> None:
+    """Kill the sandbox's bwrap (its pid namespace dies with it) and wait until nothing is left."""
+    with anyio.CancelScope(shield=True):
+        runtime = spawn._runtime
+        outer: int | None = None
+        if runtime is not None:
+            with contextlib.suppress(OSError, ValueError):
+                outer = int((runtime / "launcher.pid").read_text().strip())
+        init = spawn.status().get("child-pid")
+        # Only our own child: a pid the SDK already reaped could belong to someone else by now.
+        if outer is not None and _parent_of(outer) == os.getpid() and _alive(outer):
+            with contextlib.suppress(OSError):
+                os.kill(outer, signal.SIGKILL)
+        if init is not None and outer is not None and _parent_of(init) == outer:
+            with contextlib.suppress(OSError):
+                os.kill(init, signal.SIGKILL)
+        await cgroups.kill_all()
+        with anyio.move_on_after(5.0):
+            # The kernel tears a pid namespace down asynchronously; nothing signals its end.
+            while init is not None and _alive(init) and _parent_of(init) in (outer, 1):  # noqa: ASYNC110
+                await anyio.sleep(0.01)

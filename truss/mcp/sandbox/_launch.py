@@ -1,0 +1,79 @@
+"""The command a confined server is started with: joins the cgroups, then becomes bwrap. Stdlib only.
+
+Run as ``python -I -S _launch.py PLAN.json`` by whatever starts the stdio server (the MCP SDK),
+with the server's environment. It
+
+1. writes its own pid into each of the sandbox's ``cgroup.procs`` (so bwrap and everything it
+   starts are limited from the first instruction) and into ``launcher.pid`` (so Truss can end the
+   sandbox even if the SDK did not);
+2. puts bwrap's options, ``--clearenv`` and one ``--setenv`` per variable the plan names (values
+   from its own environment) into an anonymous memory file passed as ``--args FD``: secret values
+   never appear on a command line, which any local user can read;
+3. execs bwrap with an empty environment, ``--json-status-fd`` on a file Truss reads (the
+   sandbox's init pid, then its exit code).
+
+Any failure before the exec is reported on stderr and ends with exit status 126; nothing is
+started unconfined.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _fail(text: str) -> int:
+    try:
+        os.write(2, f"truss-sandbox: {text}\n".encode(errors="replace"))
+    except OSError:
+        pass
+    return 126
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        return _fail("usage: _launch.py PLAN.json")
+    try:
+        with open(argv[1], encoding="utf-8") as handle:
+            plan = json.load(handle)
+    except (OSError, ValueError) as exc:
+        return _fail(f"cannot read the sandbox plan: {exc}")
+    me = str(os.getpid())
+    for procs in plan["cgroup_procs"]:
+        try:
+            with open(procs, "w", encoding="ascii") as handle:
+                handle.write(me)
+        except OSError as exc:
+            return _fail(f"cannot join the sandbox's cgroup {procs}: {exc.strerror}")
+    try:
+        with open(plan["pid_file"], "w", encoding="ascii") as handle:
+            handle.write(me)
+    except OSError as exc:
+        return _fail(f"cannot record the sandbox's pid: {exc.strerror}")
+    words: list[str] = [*plan["options"], "--clearenv"]
+    for name in plan["env_names"]:
+        value = os.environ.get(name)
+        if value is not None:
+            words += ["--setenv", name, value]
+    for name, value in plan["extra_env"]:
+        words += ["--setenv", name, value]
+    try:
+        args_fd = os.memfd_create("truss-bwrap-args", 0)
+        os.write(args_fd, b"".join(w.encode("utf-8", "surrogateescape") + b"\0" for w in words))
+        os.lseek(args_fd, 0, os.SEEK_SET)
+        status_fd = os.open(plan["status_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.set_inheritable(status_fd, True)
+    except OSError as exc:
+        return _fail(f"cannot prepare bwrap's arguments: {exc.strerror}")
+    bwrap = plan["bwrap"]
+    command = [bwrap, "--args", str(args_fd), "--json-status-fd", str(status_fd), *plan["command"]]
+    try:
+        os.execve(bwrap, command, {})
+    except OSError as exc:
+        return _fail(f"cannot run {bwrap}: {exc.strerror}")
+    return 126  # not reached: execve returned without raising
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

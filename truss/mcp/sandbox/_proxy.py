@@ -1,0 +1,373 @@
+"""The egress proxy of one confined server: HTTP CONNECT and plain HTTP, to ``allow_hosts`` only.
+
+Truss runs one per server with network ``allow``, listening on a Unix socket that is bound into
+the sandbox (the relay inside turns it into ``127.0.0.1:3128`` for ordinary clients). The
+sandbox has no other way out: its network namespace holds only loopback.
+
+Each connection attempt becomes one ``EgressEvent`` (server, host, port, decision, reason, bytes
+each way, duration; never a payload, header or path): ``refused`` when no rule allows the host
+and port (or an allowed *name* resolves to a loopback, link-local, multicast or unspecified
+address: a DNS answer must not turn an allowed host into Truss's own machine), ``failed`` when an
+allowed host cannot be resolved or reached, ``allowed`` otherwise, reported when the connection
+ends. Past ``max_events`` attempts the rest are counted per (host, port, decision) and reported
+as ``EgressSummary`` values when the proxy stops, so a flood costs a bounded number of records.
+
+Plain HTTP is one request per connection: the proxy sends the origin ``Connection: close`` and
+drops ``Proxy-*`` headers, so a second request on the same connection cannot reach another host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from truss._clock import Clock
+from truss.mcp.sandbox._profile import HostRule, match_host
+
+__all__ = [
+    "MAX_EGRESS_EVENTS",
+    "MAX_SUMMARY_KEYS",
+    "EgressEvent",
+    "EgressProxy",
+    "EgressSummary",
+    "SandboxEvent",
+]
+
+MAX_EGRESS_EVENTS = 1000
+MAX_SUMMARY_KEYS = 256
+MAX_TUNNELS = 64
+_HEAD_LIMIT = 16 * 1024
+_HEAD_TIMEOUT_S = 10.0
+_CONNECT_TIMEOUT_S = 10.0
+_CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class EgressEvent:
+    """One connection attempt through the proxy. ``decision``: allowed, refused or failed."""
+
+    server: str
+    host: str
+    port: int
+    decision: str
+    reason: str | None
+    bytes_up: int
+    bytes_down: int
+    duration_ms: int
+    method: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "host": self.host,
+            "port": self.port,
+            "decision": self.decision,
+            "reason": self.reason,
+            "method": self.method,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+            "duration_ms": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True)
+class EgressSummary:
+    """Attempts past the per-sandbox bound, counted per (host, port, decision); ``host`` ``*`` = the rest."""
+
+    server: str
+    host: str
+    port: int
+    decision: str
+    attempts: int
+    bytes_up: int
+    bytes_down: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
+            "host": self.host,
+            "port": self.port,
+            "decision": self.decision,
+            "attempts": self.attempts,
+            "bytes_up": self.bytes_up,
+            "bytes_down": self.bytes_down,
+        }
+
+
+SandboxEvent = EgressEvent | EgressSummary
+EventSink = Callable[[SandboxEvent], Awaitable[None] | None]
+
+
+class _BadRequest(Exception):
+    pass
+
+
+@dataclass
+class _Count:
+    attempts: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class EgressProxy:
+    """Serves one sandbox's Unix socket until cancelled; ``flush`` reports the summaries."""
+
+    def __init__(
+        self,
+        server: str,
+        rules: Sequence[HostRule],
+        clock: Clock,
+        on_event: EventSink | None,
+        *,
+        max_events: int = MAX_EGRESS_EVENTS,
+        max_tunnels: int = MAX_TUNNELS,
+    ) -> None:
+        self.server = server
+        self.rules = tuple(rules)
+        self.clock = clock
+        self.on_event = on_event
+        self.max_events = max_events
+        self.reported = 0
+        self.summary: dict[tuple[str, int, str], _Count] = {}
+        self._tunnels = anyio.Semaphore(max_tunnels)
+        self._send, self._receive = anyio.create_memory_object_stream[SandboxEvent](max_events + MAX_SUMMARY_KEYS + 1)
+
+    async def serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(self._deliver)
+            await listener.serve(self._handle, task_group=tg)
+
+    async def _deliver(self) -> None:
+        async for event in self._receive:
+            await self._call(event)
+
+    async def _call(self, event: SandboxEvent) -> None:
+        if self.on_event is None:
+            return
+        result = self.on_event(event)
+        if inspect.isawaitable(result):
+            await result
+
+    async def flush(self) -> None:
+        """Report what was counted past the bound, and any event still queued, in order."""
+        with anyio.CancelScope(shield=True):
+            while True:
+                try:
+                    queued = self._receive.receive_nowait()
+                except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                    break
+                await self._call(queued)
+            for (host, port, decision), count in sorted(self.summary.items()):
+                await self._call(
+                    EgressSummary(
+                        self.server, host, port, decision, count.attempts, count.bytes_up, count.bytes_down
+                    )
+                )
+            self.summary.clear()
+            self._send.close()
+            self._receive.close()
+
+    def _record(self, event: EgressEvent) -> None:
+        if self.reported < self.max_events:
+            self.reported += 1
+            with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                self._send.send_nowait(event)
+                return
+        key = (event.host, event.port, event.decision)
+        if key not in self.summary and len(self.summary) >= MAX_SUMMARY_KEYS:
+            key = ("*", 0, event.decision)
+        count = self.summary.setdefault(key, _Count())
+        count.attempts += 1
+        count.bytes_up += event.bytes_up
+        count.bytes_down += event.bytes_down
+
+    async def _handle(self, client: anyio.abc.SocketStream) -> None:
+        started = self.clock.monotonic()
+        host, port, method = "", 0, ""
+        up = down = 0
+
+        def done(decision: str, reason: str | None) -> None:
+            self._record(
+                EgressEvent(
+                    self.server,
+                    host,
+                    port,
+                    decision,
+                    reason,
+                    up,
+                    down,
+                    int((self.clock.monotonic() - started) * 1000),
+                    method,
+                )
+            )
+
+        async with client:
+            try:
+                with anyio.fail_after(_HEAD_TIMEOUT_S):
+                    head, rest = await _read_head(client)
+                method, host, port, forward = _parse(head)
+            except (_BadRequest, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
+                with contextlib.suppress(Exception):
+                    await client.send(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+                done("refused", "bad_request" if isinstance(exc, _BadRequest) else "incomplete_request")
+                return
+            rule = match_host(self.rules, host, port)
+            if rule is None:
+                await _answer(client, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
+                done("refused", "not_allowed")
+                return
+            if self._tunnels.value == 0:
+                await _answer(client, 503, "too many connections through this sandbox's proxy")
+                done("refused", "busy")
+                return
+            async with self._tunnels:
+                try:
+                    address = await _resolve(host, port, literal=rule.is_literal)
+                except _Internal:
+                    await _answer(client, 403, f"{host} resolves to an internal address")
+                    done("refused", "resolves_to_internal")
+                    return
+                except OSError:
+                    await _answer(client, 502, f"cannot resolve {host}")
+                    done("failed", "resolve_failed")
+                    return
+                try:
+                    with anyio.fail_after(_CONNECT_TIMEOUT_S):
+                        upstream = await anyio.connect_tcp(address, port)
+                except (OSError, TimeoutError):
+                    await _answer(client, 502, f"cannot connect to {host}:{port}")
+                    done("failed", "connect_failed")
+                    return
+                async with upstream:
+                    try:
+                        if method == "CONNECT":
+                            await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                        else:
+                            await upstream.send(forward)
+                            up += len(forward)
+                        if rest:
+                            await upstream.send(rest)
+                            up += len(rest)
+                    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                        done("allowed", "closed_early")
+                        return
+                    counts = [0, 0]
+                    try:
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(_pump, client, upstream, counts, 0)
+                            tg.start_soon(_pump, upstream, client, counts, 1)
+                    finally:
+                        up += counts[0]
+                        down += counts[1]
+                        done("allowed", None)
+
+
+class _Internal(Exception):
+    pass
+
+
+async def _answer(client: anyio.abc.SocketStream, status: int, text: str) -> None:
+    reason = {403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}[status]
+    body = f"truss sandbox: {text}\n".encode()
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+    with contextlib.suppress(Exception):
+        await client.send(head.encode() + b"Connection: close\r\n\r\n" + body)
+
+
+async def _read_head(client: anyio.abc.SocketStream) -> tuple[bytes, bytes]:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        if len(buf) > _HEAD_LIMIT:
+            raise _BadRequest("request head too large")
+        buf += await client.receive(_CHUNK)
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def _parse(head: bytes) -> tuple[str, str, int, bytes]:
+    """(method, host, port, bytes to send upstream first) from a proxy request head."""
+    try:
+        text = head.decode("latin-1")
+    except UnicodeDecodeError as exc:  # pragma: no cover - latin-1 decodes any byte
+        raise _BadRequest(str(exc)) from None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        raise _BadRequest("not an HTTP/1 request line")
+    method, target, version = parts
+    if method == "CONNECT":
+        host, port = _authority(target, None)
+        return method, host, port, b""
+    if not target.lower().startswith("http://"):
+        raise _BadRequest("a proxy request needs an absolute http:// URL (https goes through CONNECT)")
+    rest = target[len("http://") :]
+    authority, slash, path = rest.partition("/")
+    host, port = _authority(authority, 80)
+    kept = [
+        line
+        for line in lines[1:]
+        if line and line.split(":", 1)[0].strip().lower() not in ("proxy-connection", "proxy-authorization", "connection", "keep-alive")
+    ]
+    request = "\r\n".join([f"{method} {slash or '/'}{path} {version}", *kept, "Connection: close", "", ""])
+    return method, host, port, request.encode("latin-1")
+
+
+def _authority(text: str, default_port: int | None) -> tuple[str, int]:
+    if "@" in text:
+        raise _BadRequest("user information in a proxy target")
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise _BadRequest("bad IPv6 authority")
+        host, port_text = text[1:close], text[close + 1 :].lstrip(":")
+    else:
+        host, _, port_text = text.partition(":")
+    if not port_text:
+        if default_port is None:
+            raise _BadRequest("CONNECT needs host:port")
+        port = default_port
+    elif port_text.isdigit() and port_text.isascii() and 0 < int(port_text) < 65536:
+        port = int(port_text)
+    else:
+        raise _BadRequest("bad port")
+    host = host.strip().lower().rstrip(".")
+    if not host or len(host) > 253 or any(c in host for c in " \t/\\"):
+        raise _BadRequest("bad host")
+    return host, port
+
+
+def _internal(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified
+
+
+async def _resolve(host: str, port: int, *, literal: bool) -> str:
+    """The address to connect to: the first one ``getaddrinfo`` gives, checked when it came from DNS."""
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses = [str(info[4][0]) for info in infos]
+    if not addresses:
+        raise OSError("no address")
+    if not literal and any(_internal(a) for a in addresses):
+        raise _Internal(host)
+    return addresses[0]
+
+
+async def _pump(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, counts: list[int], index: int) -> None:
+    try:
+        async for chunk in source:
+            await sink.send(chunk)
+            counts[index] += len(chunk)
+    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass
+    with contextlib.suppress(Exception):
+        await sink.send_eof()
