@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -49,7 +49,7 @@ def processes_with(needle: bytes, *, where: str = "environ") -> list[int]:
 
 
 @asynccontextmanager
-async def answering_listener(answer: bytes) -> AsyncIterator[int]:
+async def answering_listener(answer: bytes) -> AsyncGenerator[int]:
     """A loopback TCP listener that sends ``answer`` to every connection; yields its port."""
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = int(listener.extra(anyio.abc.SocketAttribute.local_port))

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 
 from tests.mcp.sandbox._util import SERVERS, answering_listener, checked_bwrap, processes_with
@@ -29,6 +29,12 @@ SECRET = "s3cret-token-value-4d2a"
 MEMORY = 256 * 1024 * 1024
 FILE_SIZE = 8 * 1024 * 1024
 PROCESSES = 32
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
 
 
 def _layout(tmp_path: Path) -> dict[str, Path]:
@@ -101,11 +107,8 @@ async def _run_escape(tmp_path: Path) -> dict[str, Any]:
                         out["hits"] = spawn.limit_hits()
                 out["description"] = spawn.description
         out["survivors"] = processes_with(marker.encode())
-        out["reports"] = {
-            "startup": json.loads(startup.content[0].text),  # pyright: ignore[reportAttributeAccessIssue]
-            "call": json.loads(during.content[0].text),  # pyright: ignore[reportAttributeAccessIssue]
-        }
-        out["raw"] = startup.content[0].text + during.content[0].text  # pyright: ignore[reportAttributeAccessIssue]
+        out["reports"] = {"startup": json.loads(_text(startup)), "call": json.loads(_text(during))}
+        out["raw"] = _text(startup) + _text(during)
         out["ports"] = (refused_port, allowed_port)
         return out
 

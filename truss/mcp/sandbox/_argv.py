@@ -50,6 +50,9 @@ DEFAULT_TMP_BYTES = 512 * 1024 * 1024
 # Truss's own processes inside (bwrap's init, the supervisor, the relay) are not the server's.
 HELPER_TASKS = 3
 _PATH_VARS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "NODE_PATH")
+# Paths inside the sandbox, each a fresh tmpfs of its own: not the host's shared temporary directories.
+_TMP = "/tmp"  # noqa: S108
+_SHM = "/dev/shm"  # noqa: S108
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def plan_sandbox(
         namespaces.append("net")
     opts += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "truss-sandbox"]
     opts += ["--proc", "/proc", "--dev", "/dev"]
-    opts += ["--size", str(tmp_bytes), "--tmpfs", "/dev/shm", "--size", str(tmp_bytes), "--tmpfs", "/tmp"]
+    opts += ["--size", str(tmp_bytes), "--tmpfs", _SHM, "--size", str(tmp_bytes), "--tmpfs", _TMP]
 
     for path in system.dirs:
         opts += ["--ro-bind", path, path]
@@ -118,8 +121,8 @@ def plan_sandbox(
         opts += ["--ro-bind-try", path, path]
 
     home = env.get("HOME", "")
-    fresh = ["/tmp"]
-    if home.startswith("/") and posixpath.normpath(home) != "/" and not is_system(home) and not _inside(home, "/tmp"):
+    fresh = [_TMP]
+    if home.startswith("/") and posixpath.normpath(home) != "/" and not is_system(home) and not _inside(home, _TMP):
         home = posixpath.normpath(home)
         opts += ["--size", str(tmp_bytes), "--tmpfs", home]
         fresh.append(home)
@@ -163,8 +166,8 @@ def plan_sandbox(
         else:
             opts += ["--ro-bind", "/dev/null", secret]
 
-    if not any(_inside(cwd, root) for root in (*visible, *SYSTEM_ROOTS, *fresh)):
-        opts += ["--dir", cwd]
+    if not any(_inside(cwd, root) for root in (*visible, *SYSTEM_ROOTS)):
+        opts += ["--dir", cwd]  # an empty directory, so that the start does not fail on chdir
     opts += ["--chdir", cwd, "--remount-ro", "/dev", "--remount-ro", "/"]
 
     extra = proxy_env() if profile.network == "allow" else ()
@@ -186,7 +189,8 @@ def plan_sandbox(
     supervisor = (helper.executable, "-I", "-S", INNER_PATH, json.dumps(config, separators=(",", ":"), sort_keys=True))
     server_cmd = ("--", resolution.executable, command, *args)
 
-    not_visible = _not_visible(fs, env, args, cwd, [*visible, *SYSTEM_ROOTS, *fresh, *system.etc])
+    # The fresh tmpfs mounts are empty: a host path under /tmp or the home is not visible there.
+    not_visible = _not_visible(fs, env, args, cwd, [*visible, *SYSTEM_ROOTS, *system.etc])
     description: dict[str, Any] = {
         "v": 1,
         "mechanism": "bubblewrap",
@@ -281,7 +285,7 @@ def _not_visible(
     candidates += [(f"argument {i + 1}", arg) for i, arg in enumerate(args)]
     candidates.append(("cwd", cwd))
     for where, path in candidates:
-        if not path.startswith("/") or fs.kind(path) is None:
+        if not path.startswith("/") or path == "/" or fs.kind(path) is None:
             continue
         try:
             real, _ = walk(fs, path)

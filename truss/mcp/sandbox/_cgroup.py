@@ -45,7 +45,9 @@ class LimitHit:
 class Cgroups:
     """The cgroup directories made for one sandbox (one per controller; v1 and v2 may mix)."""
 
-    dirs: dict[str, tuple[str, Path]] = field(default_factory=dict)  # controller -> (version, dir)
+    dirs: dict[str, tuple[str, Path]] = field(
+        default_factory=dict[str, tuple[str, Path]]
+    )  # controller -> (version, dir)
 
     @property
     def summary(self) -> dict[str, str]:
@@ -82,15 +84,15 @@ class Cgroups:
                 pids.update(int(line) for line in (d / "cgroup.procs").read_text().split())
         return sorted(pids)
 
-    async def kill_all(self, timeout: float = 5.0) -> bool:
+    async def kill_all(self, within_s: float = 5.0) -> bool:
         """SIGKILL every process left in the cgroups, until none is; True when they emptied."""
-        with anyio.CancelScope(shield=True), anyio.move_on_after(timeout):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(within_s):
             for version, d in self.dirs.values():
                 if version == "v2" and (d / "cgroup.kill").exists():
                     with contextlib.suppress(OSError):
                         (d / "cgroup.kill").write_text("1")
             # Nothing signals that a cgroup emptied (v1 has no events file for it): poll, bounded.
-            while members := self.members():  # noqa: ASYNC110
+            while members := self.members():
                 for pid in members:
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)

@@ -29,7 +29,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,16 +69,20 @@ class Spawn:
     description: dict[str, Any]
     fallback: str | None = None
     plan: SandboxPlan | None = None
-    _runtime: Path | None = None
-    _cgroups: Cgroups = field(default_factory=Cgroups)
+    runtime_dir: Path | None = None
+    cgroups: Cgroups = field(default_factory=Cgroups)
+    # Kept when the sandbox is torn down, so that status and limit hits stay readable afterwards.
+    final: tuple[dict[str, int], list[LimitHit]] | None = None
 
     def status(self) -> dict[str, int]:
         """What bwrap reported so far: ``child-pid`` (the sandbox's init), then ``exit-code``."""
         out: dict[str, int] = {}
-        if self._runtime is None:
+        if self.final is not None:
+            return dict(self.final[0])
+        if self.runtime_dir is None:
             return out
         try:
-            with open(self._runtime / "status.json", "rb") as handle:
+            with open(self.runtime_dir / "status.json", "rb") as handle:
                 text = handle.read(_STATUS_LIMIT)
         except OSError:
             return out
@@ -97,7 +101,7 @@ class Spawn:
 
     def limit_hits(self) -> list[LimitHit]:
         """The kernel limits the sandbox ran into so far (cgroup counters, a limit's own signal)."""
-        hits = list(self._cgroups.hits())
+        hits = list(self.final[1] if self.final is not None else self.cgroups.hits())
         code = self.exit_code()
         if code is not None and code > 128 and (code - 128) in _EXIT_SIGNALS:
             hits.append(LimitHit(_EXIT_SIGNALS[code - 128], f"the server was ended by signal {code - 128}"))
@@ -163,7 +167,7 @@ async def confined(
     runtime_parent: str | os.PathLike[str] | None = None,
     fs: FsView | None = None,
     max_egress_events: int | None = None,
-) -> AsyncIterator[Spawn]:
+) -> AsyncGenerator[Spawn]:
     """Start-up plan for one confined stdio server; see the module docstring. Raises ``SandboxError``.
 
     ``env`` is exactly the environment the server gets inside (plus the proxy variables with
@@ -260,8 +264,8 @@ async def confined(
             confined=True,
             description=description,
             plan=plan,
-            _runtime=runtime,
-            _cgroups=cgroups,
+            runtime_dir=runtime,
+            cgroups=cgroups,
         )
         async with anyio.create_task_group() as tg:
             proxy: EgressProxy | None = None
@@ -279,6 +283,7 @@ async def confined(
                 yield spawn
             finally:
                 await _end(spawn, cgroups)
+                spawn.final = (spawn.status(), cgroups.hits())
                 tg.cancel_scope.cancel()
                 if proxy is not None:
                     await proxy.flush()
@@ -292,7 +297,7 @@ async def confined(
 async def _end(spawn: Spawn, cgroups: Cgroups) -> None:
     """Kill the sandbox's bwrap (its pid namespace dies with it) and wait until nothing is left."""
     with anyio.CancelScope(shield=True):
-        runtime = spawn._runtime
+        runtime = spawn.runtime_dir
         outer: int | None = None
         if runtime is not None:
             with contextlib.suppress(OSError, ValueError):

@@ -19,6 +19,7 @@ It never reads the server's data and holds no secret: the environment is the ser
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -43,10 +44,8 @@ _LIMIT_SIGNALS = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}
 
 
 def _say(text: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, f"truss-sandbox: {text}\n".encode(errors="replace"))
-    except OSError:
-        pass
 
 
 def main(argv: list[str]) -> int:
@@ -75,10 +74,8 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda s, _f: _forward(server, s))
     status = _wait(server)
     if relay_pid is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(relay_pid, signal.SIGKILL)
-        except OSError:
-            pass
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         limit = _LIMIT_SIGNALS.get(signal.Signals(sig)) if sig in signal.Signals.__members__.values() else None
@@ -89,10 +86,8 @@ def main(argv: list[str]) -> int:
 
 
 def _forward(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.kill(pid, sig)
-    except OSError:
-        pass
 
 
 def _wait(pid: int) -> int:
@@ -118,15 +113,34 @@ def _exec_server(executable: str, argv0: str, args: list[str], rlimits: dict[str
         signal.signal(sig, signal.SIG_DFL)
     try:
         for name, value in rlimits.items():
-            resource.setrlimit(_RLIMITS[name], (int(value), int(value)))
+            # CPU: SIGXCPU at the limit (recognisable), SIGKILL a second later if it is ignored;
+            # with both equal the kernel sends SIGKILL first.
+            hard = int(value) + 1 if name == "CPU" else int(value)
+            resource.setrlimit(_RLIMITS[name], (int(value), hard))
     except (OSError, ValueError, KeyError) as exc:
         _say(f"cannot apply the limit {exc}: the server was not started")
         os._exit(126)
     try:
-        os.execv(executable, [argv0, *args])
+        # The environment exactly as bwrap set it: /proc/self/environ is the block this process
+        # was started with, before Python's locale coercion added LC_CTYPE to os.environ.
+        os.execve(executable, [argv0, *args], _initial_environ())  # noqa: S606 - the server's own command
     except OSError as exc:
         _say(f"cannot start {executable}: {exc.strerror}. {_explain(executable, exc)}")
     os._exit(127)
+
+
+def _initial_environ() -> dict[str, str]:
+    try:
+        with open("/proc/self/environ", "rb") as handle:
+            block = handle.read()
+    except OSError:
+        return dict(os.environ)
+    env: dict[str, str] = {}
+    for item in block.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name:
+            env[os.fsdecode(name)] = os.fsdecode(value)
+    return env
 
 
 def _explain(path: str, exc: OSError) -> str:
@@ -154,16 +168,16 @@ def _elf_interpreter(head: bytes) -> str | None:
     """PT_INTERP of a 64-bit little-endian ELF file (the usual Linux case), from its first bytes."""
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         return None
-    phoff, = struct.unpack_from("<Q", head, 32)
+    (phoff,) = struct.unpack_from("<Q", head, 32)
     phentsize, phnum = struct.unpack_from("<HH", head, 54)
     for i in range(phnum):
         at = phoff + i * phentsize
         if at + 56 > len(head):
             return None
-        kind, = struct.unpack_from("<I", head, at)
+        (kind,) = struct.unpack_from("<I", head, at)
         if kind == 3:  # PT_INTERP
-            offset, = struct.unpack_from("<Q", head, at + 8)
-            size, = struct.unpack_from("<Q", head, at + 32)
+            (offset,) = struct.unpack_from("<Q", head, at + 8)
+            (size,) = struct.unpack_from("<Q", head, at + 32)
             if offset + size <= len(head):
                 return head[offset : offset + size].rstrip(b"\0").decode(errors="replace")
     return None
@@ -234,10 +248,8 @@ def _relay(listener: socket.socket, path: str) -> None:
                 for side in (end, end.peer):
                     if side.shut_after_flush and not side.out:
                         side.shut_after_flush = False
-                        try:
+                        with contextlib.suppress(OSError):
                             side.sock.shutdown(socket.SHUT_WR)
-                        except OSError:
-                            pass
             except OSError:
                 end.reading = end.peer.reading = False
                 end.out.clear()
@@ -269,6 +281,7 @@ def _watch(sel: selectors.BaseSelector, side: _End, mask: int) -> None:
     else:
         sel.unregister(side.sock)
     side.mask = mask
+
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

@@ -18,16 +18,15 @@ started unconfined.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 
 
 def _fail(text: str) -> int:
-    try:
+    with contextlib.suppress(OSError):
         os.write(2, f"truss-sandbox: {text}\n".encode(errors="replace"))
-    except OSError:
-        pass
     return 126
 
 
@@ -69,7 +68,7 @@ def main(argv: list[str]) -> int:
     bwrap = plan["bwrap"]
     command = [bwrap, "--args", str(args_fd), "--json-status-fd", str(status_fd), *plan["command"]]
     try:
-        os.execve(bwrap, command, {})
+        os.execve(bwrap, command, {})  # noqa: S606 - bwrap itself, found and checked by truss
     except OSError as exc:
         return _fail(f"cannot run {bwrap}: {exc.strerror}")
     return 126  # not reached: execve returned without raising

@@ -229,7 +229,9 @@ def parse_table(table: Mapping[str, Any], *, where: str = "sandbox") -> SandboxT
             try:
                 rules.append(parse_host_rule(item))
             except ValueError as exc:
-                raise _bad(where, f"allow_hosts[{i}]", str(exc), 'Write "host:port", e.g. "api.github.com:443"') from None
+                raise _bad(
+                    where, f"allow_hosts[{i}]", str(exc), 'Write "host:port", e.g. "api.github.com:443"'
+                ) from None
         hosts = tuple(dict.fromkeys(rules))
     if network in ("none", "host") and hosts:
         raise _bad(
@@ -369,9 +371,7 @@ def parse_size(value: Any) -> int:
 def _limits(raw: Any, where: str) -> Limits:
     key_where = f"{where}.limits"
     if not isinstance(raw, Mapping):
-        raise ContractError(
-            "limits must be a table", remedy='Write limits = { memory = "512M" }', path=key_where
-        )
+        raise ContractError("limits must be a table", remedy='Write limits = { memory = "512M" }', path=key_where)
     table: Mapping[str, Any] = raw  # pyright: ignore[reportUnknownVariableType]
     unknown = sorted(set(table) - set(_LIMIT_KEYS))
     if unknown:

@@ -167,9 +167,7 @@ class EgressProxy:
                 await self._call(queued)
             for (host, port, decision), count in sorted(self.summary.items()):
                 await self._call(
-                    EgressSummary(
-                        self.server, host, port, decision, count.attempts, count.bytes_up, count.bytes_down
-                    )
+                    EgressSummary(self.server, host, port, decision, count.attempts, count.bytes_up, count.bytes_down)
                 )
             self.summary.clear()
             self._send.close()
@@ -314,7 +312,9 @@ def _parse(head: bytes) -> tuple[str, str, int, bytes]:
     kept = [
         line
         for line in lines[1:]
-        if line and line.split(":", 1)[0].strip().lower() not in ("proxy-connection", "proxy-authorization", "connection", "keep-alive")
+        if line
+        and line.split(":", 1)[0].strip().lower()
+        not in ("proxy-connection", "proxy-authorization", "connection", "keep-alive")
     ]
     request = "\r\n".join([f"{method} {slash or '/'}{path} {version}", *kept, "Connection: close", "", ""])
     return method, host, port, request.encode("latin-1")

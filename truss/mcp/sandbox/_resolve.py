@@ -270,7 +270,8 @@ def resolve_command(
             interpreter = located
         if fs.kind(interpreter) is None:
             raise SandboxError(
-                f"cannot confine MCP server {server!r}: {real} names the interpreter {interpreter}, which does not exist",
+                f"cannot confine MCP server {server!r}: {real} names the interpreter {interpreter}, "
+                "which does not exist",
                 server=server,
                 cause="unresolvable",
                 path=interpreter,

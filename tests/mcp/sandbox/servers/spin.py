@@ -1,0 +1,4 @@
+"""``spin.py``: burns CPU until its CPU-time limit stops it."""
+
+while True:
+    pass

@@ -1,0 +1,180 @@
+"""Real servers and clients started through ``confined`` and a real bwrap.
+
+A third-party server starts confined with no hand-written binds; an ordinary HTTPS client
+reaches an allowed host through the proxy; network ``none`` leaves only loopback; the
+environment inside is exactly the one given; a start that fails says what was missing; a CPU hog
+is stopped by its limit and the hit is recognisable; where bwrap cannot run, a required profile
+refuses and an optional one says it runs unconfined.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from tests.conftest import python_peer
+from tests.mcp.sandbox._tls import BODY, https_server
+from tests.mcp.sandbox._util import SERVERS, answering_listener, checked_bwrap, processes_with
+from truss._errors import SandboxError
+from truss.mcp.sandbox import EgressEvent, Limits, Profile, SandboxEvent, Spawn, confined, find_bwrap, parse_host_rule
+
+pytestmark = pytest.mark.anyio
+
+LIMITS = Limits(memory=512 * 1024 * 1024, processes=64, cpu_s=60, file_size=16 * 1024 * 1024)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent-home", **extra}
+
+
+async def _run(spawn: Spawn) -> tuple[int, str, str]:
+    with anyio.fail_after(60):
+        done = await anyio.run_process([spawn.command, *spawn.args], env=spawn.env, cwd=spawn.cwd, check=False)
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+async def test_a_confined_mcp_server_time_lists_its_tools_with_no_hand_written_binds(tmp_path: Path) -> None:
+    await checked_bwrap()
+    command = python_peer("mcp-server-time")
+    async with confined(
+        Profile(limits=LIMITS), command, ["--local-timezone", "UTC"], _env(), str(tmp_path), server="time"
+    ) as spawn:
+        params = StdioServerParameters(command=spawn.command, args=spawn.args, env=spawn.env, cwd=spawn.cwd)
+        with anyio.fail_after(60), (tmp_path / "stderr").open("w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                tools = await session.list_tools()
+                result = await session.call_tool("get_current_time", {"timezone": "UTC"})
+    assert {t.name for t in tools.tools} == {"get_current_time", "convert_time"}
+    assert result.is_error is False
+    assert spawn.confined and spawn.description["network"] == "none"
+    assert {b["why"] for b in spawn.description["binds"]} >= {"venv", "prefix"}
+    assert spawn.limit_hits() == []
+
+
+async def test_an_ordinary_https_client_reaches_an_allowed_host_only_through_the_proxy(tmp_path: Path) -> None:
+    await checked_bwrap()
+    events: list[SandboxEvent] = []
+    async with https_server(tmp_path) as (port, cafile):
+        profile = Profile(
+            read=(str(cafile),), network="allow", allow_hosts=(parse_host_rule(f"127.0.0.1:{port}"),), limits=LIMITS
+        )
+        args = [str(SERVERS / "fetch.py"), f"https://127.0.0.1:{port}/hello", str(cafile)]
+        async with confined(
+            profile, sys.executable, args, _env(), "/", server="fetch", on_event=events.append
+        ) as spawn:
+            code, out, err = await _run(spawn)
+    assert (code, out) == (0, BODY.decode()), err
+    [event] = [e for e in events if isinstance(e, EgressEvent)]
+    assert (event.host, event.port, event.decision, event.method) == ("127.0.0.1", port, "allowed", "CONNECT")
+    assert event.bytes_up > 0 and event.bytes_down > len(BODY)
+
+
+async def test_with_network_none_only_loopback_exists_and_the_host_is_unreachable(tmp_path: Path) -> None:
+    await checked_bwrap()
+    async with (
+        answering_listener(b"host service\n") as port,
+        confined(Profile(), sys.executable, [str(SERVERS / "probe.py"), str(port)], _env(), "/", server="p") as spawn,
+    ):
+        code, out, err = await _run(spawn)
+    assert code == 0, err
+    seen: dict[str, Any] = json.loads(out)
+    assert seen["interfaces"] == ["lo"]
+    assert seen["reach"] == "ConnectionRefusedError"
+    assert seen["hostname"] == "truss-sandbox"
+    assert seen["processes"] == [1, 2, 3]  # bwrap's init, Truss's supervisor, the probe: no host process
+
+
+async def test_the_environment_inside_is_exactly_the_one_given_plus_the_proxy_variables(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await checked_bwrap()
+    monkeypatch.setenv("TRUSS_TEST_LEAK", "must-not-reach-the-server")
+    env = _env(SERVER_TOKEN="t0ken-value")
+    profile = Profile(network="allow", allow_hosts=(parse_host_rule("api.github.com:443"),))
+    async with confined(profile, "/usr/bin/env", [], env, "/", server="p") as spawn:
+        code, out, err = await _run(spawn)
+    assert code == 0, err
+    seen = dict(line.split("=", 1) for line in out.splitlines())
+    names = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")
+    # bwrap sets PWD to the working directory, as a shell would.
+    assert seen == {**env, **dict.fromkeys(names, "http://127.0.0.1:3128"), "PWD": "/"}
+
+
+async def test_a_start_that_fails_inside_the_sandbox_says_what_was_not_visible(tmp_path: Path) -> None:
+    await checked_bwrap()
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "helper_mod.py").write_text("VALUE = 1\n")
+    env = _env(PYTHONPATH=str(lib))
+    code_text = "import helper_mod"
+    async with confined(Profile(), sys.executable, ["-c", code_text], env, "/", server="broken") as spawn:
+        code, _, err = await _run(spawn)
+    assert code == 1 and "helper_mod" in err
+    assert spawn.exit_code() == 1
+    assert spawn.plan is not None and ("PYTHONPATH", str(lib)) in spawn.plan.not_visible
+    assert spawn.diagnose() is not None
+
+
+async def test_a_cpu_hog_is_stopped_by_its_limit_and_the_hit_is_recognisable() -> None:
+    await checked_bwrap()
+    profile = Profile(limits=Limits(cpu_s=1))
+    async with confined(profile, sys.executable, [str(SERVERS / "spin.py")], _env(), "/", server="spin") as spawn:
+        code, _, err = await _run(spawn)
+        hits = spawn.limit_hits()
+    assert code == 128 + 24, err  # SIGXCPU
+    assert [h.limit for h in hits] == ["cpu"]
+
+
+async def test_leaving_the_context_ends_a_sandbox_whose_client_never_closed_it(tmp_path: Path) -> None:
+    await checked_bwrap()
+    marker = f"orphan-{tmp_path.name}"
+    env = _env(ORPHAN_MARK=marker)
+    async with confined(Profile(), sys.executable, [str(SERVERS / "spin.py")], env, "/", server="orphan") as spawn:
+        process = await anyio.open_process([spawn.command, *spawn.args], env=spawn.env)
+        with anyio.fail_after(30):
+            while not processes_with(marker.encode()):  # noqa: ASYNC110 - waiting for the sandbox to start
+                await anyio.sleep(0.01)
+    with anyio.fail_after(10):
+        await process.wait()
+    await process.aclose()
+    assert processes_with(marker.encode()) == []
+
+
+async def test_a_required_profile_refuses_to_start_where_bwrap_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bubblewrap 0.4.0'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("TRUSS_BWRAP", str(fake))
+    with pytest.raises(SandboxError) as caught:
+        async with confined(Profile(required=True), sys.executable, [], _env(), "/", server="s"):
+            pass
+    assert (caught.value.cause, caught.value.server) == ("bwrap_too_old", "s")
+    assert caught.value.remedy
+
+
+async def test_an_optional_profile_says_loudly_that_it_runs_unconfined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRUSS_BWRAP", "/bin/false")
+    async with confined(Profile(required=False), sys.executable, ["-V"], _env(), "/", server="s") as spawn:
+        assert spawn.confined is False
+        assert spawn.fallback == "bwrap_unusable"
+        assert spawn.description["confined"] is False
+        assert (spawn.command, spawn.args) == (sys.executable, ["-V"])
+
+
+async def test_find_bwrap_names_a_missing_binary_and_the_remedy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRUSS_BWRAP", "/nonexistent/bwrap")
+    with pytest.raises(SandboxError) as caught:
+        await find_bwrap(server="s")
+    assert caught.value.cause == "bwrap_unusable"

@@ -1,0 +1,209 @@
+"""The bwrap plan for one server: namespaces, mount order, Truss's protected paths, env, description. Pure."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tests.mcp.sandbox._fakefs import FakeFs, debian
+from truss._errors import SandboxError
+from truss.mcp.sandbox import (
+    PROXY_SOCKET,
+    Limits,
+    Profile,
+    SandboxPlan,
+    parse_host_rule,
+    plan_sandbox,
+    resolve_command,
+    system_layout,
+)
+
+HOME = "/srv/shared/truss-home"
+
+
+def _fs() -> FakeFs:
+    fs = debian().file("/opt/srv/bin/server", b"#!/usr/bin/python3\n")
+    fs.dir(HOME, "/srv/shared/data", "/srv/work", "/home/u")
+    fs.file(f"{HOME}/identity.key", b"key", executable=False).file(f"{HOME}/ledger.db", b"db", executable=False)
+    fs.file("/var/lib/ledger.db", b"db", executable=False).file("/var/lib/ledger.db-wal", b"wal", executable=False)
+    fs.link("/data", "/srv")
+    return fs
+
+
+def _plan(
+    profile: Profile,
+    *,
+    fs: FakeFs | None = None,
+    env: dict[str, str] | None = None,
+    protected: Sequence[str] = (HOME, f"{HOME}/identity.key", f"{HOME}/ledger.db"),
+    cwd: str = "/srv/work",
+    command: str = "/opt/srv/bin/server",
+    userns: bool = True,
+) -> SandboxPlan:
+    fs = fs or _fs()
+    env = env if env is not None else {"PATH": "/usr/bin", "HOME": "/home/u"}
+    resolution = resolve_command(fs, command, ["--flag"], env, cwd)
+    helper = resolve_command(fs, "/usr/bin/python3.11", [], {}, "/")
+    return plan_sandbox(
+        profile,
+        resolution,
+        helper,
+        system_layout(fs, network=profile.network != "none"),
+        fs,
+        command=command,
+        args=["--flag"],
+        env=env,
+        cwd=cwd,
+        protected=protected,
+        inner_script="/usr/lib/truss/_inner.py",
+        proxy_socket="/tmp/truss-sbx-x/proxy.sock" if profile.network == "allow" else None,
+        bwrap_version="0.11.0",
+        userns=userns,
+        server="s",
+    )
+
+
+def _pairs(options: Sequence[str], flag: str) -> list[str]:
+    return [options[i + 1] for i, o in enumerate(options) if o == flag]
+
+
+@pytest.mark.parametrize(
+    ("network", "unshared"), [("none", True), ("allow", True), ("host", False)], ids=["none", "allow", "host"]
+)
+def test_every_namespace_is_new_and_the_network_one_unless_host(network: str, unshared: bool) -> None:
+    hosts = (parse_host_rule("api.github.com:443"),) if network == "allow" else ()
+    plan = _plan(Profile(network=network, allow_hosts=hosts))  # pyright: ignore[reportArgumentType]
+    for flag in ("--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts"):
+        assert flag in plan.options
+    assert ("--unshare-net" in plan.options) is unshared
+    assert "--die-with-parent" in plan.options and "--new-session" in plan.options
+    assert plan.options[plan.options.index("--cap-drop") + 1] == "ALL"
+
+
+def test_without_user_namespaces_the_plan_asks_for_none() -> None:
+    plan = _plan(Profile(), userns=False)
+    assert "--unshare-user" not in plan.options and "--disable-userns" not in plan.options
+    assert "user" not in plan.description["namespaces"]
+
+
+def test_fresh_tmp_proc_dev_and_home_come_before_the_binds_and_the_root_is_read_only_last() -> None:
+    plan = _plan(Profile(write=("/srv/work",)))
+    opts = list(plan.options)
+    first_bind = opts.index("--ro-bind")
+    assert opts.index("/tmp") < first_bind and opts.index("/proc") < first_bind and opts.index("/dev") < first_bind
+    assert _pairs(opts, "--tmpfs")[:3] == ["/dev/shm", "/tmp", "/home/u"]
+    assert opts[-4:] == ["--remount-ro", "/dev", "--remount-ro", "/"]
+    assert opts[opts.index("--bind") + 1] == "/srv/work"
+
+
+def test_a_bind_that_contains_truss_home_masks_it_whatever_the_binds_say() -> None:
+    plan = _plan(Profile(read=("/srv/shared",)))
+    opts = list(plan.options)
+    assert plan.masked == (HOME,)
+    at = opts.index(HOME, opts.index("/srv/shared") + 2)
+    assert opts[at - 1] == "--tmpfs" and opts[at + 1 : at + 3] == ["--remount-ro", HOME]
+    assert at > max(i for i, o in enumerate(opts) if o in ("--ro-bind", "--bind") and opts[i + 1] != "/dev/null")
+    assert plan.description["masked"] == [HOME]
+
+
+def test_a_bind_that_reaches_truss_home_through_a_symlink_masks_its_real_path() -> None:
+    plan = _plan(Profile(read=("/data",)))
+    assert plan.masked == (HOME,)
+    # The bind is made at the real path, and the symlink the operator wrote is recreated beside it.
+    assert "/srv" in _pairs(plan.options, "--ro-bind")
+    opts = list(plan.options)
+    assert any(opts[i : i + 3] == ["--symlink", "/srv", "/data"] for i in range(len(opts)))
+
+
+def test_a_ledger_outside_the_home_is_masked_file_by_file_with_its_wal() -> None:
+    plan = _plan(Profile(read=("/var/lib",)), protected=(HOME, "/var/lib/ledger.db", "/var/lib/ledger.db-wal"))
+    assert set(plan.masked) == {"/var/lib/ledger.db", "/var/lib/ledger.db-wal"}
+    assert _pairs(plan.options, "--ro-bind").count("/dev/null") == 2
+
+
+@pytest.mark.parametrize(
+    "profile",
+    [
+        pytest.param(Profile(read=(HOME,)), id="read_the_home"),
+        pytest.param(Profile(write=(f"{HOME}/../truss-home",)), id="write_into_the_home"),
+        pytest.param(Profile(read=(f"{HOME}/identity.key",)), id="read_the_key"),
+        pytest.param(Profile(read=("/data/shared/truss-home",)), id="the_home_through_a_symlink"),
+    ],
+)
+def test_a_bind_inside_truss_home_is_refused(profile: Profile) -> None:
+    with pytest.raises(SandboxError) as caught:
+        _plan(profile)
+    assert caught.value.cause == "protected_path"
+
+
+def test_a_server_whose_executable_lives_in_truss_home_is_refused() -> None:
+    fs = _fs().file(f"{HOME}/bin/server")
+    with pytest.raises(SandboxError) as caught:
+        _plan(Profile(), fs=fs, command=f"{HOME}/bin/server")
+    assert caught.value.cause == "protected_path"
+
+
+def test_a_profile_path_that_does_not_exist_is_refused_before_the_start() -> None:
+    with pytest.raises(SandboxError) as caught:
+        _plan(Profile(read=("/srv/nothing",)))
+    assert caught.value.cause == "unresolvable"
+
+
+def test_environment_values_never_appear_in_the_options_or_the_command() -> None:
+    env = {"PATH": "/usr/bin", "HOME": "/home/u", "GITHUB_TOKEN": "ghp_secretvalue123"}
+    plan = _plan(Profile(), env=env)
+    words = " ".join((*plan.options, *plan.command))
+    assert "ghp_secretvalue123" not in words
+    assert plan.env_names == ("GITHUB_TOKEN", "HOME", "PATH")
+    assert "ghp_secretvalue123" not in json.dumps(plan.description)
+
+
+def test_network_allow_binds_the_proxy_socket_and_points_the_proxy_variables_at_the_relay() -> None:
+    plan = _plan(Profile(network="allow", allow_hosts=(parse_host_rule("api.github.com:443"),)))
+    opts = list(plan.options)
+    assert opts[opts.index(PROXY_SOCKET) - 2 : opts.index(PROXY_SOCKET)] == ["--ro-bind", "/tmp/truss-sbx-x/proxy.sock"]
+    assert dict(plan.extra_env)["HTTPS_PROXY"] == "http://127.0.0.1:3128"
+    config: dict[str, Any] = json.loads(plan.command[4])
+    assert config["relay"] == {"port": 3128, "socket": PROXY_SOCKET}
+    assert "/etc/resolv.conf" in _pairs(opts, "--ro-bind-try")
+
+
+def test_network_none_has_no_proxy_socket_no_relay_and_no_resolv() -> None:
+    plan = _plan(Profile())
+    assert PROXY_SOCKET not in plan.options and plan.extra_env == ()
+    assert json.loads(plan.command[4])["relay"] is None
+    assert "/etc/resolv.conf" not in plan.options
+
+
+def test_limits_become_rlimits_for_the_server_with_room_for_trusss_helpers() -> None:
+    plan = _plan(Profile(limits=Limits(memory=1 << 29, processes=64, cpu_s=120, file_size=1 << 20)))
+    config = json.loads(plan.command[4])
+    assert config["rlimits"] == {"CORE": 0, "DATA": 1 << 29, "NPROC": 67, "CPU": 120, "FSIZE": 1 << 20}
+    assert _pairs(plan.options, "--size")[:2] == [str(1 << 29)] * 2
+
+
+def test_the_supervisor_execs_the_resolved_executable_with_the_command_as_argv0() -> None:
+    plan = _plan(Profile())
+    assert plan.command[:4] == ("/usr/bin/python3.11", "-I", "-S", "/run/truss/inner.py")
+    assert plan.command[5:] == ("--", "/opt/srv/bin/server", "/opt/srv/bin/server", "--flag")
+
+
+def test_a_cwd_outside_every_bind_is_created_empty_and_reported_as_not_visible() -> None:
+    plan = _plan(Profile(), cwd="/srv/work", env={"PATH": "/usr/bin", "PYTHONPATH": "/srv/shared/data"})
+    assert _pairs(plan.options, "--dir") == ["/srv/work"]
+    assert ("cwd", "/srv/work") in plan.not_visible
+    assert ("PYTHONPATH", "/srv/shared/data") in plan.not_visible
+
+
+def test_the_description_is_json_with_the_bwrap_version_binds_and_limits() -> None:
+    plan = _plan(Profile(read=("/srv/shared",), limits=Limits(processes=8)))
+    description = json.loads(json.dumps(plan.description, sort_keys=True))
+    assert description["bwrap_version"] == "0.11.0"
+    assert description["network"] == "none"
+    assert {"path": "/srv/shared", "mode": "ro", "why": "profile"} in description["binds"]
+    assert {"path": "/opt/srv/bin/server", "mode": "ro", "why": "executable"} in description["binds"]
+    assert description["limits"]["processes"] == 8
+    assert description["env"] == ["HOME", "PATH"]

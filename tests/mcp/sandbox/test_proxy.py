@@ -1,0 +1,198 @@
+"""The egress proxy over real sockets (a Unix socket in, loopback TCP out), without a sandbox around it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import pytest
+
+from tests.mcp.sandbox._util import answering_listener
+from truss._clock import SystemClock
+from truss.mcp.sandbox import EgressEvent, EgressProxy, EgressSummary, SandboxEvent, parse_host_rule
+
+pytestmark = pytest.mark.anyio
+
+
+@asynccontextmanager
+async def running_proxy(
+    tmp_path: Path, rules: list[str], events: list[SandboxEvent], **options: int
+) -> AsyncGenerator[tuple[Path, EgressProxy]]:
+    path = tmp_path / "proxy.sock"
+    proxy = EgressProxy("srv", [parse_host_rule(r) for r in rules], SystemClock(), events.append, **options)
+    listener = await anyio.create_unix_listener(path)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(proxy.serve, listener)
+        try:
+            yield path, proxy
+        finally:
+            tg.cancel_scope.cancel()
+    await proxy.flush()
+
+
+async def ask(path: Path, request: bytes, then: bytes = b"") -> bytes:
+    """Send ``request`` to the proxy, then ``then`` once it answers; everything it sends back."""
+    with anyio.fail_after(10):
+        async with await anyio.connect_unix(path) as stream:
+            await stream.send(request)
+            answer = await stream.receive()
+            if then:
+                await stream.send(then)
+                await stream.send_eof()
+            try:
+                async for chunk in stream:
+                    answer += chunk
+            except (anyio.BrokenResourceError, OSError):
+                pass
+            return answer
+
+
+async def settle(events: list[SandboxEvent], count: int) -> None:
+    with anyio.fail_after(10):
+        while len(events) < count:  # noqa: ASYNC110 - the proxy reports from its own task
+            await anyio.sleep(0.01)
+
+
+async def test_a_connect_to_an_allowed_host_tunnels_and_is_reported_with_its_byte_counts(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    async with answering_listener(b"pong\n") as port, running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _):
+        answer = await ask(p, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), b"ping\n")
+        await settle(events, 1)
+    assert answer == b"HTTP/1.1 200 Connection established\r\n\r\npong\n"
+    [event] = events
+    assert isinstance(event, EgressEvent)
+    assert event == EgressEvent("srv", "127.0.0.1", port, "allowed", None, 5, 5, event.duration_ms, "CONNECT")
+
+
+async def test_a_host_not_allowed_is_refused_with_403_reported_and_never_contacted(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    contacted: list[bytes] = []
+    answer = b""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+
+    async def note(stream: anyio.abc.SocketStream) -> None:
+        contacted.append(b"connection")
+        await stream.aclose()
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, note)
+        async with running_proxy(tmp_path, ["api.github.com:443"], events) as (p, _):
+            answer = await ask(p, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+            await settle(events, 1)
+        tg.cancel_scope.cancel()
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert contacted == []
+    event = events[0]
+    assert isinstance(event, EgressEvent)
+    assert (event.host, event.port, event.decision, event.reason) == ("127.0.0.1", port, "refused", "not_allowed")
+
+
+async def test_plain_http_is_sent_in_origin_form_with_connection_close_and_no_proxy_headers(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    seen: list[bytes] = []
+    answer = b""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+
+    async def origin(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += await stream.receive()
+            seen.append(data)
+            await stream.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, origin)
+        async with running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _):
+            request = (
+                f"GET http://127.0.0.1:{port}/a/b?c=d HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "Proxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\nConnection: keep-alive\r\n\r\n"
+            )
+            answer = await ask(p, request.encode())
+            await settle(events, 1)
+        tg.cancel_scope.cancel()
+    assert answer.endswith(b"\r\n\r\nok")
+    head = seen[0].decode()
+    assert head.startswith("GET /a/b?c=d HTTP/1.1\r\n")
+    assert "Connection: close\r\n" in head
+    assert "Proxy-" not in head and "keep-alive" not in head
+    event = events[0]
+    assert isinstance(event, EgressEvent) and event.method == "GET" and event.decision == "allowed"
+
+
+async def test_a_wildcard_rule_never_reaches_an_internal_address(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    async with (
+        answering_listener(b"secret service\n") as port,
+        running_proxy(tmp_path, [f"*:{port}"], events) as (p, _),
+    ):
+        answer = await ask(p, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+        await settle(events, 1)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert isinstance(events[0], EgressEvent) and events[0].reason == "resolves_to_internal"
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        pytest.param(b"GET /relative HTTP/1.1\r\n\r\n", id="origin_form"),
+        pytest.param(b"CONNECT api.github.com HTTP/1.1\r\n\r\n", id="connect_without_port"),
+        pytest.param(b"CONNECT user@api.github.com:443 HTTP/1.1\r\n\r\n", id="user_information"),
+        pytest.param(b"GET https://api.github.com/ HTTP/1.1\r\n\r\n", id="https_in_absolute_form"),
+        pytest.param(b"HELLO\r\n\r\n", id="not_http"),
+        pytest.param(b"GET http://" + b"a" * 20000 + b"/ HTTP/1.1\r\n\r\n", id="oversized_head"),
+    ],
+)
+async def test_a_malformed_request_gets_400_and_is_reported_as_refused(tmp_path: Path, request_head: bytes) -> None:
+    events: list[SandboxEvent] = []
+    async with running_proxy(tmp_path, ["api.github.com:443"], events) as (p, _):
+        answer = await ask(p, request_head)
+        await settle(events, 1)
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert isinstance(events[0], EgressEvent) and events[0].reason == "bad_request"
+
+
+async def test_an_allowed_host_that_cannot_be_reached_is_reported_as_failed(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    async with answering_listener(b"") as port:
+        pass  # the port is closed again: nothing listens there now
+    async with running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _):
+        answer = await ask(p, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+        await settle(events, 1)
+    assert answer.startswith(b"HTTP/1.1 502 ")
+    assert isinstance(events[0], EgressEvent) and (events[0].decision, events[0].reason) == ("failed", "connect_failed")
+
+
+async def test_past_the_event_bound_a_flood_is_summarised_per_host_and_decision(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    async with running_proxy(tmp_path, ["api.github.com:443"], events, max_events=3) as (p, proxy):
+        for _ in range(10):
+            await ask(p, b"CONNECT evil.example:443 HTTP/1.1\r\n\r\n")
+        await settle(events, 3)
+        assert proxy.reported == 3
+    assert [type(e) for e in events] == [EgressEvent] * 3 + [EgressSummary]
+    assert events[3] == EgressSummary("srv", "evil.example", 443, "refused", 7, 0, 0)
+
+
+async def test_connections_past_the_tunnel_bound_are_refused_as_busy(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    async with (
+        answering_listener(b"") as port,
+        running_proxy(tmp_path, [f"127.0.0.1:{port}"], events, max_tunnels=1) as (
+            p,
+            _,
+        ),
+    ):
+        with anyio.fail_after(10):
+            async with await anyio.connect_unix(p) as first:
+                await first.send(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+                assert (await first.receive()).startswith(b"HTTP/1.1 200")
+                answer = await ask(p, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode())
+        await settle(events, 2)
+    assert answer.startswith(b"HTTP/1.1 503 ")
+    assert any(isinstance(e, EgressEvent) and e.reason == "busy" for e in events)
