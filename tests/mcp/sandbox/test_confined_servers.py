@@ -23,7 +23,19 @@ from tests.conftest import python_peer
 from tests.mcp.sandbox._tls import BODY, https_server
 from tests.mcp.sandbox._util import SERVERS, answering_listener, checked_bwrap, processes_with
 from truss._errors import SandboxError
-from truss.mcp.sandbox import EgressEvent, Limits, Profile, SandboxEvent, Spawn, confined, find_bwrap, parse_host_rule
+from truss.mcp.sandbox import (
+    Bwrap,
+    EgressEvent,
+    Limits,
+    Profile,
+    SandboxEvent,
+    Spawn,
+    confined,
+    find_bwrap,
+    parse_host_rule,
+)
+from truss.mcp.sandbox import _confine as confine_module
+from truss.mcp.sandbox._cgroup import Cgroups
 
 pytestmark = pytest.mark.anyio
 
@@ -178,3 +190,19 @@ async def test_find_bwrap_names_a_missing_binary_and_the_remedy(monkeypatch: pyt
     with pytest.raises(SandboxError) as caught:
         await find_bwrap(server="s")
     assert caught.value.cause == "bwrap_unusable"
+
+
+async def test_a_processes_limit_that_root_cannot_have_enforced_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As root the kernel ignores RLIMIT_NPROC; without a pids cgroup the limit would be a no-op.
+    def no_cgroups(name: str, limits: Limits) -> tuple[Cgroups, list[str]]:
+        return Cgroups(), ["no writable pids cgroup"]
+
+    monkeypatch.setattr(confine_module, "setup_cgroups", no_cgroups)
+    monkeypatch.setattr(confine_module.os, "geteuid", lambda: 0)
+    bwrap = Bwrap(path="/usr/bin/bwrap", version="0.11.0", source="test")
+    with pytest.raises(SandboxError) as caught:
+        async with confined(
+            Profile(limits=Limits(processes=8)), sys.executable, [], _env(), "/", server="s", bwrap=bwrap
+        ):
+            pass
+    assert caught.value.cause == "limit_unenforceable"

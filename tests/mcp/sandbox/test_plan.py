@@ -207,3 +207,13 @@ def test_the_description_is_json_with_the_bwrap_version_binds_and_limits() -> No
     assert {"path": "/opt/srv/bin/server", "mode": "ro", "why": "executable"} in description["binds"]
     assert description["limits"]["processes"] == 8
     assert description["env"] == ["HOME", "PATH"]
+
+
+def test_a_symlink_in_the_fresh_home_is_recreated_there() -> None:
+    fs = _fs().link("/home/u/.local/bin/tool", "/opt/tool/bin/tool").file("/opt/tool/bin/tool")
+    plan = _plan(Profile(), fs=fs, command="/home/u/.local/bin/tool")
+    opts = list(plan.options)
+    assert any(
+        opts[i : i + 3] == ["--symlink", "/opt/tool/bin/tool", "/home/u/.local/bin/tool"] for i in range(len(opts))
+    )
+    assert opts.index("/home/u") < opts.index("/home/u/.local/bin/tool")

@@ -149,7 +149,9 @@ def plan_sandbox(
             opts += ["--ro-bind", bind.path, bind.path]
     visible = [b.path for b in binds]
     for link, target in links:
-        if not any(_inside(link, root) for root in (*visible, *SYSTEM_ROOTS, *fresh)):
+        # Inside a bind or a system tree the link is already there; anywhere else (the fresh
+        # home and /tmp included, which start empty) it is made again.
+        if not any(_inside(link, root) for root in (*visible, *SYSTEM_ROOTS)):
             opts += ["--symlink", target, link]
 
     opts += ["--ro-bind", inner_script, INNER_PATH]

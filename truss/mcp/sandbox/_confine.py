@@ -239,6 +239,15 @@ async def confined(
             server=server,
         )
         cgroups, reasons = setup_cgroups(runtime.name, profile.limits)
+        if profile.limits.processes is not None and "pids" not in cgroups.dirs and os.geteuid() == 0:
+            # The kernel never applies RLIMIT_NPROC to root's processes: only a pids cgroup can.
+            raise SandboxError(
+                f"cannot confine MCP server {server!r}: its processes limit cannot be enforced, "
+                "because Truss runs as root and no pids cgroup is writable here",
+                remedy="Run Truss as an ordinary user, give it a writable pids cgroup, or remove the processes limit",
+                server=server,
+                cause="limit_unenforceable",
+            )
         description = dict(plan.description)
         description["cgroups"] = cgroups.summary
         description["rlimits_only"] = reasons

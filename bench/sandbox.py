@@ -1,0 +1,154 @@
+"""What confining a stdio server costs, each against the unconfined baseline measured in the same run.
+
+Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]`` (needs
+``make peers`` and a bwrap that can run here).
+
+- start-up: spawn to tools listed of mcp-server-time through ``confined`` (network ``none``, all
+  four limits) against the same command unconfined, rounds interleaved; the ratio is of the
+  medians (target <= 1.15). The confined side pays the plan, the launcher, bwrap and the
+  supervisor.
+- call: ``get_current_time`` on a confined connection against an unconfined one, calls
+  interleaved in pairs (target <= 1.05). The sandbox adds nothing to the pipe itself.
+- HTTPS: an allowed HTTPS GET on a new connection each time, from a client confined with
+  network ``allow`` (relay, Unix socket, egress proxy, then the loopback TLS server) against the
+  same client unconfined going straight to the server (target <= 1.2). Timed inside the client,
+  so process start-up is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncGenerator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import python_peer  # noqa: E402
+from tests.mcp.sandbox._tls import https_server  # noqa: E402
+from truss._clock import SystemClock  # noqa: E402
+from truss.mcp.sandbox import Limits, Profile, confined, find_bwrap, parse_host_rule  # noqa: E402
+
+CLIENT = REPO / "tests" / "mcp" / "sandbox" / "servers" / "fetch_many.py"
+LIMITS = Limits(memory=512 * 1024 * 1024, processes=64, cpu_s=120, file_size=64 * 1024 * 1024)
+ENV = {"PATH": "/usr/bin:/bin", "HOME": tempfile.gettempdir()}
+
+
+@asynccontextmanager
+async def session(command: str, args: list[str], env: dict[str, str]) -> AsyncGenerator[ClientSession]:
+    params = StdioServerParameters(command=command, args=args, env=env)
+    with open(os.devnull, "w") as errlog:  # noqa: ASYNC230 - opening /dev/null does not block
+        async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            yield s
+
+
+@asynccontextmanager
+async def time_server(confine: bool) -> AsyncGenerator[ClientSession]:
+    command, args = python_peer("mcp-server-time"), ["--local-timezone", "UTC"]
+    if not confine:
+        async with session(command, args, ENV) as s:
+            yield s
+        return
+    profile = Profile(limits=LIMITS)
+    async with (
+        confined(profile, command, args, ENV, "/", server="time", clock=SystemClock()) as spawn,
+        session(spawn.command, spawn.args, spawn.env) as s,
+    ):
+        yield s
+
+
+async def start_once(confine: bool) -> float:
+    start = time.perf_counter()
+    with anyio.fail_after(60):
+        async with time_server(confine) as s:
+            await s.list_tools()
+            elapsed = time.perf_counter() - start
+    return elapsed
+
+
+async def bench_start(rounds: int) -> tuple[float, float]:
+    plain: list[float] = []
+    boxed: list[float] = []
+    await start_once(True)  # warm the page cache for both sides
+    await start_once(False)
+    for _ in range(rounds):
+        plain.append(await start_once(False))
+        boxed.append(await start_once(True))
+    return statistics.median(plain), statistics.median(boxed)
+
+
+async def bench_call(calls: int) -> tuple[float, float]:
+    plain: list[float] = []
+    boxed: list[float] = []
+    async with time_server(False) as a, time_server(True) as b:
+        for s in (a, b):
+            for _ in range(20):
+                await s.call_tool("get_current_time", {"timezone": "UTC"})
+        for _ in range(calls):
+            for s, out in ((a, plain), (b, boxed)):
+                start = time.perf_counter()
+                await s.call_tool("get_current_time", {"timezone": "UTC"})
+                out.append(time.perf_counter() - start)
+    return statistics.median(plain), statistics.median(boxed)
+
+
+async def fetch(command: str, args: list[str], env: dict[str, str]) -> list[float]:
+    with anyio.fail_after(300):
+        done = await anyio.run_process([command, *args], env=env, check=True)
+    timings: list[Any] = json.loads(done.stdout)
+    return [float(t) for t in timings]
+
+
+async def bench_https(requests: int, rounds: int) -> tuple[float, float]:
+    plain: list[float] = []
+    boxed: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        async with https_server(Path(tmp)) as (port, cafile):
+            url = f"https://127.0.0.1:{port}/x"
+            args = [str(CLIENT), url, str(cafile), str(requests)]
+            profile = Profile(
+                read=(str(cafile),), network="allow", allow_hosts=(parse_host_rule(f"127.0.0.1:{port}"),), limits=LIMITS
+            )
+            for _ in range(rounds):
+                plain += (await fetch(sys.executable, args, ENV))[5:]
+                async with confined(profile, sys.executable, args, ENV, "/", server="fetch") as spawn:
+                    boxed += (await fetch(spawn.command, spawn.args, spawn.env))[5:]
+    return statistics.median(plain), statistics.median(boxed)
+
+
+def line(name: str, base: float, measured: float, target: float) -> str:
+    ratio = measured / base
+    verdict = "ok" if ratio <= target else "OVER TARGET"
+    times = f"unconfined {base * 1000:8.2f} ms   confined {measured * 1000:8.2f} ms"
+    return f"{name:<10} {times}   {ratio:5.2f}x (target <= {target}x) {verdict}"
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--requests", type=int, default=200)
+    options = parser.parse_args()
+    bwrap = await find_bwrap()
+    sizes = f"rounds {options.rounds}, calls {options.calls}, requests {options.requests}"
+    print(f"bwrap {bwrap.version} ({bwrap.source}); {sizes}")
+    print(line("start-up", *await bench_start(options.rounds), 1.15))
+    print(line("call", *await bench_call(options.calls), 1.05))
+    print(line("https", *await bench_https(options.requests, max(1, options.rounds // 3)), 1.2))
+
+
+if __name__ == "__main__":
+    anyio.run(main)
