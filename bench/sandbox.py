@@ -37,11 +37,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.conftest import python_peer  # noqa: E402
-from tests.mcp.sandbox._tls import https_server  # noqa: E402
+from tests.mcp.sandbox._tls import self_signed  # noqa: E402
 from truss._clock import SystemClock  # noqa: E402
 from truss.mcp.sandbox import Limits, Profile, confined, find_bwrap, parse_host_rule  # noqa: E402
 
 CLIENT = REPO / "tests" / "mcp" / "sandbox" / "servers" / "fetch_many.py"
+HTTPS_SERVER = REPO / "tests" / "mcp" / "sandbox" / "servers" / "https_server.py"
 LIMITS = Limits(memory=512 * 1024 * 1024, processes=64, cpu_s=120, file_size=64 * 1024 * 1024)
 ENV = {"PATH": "/usr/bin:/bin", "HOME": tempfile.gettempdir()}
 
@@ -112,11 +113,25 @@ async def fetch(command: str, args: list[str], env: dict[str, str]) -> list[floa
     return [float(t) for t in timings]
 
 
+@asynccontextmanager
+async def https_process(directory: Path) -> AsyncGenerator[tuple[int, Path]]:
+    """The loopback HTTPS server in a process of its own: (port, CA file)."""
+    cert, key = self_signed(directory)
+    async with await anyio.open_process([sys.executable, str(HTTPS_SERVER), str(cert), str(key)]) as process:
+        try:
+            assert process.stdout is not None
+            with anyio.fail_after(30):
+                port = int((await process.stdout.receive()).decode().split()[0])
+            yield port, cert
+        finally:
+            process.kill()
+
+
 async def bench_https(requests: int, rounds: int) -> tuple[float, float]:
     plain: list[float] = []
     boxed: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
-        async with https_server(Path(tmp)) as (port, cafile):
+        async with https_process(Path(tmp)) as (port, cafile):
             url = f"https://127.0.0.1:{port}/x"
             args = [str(CLIENT), url, str(cafile), str(requests)]
             profile = Profile(

@@ -134,6 +134,7 @@ BLOCKED = [
     "write_root",
     "connect_refused_port_direct",
     "connect_refused_port_via_proxy",
+    "reach_trusss_control_socket",
     "resolve_other_host",
     "reach_other_host_via_proxy",
     "fork_many",

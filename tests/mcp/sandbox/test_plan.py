@@ -181,7 +181,7 @@ def test_network_none_has_no_proxy_socket_no_relay_and_no_resolv() -> None:
 def test_limits_become_rlimits_for_the_server_with_room_for_trusss_helpers() -> None:
     plan = _plan(Profile(limits=Limits(memory=1 << 29, processes=64, cpu_s=120, file_size=1 << 20)))
     config = json.loads(plan.command[4])
-    assert config["rlimits"] == {"CORE": 0, "DATA": 1 << 29, "NPROC": 67, "CPU": 120, "FSIZE": 1 << 20}
+    assert config["rlimits"] == {"CORE": 0, "DATA": 1 << 29, "NPROC": 66, "CPU": 120, "FSIZE": 1 << 20}
     assert _pairs(plan.options, "--size")[:2] == [str(1 << 29)] * 2
 
 

@@ -47,8 +47,8 @@ PROXY_SOCKET = f"{RUN_DIR}/proxy.sock"
 RELAY_PORT = 3128
 # Each fresh tmpfs (/tmp, /dev/shm, the home) is bounded: by the memory limit, else by this.
 DEFAULT_TMP_BYTES = 512 * 1024 * 1024
-# Truss's own processes inside (bwrap's init, the supervisor, the relay) are not the server's.
-HELPER_TASKS = 3
+# Truss's own processes inside (bwrap's init, the supervisor) are not the server's.
+HELPER_TASKS = 2
 _PATH_VARS = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "NODE_PATH")
 # Paths inside the sandbox, each a fresh tmpfs of its own: not the host's shared temporary directories.
 _TMP = "/tmp"  # noqa: S108
@@ -70,7 +70,7 @@ class SandboxPlan:
 
 
 def proxy_env(port: int = RELAY_PORT) -> tuple[tuple[str, str], ...]:
-    """The variables ordinary HTTP clients read to find a proxy, all pointing at the relay."""
+    """The variables ordinary HTTP clients read to find a proxy, all pointing at the egress listener."""
     url = f"http://127.0.0.1:{port}"
     return tuple((name, url) for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"))
 

@@ -24,8 +24,8 @@ from truss.mcp.sandbox._profile import Limits
 
 __all__ = ["HELPER_MEMORY_BYTES", "HELPER_TASKS_CGROUP", "Cgroups", "LimitHit", "setup_cgroups"]
 
-# The outer bwrap, bwrap's init, the supervisor and the relay live in the cgroup with the server.
-HELPER_TASKS_CGROUP = 4
+# The outer bwrap, bwrap's init and the supervisor live in the cgroup with the server.
+HELPER_TASKS_CGROUP = 3
 HELPER_MEMORY_BYTES = 64 * 1024 * 1024
 _PROC_SELF = Path("/proc/self")
 

@@ -9,11 +9,12 @@
 
 On entry it checks bwrap, resolves what the command needs, plans the mounts (refusing a plan that
 would show Truss's home, key or ledger), creates the cgroups where it may, writes the plan into a
-private runtime directory (mode 0700) and, for network ``allow``, starts the egress proxy on a
-Unix socket there. The command it hands back runs ``_launch.py``, which joins the cgroups and
-becomes bwrap. On exit, by any path, it kills whatever is left of the sandbox (its bwrap, and so
-its pid namespace; every process of its cgroups), stops the proxy, reports the flood summaries,
-removes the cgroups and the runtime directory.
+private runtime directory (mode 0700) and, for network ``allow``, waits on a Unix socket there
+for the egress listener the sandbox's supervisor hands over, and serves the egress proxy on it.
+The command it hands back runs ``_launch.py``, which joins the cgroups and becomes bwrap. On
+exit, by any path, it kills whatever is left of the sandbox (its bwrap, and so its pid
+namespace; every process of its cgroups), stops the proxy, reports the flood summaries, removes
+the cgroups and the runtime directory.
 
 When bwrap cannot run here: a ``required`` profile raises ``SandboxError``; otherwise the spawn
 is the plain command with ``confined = False`` and ``fallback`` naming the cause, for the caller
@@ -27,6 +28,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from collections.abc import AsyncGenerator, Mapping, Sequence
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from truss._clock import Clock, SystemClock
 from truss._errors import SandboxError
@@ -55,6 +58,8 @@ _INNER = _HERE / "_inner.py"
 _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 _STATUS_LIMIT = 64 * 1024
 _EXIT_SIGNALS = {24: "cpu", 25: "file_size"}  # SIGXCPU, SIGXFSZ: the rlimit's own signals
+_MAX_HANDOVER_TRIES = 4
+_HANDOVER_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -286,8 +291,8 @@ async def confined(
                     on_event,
                     **({"max_events": max_egress_events} if max_egress_events is not None else {}),
                 )
-                listener = await anyio.create_unix_listener(socket_path)
-                tg.start_soon(proxy.serve, listener)
+                control = await anyio.create_unix_listener(socket_path)
+                tg.start_soon(_serve_handed_over, proxy, control, socket_path)
             try:
                 yield spawn
             finally:
@@ -301,6 +306,57 @@ async def confined(
             await cgroups.kill_all()
             cgroups.remove()
             shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def _serve_handed_over(proxy: EgressProxy, control: anyio.abc.SocketListener, path: Path) -> None:
+    """Receive the supervisor's listening socket on the control socket, close that, serve the socket.
+
+    The supervisor hands it over before the server starts; anything else arriving first (it
+    cannot, but a sandbox is not trusted) is closed and waited past, a few times at most.
+    """
+    listener: socket.socket | None = None
+    try:
+        async with control:
+            for _ in range(_MAX_HANDOVER_TRIES):
+                connection = await control.accept()
+                async with connection:
+                    if not isinstance(connection, anyio.abc.UNIXSocketStream):
+                        continue
+                    try:
+                        with anyio.fail_after(_HANDOVER_TIMEOUT_S):
+                            _, fds = await connection.receive_fds(64, 1)
+                    except (TimeoutError, OSError, anyio.EndOfStream, anyio.BrokenResourceError, RuntimeError):
+                        continue
+                    listener = _checked_listener(fds[0]) if fds else None
+                if listener is not None:
+                    break
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # nothing inside can reach Truss through this path any more
+        if listener is not None:
+            served = await anyio.abc.SocketListener.from_socket(listener)
+            listener = None  # the proxy's listener owns the socket now, and closes it
+            await proxy.serve(served)
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _checked_listener(fd: int) -> socket.socket | None:
+    """The handed-over socket, when it is a listening TCP socket on 127.0.0.1 (of the sandbox)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    try:
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+        good = sock.family == socket.AF_INET and sock.type == socket.SOCK_STREAM and listening
+        if good and sock.getsockname()[0] == "127.0.0.1":
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
 
 
 async def _end(spawn: Spawn, cgroups: Cgroups) -> None:

@@ -1,11 +1,13 @@
-"""Truss's supervisor inside a sandbox: limits, the egress relay, then the server. Standard library only.
+"""Truss's supervisor inside a sandbox: the egress listener, limits, then the server. Standard library only.
 
 Run by bwrap as ``python -I -S /run/truss/inner.py CONFIG -- EXECUTABLE ARGV0 ARGS...`` (the
 interpreter Truss itself runs on, bound read-only). It
 
-1. starts the relay when the network mode is ``allow``: a loopback TCP listener (bound before
-   the server starts, so its first request finds it) forwarding every connection to the egress
-   proxy's Unix socket, so that ``HTTP_PROXY``/``HTTPS_PROXY`` work for ordinary clients;
+1. with network ``allow``, makes the relay's loopback TCP listener (``127.0.0.1:3128``, before
+   the server starts, so its first request finds it) and hands the listening socket to the
+   egress proxy over its Unix socket (``SCM_RIGHTS``): Truss accepts the server's connections on
+   it directly, so ``HTTP_PROXY``/``HTTPS_PROXY`` work for ordinary clients and no process inside
+   forwards bytes;
 2. forks the server: restores the signal dispositions Python changed (an ignored ``SIGPIPE`` or
    ``SIGXFSZ`` would be inherited across ``exec``), applies the rlimits (in the new user
    namespace, so ``RLIMIT_NPROC`` counts only the sandbox's tasks), and execs it; when the exec
@@ -24,15 +26,11 @@ import errno
 import json
 import os
 import resource
-import selectors
 import signal
 import socket
 import struct
 import sys
 
-_MAX_RELAYED = 256
-_CHUNK = 65536
-_PENDING_LIMIT = 1 << 20
 _RLIMITS = {
     "CORE": resource.RLIMIT_CORE,
     "DATA": resource.RLIMIT_DATA,
@@ -40,7 +38,7 @@ _RLIMITS = {
     "CPU": resource.RLIMIT_CPU,
     "FSIZE": resource.RLIMIT_FSIZE,
 }
-_LIMIT_SIGNALS = {signal.SIGXCPU: "cpu", signal.SIGXFSZ: "file_size"}
+_LIMIT_SIGNALS = {int(signal.SIGXCPU): "cpu", int(signal.SIGXFSZ): "file_size"}
 
 
 def _say(text: str) -> None:
@@ -54,18 +52,13 @@ def main(argv: list[str]) -> int:
         return 2
     config = json.loads(argv[1])
     executable, argv0, args = argv[3], argv[4], argv[5:]
-    relay_pid = None
     relay = config.get("relay")
     if relay:
-        listener = socket.create_server(("127.0.0.1", int(relay["port"])), backlog=128)
-        relay_pid = os.fork()
-        if relay_pid == 0:
-            _detach_stdio()
-            try:
-                _relay(listener, str(relay["socket"]))
-            finally:
-                os._exit(0)
-        listener.close()
+        try:
+            _hand_over_listener(int(relay["port"]), str(relay["socket"]))
+        except OSError as exc:
+            _say(f"cannot set up the egress relay: {exc}: the server was not started")
+            return 126
     server = os.fork()
     if server == 0:
         _exec_server(executable, argv0, args, config.get("rlimits") or {})
@@ -73,14 +66,11 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: _forward(server, s))
     status = _wait(server)
-    if relay_pid is not None:
-        with contextlib.suppress(OSError):
-            os.kill(relay_pid, signal.SIGKILL)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        limit = _LIMIT_SIGNALS.get(signal.Signals(sig)) if sig in signal.Signals.__members__.values() else None
+        limit = _LIMIT_SIGNALS.get(sig)
         if limit is not None:
-            _say(f"the server was stopped by {signal.Signals(sig).name}: it reached its {limit} limit")
+            _say(f"the server was stopped by signal {sig}: it reached its {limit} limit")
         return 128 + sig
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
@@ -183,104 +173,19 @@ def _elf_interpreter(head: bytes) -> str | None:
     return None
 
 
-class _End:
-    """One socket of a relayed pair: ``out`` holds bytes read from the peer, waiting to be sent here."""
+def _hand_over_listener(port: int, path: str) -> None:
+    """Listen on 127.0.0.1:PORT inside, and give the listening socket to Truss's egress proxy.
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.peer: _End = self
-        self.out = bytearray()
-        self.reading = True
-        self.shut_after_flush = False
-        self.closed = False
-        self.mask = 0
-
-
-def _relay(listener: socket.socket, path: str) -> None:
-    sel = selectors.DefaultSelector()
-    listener.setblocking(False)
-    sel.register(listener, selectors.EVENT_READ, None)
-    live = 0
-    while True:
-        for key, events in sel.select():
-            if key.data is None:
-                try:
-                    client, _ = listener.accept()
-                except OSError:
-                    continue
-                if live >= _MAX_RELAYED:
-                    client.close()
-                    continue
-                upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    upstream.connect(path)
-                except OSError:
-                    client.close()
-                    upstream.close()
-                    continue
-                a, b = _End(client), _End(upstream)
-                a.peer, b.peer = b, a
-                for end in (a, b):
-                    end.sock.setblocking(False)
-                    _watch(sel, end, selectors.EVENT_READ)
-                live += 1
-                continue
-            end: _End = key.data
-            if end.closed:
-                continue
-            try:
-                if events & selectors.EVENT_READ and end.reading:
-                    data = end.sock.recv(_CHUNK)
-                    if data:
-                        end.peer.out += data
-                    else:
-                        end.reading = False
-                        end.peer.shut_after_flush = True
-                if events & selectors.EVENT_WRITE and end.out:
-                    sent = end.sock.send(end.out)
-                    del end.out[:sent]
-                if end.peer.out and not end.peer.closed:
-                    try:
-                        sent = end.peer.sock.send(end.peer.out)
-                        del end.peer.out[:sent]
-                    except BlockingIOError:
-                        pass
-                for side in (end, end.peer):
-                    if side.shut_after_flush and not side.out:
-                        side.shut_after_flush = False
-                        with contextlib.suppress(OSError):
-                            side.sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                end.reading = end.peer.reading = False
-                end.out.clear()
-                end.peer.out.clear()
-            if not end.reading and not end.peer.reading and not end.out and not end.peer.out:
-                for side in (end, end.peer):
-                    side.closed = True
-                    _watch(sel, side, 0)
-                    side.sock.close()
-                live -= 1
-                continue
-            for side in (end, end.peer):
-                mask = 0
-                if side.reading and len(side.peer.out) < _PENDING_LIMIT:
-                    mask |= selectors.EVENT_READ
-                if side.out:
-                    mask |= selectors.EVENT_WRITE
-                _watch(sel, side, mask)
-
-
-def _watch(sel: selectors.BaseSelector, side: _End, mask: int) -> None:
-    """Wait for exactly ``mask`` on ``side`` (none: unregistered, so an EOF'd socket cannot spin)."""
-    if mask == side.mask:
-        return
-    if side.mask and mask:
-        sel.modify(side.sock, mask, side)
-    elif mask:
-        sel.register(side.sock, mask, side)
-    else:
-        sel.unregister(side.sock)
-    side.mask = mask
+    The socket belongs to the sandbox's network namespace; Truss accepts on it from outside, so
+    no process inside forwards bytes. It is made and handed over before the server exists, and
+    this process keeps no copy: nothing inside can accept on it.
+    """
+    listener = socket.create_server(("127.0.0.1", port), backlog=128)
+    with listener, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
+        control.settimeout(30)
+        control.connect(path)
+        socket.send_fds(control, [b"listener"], [listener.fileno()])
+        control.recv(1)  # Truss closes the connection once it holds the socket
 
 
 if __name__ == "__main__":

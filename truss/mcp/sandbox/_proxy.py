@@ -1,7 +1,8 @@
 """The egress proxy of one confined server: HTTP CONNECT and plain HTTP, to ``allow_hosts`` only.
 
-Truss runs one per server with network ``allow``, listening on a Unix socket that is bound into
-the sandbox (the relay inside turns it into ``127.0.0.1:3128`` for ordinary clients). The
+Truss runs one per server with network ``allow``. It serves the listening socket the sandbox's
+supervisor made at ``127.0.0.1:3128`` inside the sandbox's network namespace and handed over
+(``truss.mcp.sandbox._confine``), so ordinary clients reach it with ``HTTPS_PROXY``. The
 sandbox has no other way out: its network namespace holds only loopback.
 
 Each connection attempt becomes one ``EgressEvent`` (server, host, port, decision, reason, bytes
@@ -353,8 +354,11 @@ def _internal(address: str) -> bool:
 
 async def _resolve(host: str, port: int, *, literal: bool) -> str:
     """The address to connect to: the first one ``getaddrinfo`` gives, checked when it came from DNS."""
-    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    addresses = [str(info[4][0]) for info in infos]
+    try:
+        addresses = [str(ipaddress.ip_address(host))]  # an address needs no lookup (nor a worker thread)
+    except ValueError:
+        infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [str(info[4][0]) for info in infos]
     if not addresses:
         raise OSError("no address")
     if not literal and any(_internal(a) for a in addresses):

@@ -66,6 +66,12 @@ def through_proxy(host: str, port: int) -> str:
         return sock.recv(100).decode(errors="replace")
 
 
+def control_socket() -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect("/run/truss/proxy.sock")
+        return "connected to Truss's control socket"
+
+
 def resolve(host: str) -> str:
     return repr(socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)[:1])
 
@@ -154,6 +160,7 @@ def attacks() -> dict[str, Any]:
     attempt(report, "connect_refused_port_direct", lambda: connect_direct(c["refused_port"]))
     attempt(report, "connect_refused_port_via_proxy", lambda: through_proxy("127.0.0.1", c["refused_port"]))
     attempt(report, "connect_allowed_port_via_proxy", lambda: through_proxy("127.0.0.1", c["allowed_port"]))
+    attempt(report, "reach_trusss_control_socket", control_socket)
     attempt(report, "resolve_other_host", lambda: resolve(c["other_host"]))
     attempt(report, "reach_other_host_via_proxy", lambda: through_proxy(c["other_host"], 443))
     attempt(report, "fork_many", lambda: fork_many(c["fork"]))
