@@ -117,8 +117,11 @@ class Spawn:
         if not self.confined or self.plan is None:
             return None
         notes: list[str] = []
-        code = self.exit_code()
-        if code == 126:
+        status = self.status()
+        code = status.get("exit-code")
+        if "child-pid" not in status:
+            notes.append("bwrap did not start the sandbox (see the server's stderr for the bwrap: line)")
+        elif code == 126:
             notes.append("the sandbox could not be set up (see the server's stderr for the truss-sandbox line)")
         elif code == 127:
             notes.append("the server's executable could not be started inside the sandbox (see its stderr)")

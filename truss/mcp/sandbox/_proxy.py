@@ -48,7 +48,7 @@ MAX_TUNNELS = 64
 _HEAD_LIMIT = 16 * 1024
 _HEAD_TIMEOUT_S = 10.0
 _CONNECT_TIMEOUT_S = 10.0
-_CHUNK = 65536
+_CHUNK = 256 * 1024  # asyncio reads up to this much per readiness event
 
 
 @dataclass(frozen=True)
@@ -368,10 +368,11 @@ async def _resolve(host: str, port: int, *, literal: bool) -> str:
 
 async def _pump(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, counts: list[int], index: int) -> None:
     try:
-        async for chunk in source:
+        while True:
+            chunk = await source.receive(_CHUNK)
             await sink.send(chunk)
             counts[index] += len(chunk)
-    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+    except (anyio.EndOfStream, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass
     with contextlib.suppress(Exception):
         await sink.send_eof()

@@ -1,7 +1,7 @@
-"""``https_server.py CERT KEY``: a loopback HTTPS server in its own process; prints its port, then serves.
+"""``https_server.py CERT KEY [BYTES]``: a loopback HTTPS server in its own process; prints its port, serves.
 
-Every GET gets a short fixed body. The benchmark's stand-in for a remote host (bench/sandbox.py),
-so that the server does not share the egress proxy's event loop.
+Every GET gets a fixed body (a short line, or BYTES bytes). The benchmark's stand-in for a remote
+host (bench/sandbox.py), so that the server does not share the egress proxy's event loop.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+if len(sys.argv) > 3:
+    BODY = b"x" * int(sys.argv[3])
 server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
 context.load_cert_chain(sys.argv[1], sys.argv[2])
