@@ -64,7 +64,13 @@ _HANDOVER_TIMEOUT_S = 10.0
 
 @dataclass
 class Spawn:
-    """How to start the server (``command``, ``args``, ``env``, ``cwd``) and what became of its sandbox."""
+    """How to start the server (``command``, ``args``, ``env``, ``cwd``) and what became of its sandbox.
+
+    ``confined`` is false only for an optional profile where bwrap cannot run (``fallback`` is
+    the cause); ``description`` is the JSON to record; ``plan`` the bwrap plan (binds, masks,
+    ``not_visible``). ``runtime_dir`` and ``cgroups`` are the sandbox's while it runs; ``final``
+    keeps its status and limit hits once it is torn down.
+    """
 
     command: str
     args: list[str]

@@ -8,7 +8,8 @@ whether the egress proxy may open a connection.
 
 Layering rules (docs/sandbox.md):
 
-* ``required``: true if either side says so (a contract may harden, never soften).
+* ``required``: the contract's when it sets it, else the operator's, else true; ``false`` over
+  the operator's ``true`` is refused (a contract may harden, never soften).
 * ``network``: ordered ``none`` < ``allow`` < ``host``; a contract may pick a lower mode than the
   operator's, a higher one is refused. Unset on both sides: ``none``.
 * ``allow_hosts``: when the operator lists hosts, every host a contract lists must be covered by
