@@ -12,11 +12,13 @@ from truss.mcp.sandbox import Bind, resolve_command, system_layout
 def _venv_layout() -> FakeFs:
     fs = debian()
     # The checkout reaches the peers through a symlink in the middle of the path, as .peers does.
-    fs.link("/work/wt/h5/.peers", "/work/main/.peers")
-    fs.file("/work/main/.peers/py/bin/mcp-server-time", b"#!/work/main/.peers/py/bin/python3.11\nimport x\n")
-    fs.link("/work/main/.peers/py/bin/python3.11", "/opt/pyenv/versions/3.11.7/bin/python3.11")
+    fs.link("/home/dev/checkout/.peers", "/home/dev/shared/.peers")
     fs.file(
-        "/work/main/.peers/py/pyvenv.cfg",
+        "/home/dev/shared/.peers/py/bin/mcp-server-time", b"#!/home/dev/shared/.peers/py/bin/python3.11\nimport x\n"
+    )
+    fs.link("/home/dev/shared/.peers/py/bin/python3.11", "/opt/pyenv/versions/3.11.7/bin/python3.11")
+    fs.file(
+        "/home/dev/shared/.peers/py/pyvenv.cfg",
         b"home = /opt/pyenv/versions/3.11.7/bin\nversion = 3.11.7\n",
         executable=False,
     )
@@ -26,14 +28,14 @@ def _venv_layout() -> FakeFs:
 
 def test_a_venv_console_script_binds_the_venv_and_its_base_prefix_and_recreates_each_symlink() -> None:
     fs = _venv_layout()
-    env = {"PATH": "/work/wt/h5/.peers/py/bin:/usr/bin"}
+    env = {"PATH": "/home/dev/checkout/.peers/py/bin:/usr/bin"}
     found = resolve_command(fs, "mcp-server-time", ["--local-timezone", "UTC"], env, "/work")
-    assert found.executable == "/work/wt/h5/.peers/py/bin/mcp-server-time"
-    assert found.chain == (found.executable, "/work/main/.peers/py/bin/python3.11")
-    assert Bind("/work/main/.peers/py", "ro", "venv") in found.binds
+    assert found.executable == "/home/dev/checkout/.peers/py/bin/mcp-server-time"
+    assert found.chain == (found.executable, "/home/dev/shared/.peers/py/bin/python3.11")
+    assert Bind("/home/dev/shared/.peers/py", "ro", "venv") in found.binds
     assert Bind("/opt/pyenv/versions/3.11.7", "ro", "prefix") in found.binds
-    assert ("/work/wt/h5/.peers", "/work/main/.peers") in found.symlinks
-    assert ("/work/main/.peers/py/bin/python3.11", "/opt/pyenv/versions/3.11.7/bin/python3.11") in found.symlinks
+    assert ("/home/dev/checkout/.peers", "/home/dev/shared/.peers") in found.symlinks
+    assert ("/home/dev/shared/.peers/py/bin/python3.11", "/opt/pyenv/versions/3.11.7/bin/python3.11") in found.symlinks
     assert all(b.mode == "ro" for b in found.binds)
 
 
@@ -87,9 +89,9 @@ def test_uvx_gets_its_cache_overlaid_and_its_pythons_read_only() -> None:
 
 
 def test_a_relative_path_entry_is_never_searched() -> None:
-    fs = debian().file("/work/server")
+    fs = debian().file("/srv/checkout/server")
     with pytest.raises(SandboxError) as caught:
-        resolve_command(fs, "server", [], {"PATH": ".:/usr/bin"}, "/work")
+        resolve_command(fs, "server", [], {"PATH": ".:/usr/bin"}, "/srv/checkout")
     assert caught.value.cause == "unresolvable"
 
 
