@@ -10,6 +10,7 @@ refuses and an optional one says it runs unconfined.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tests.conftest import python_peer
 from tests.mcp.sandbox._tls import BODY, https_server
 from tests.mcp.sandbox._util import SERVERS, answering_listener, checked_bwrap, processes_with
 from truss._errors import SandboxError
+from truss.mcp._procs import find_marked_child
 from truss.mcp.sandbox import (
     Bwrap,
     EgressEvent,
@@ -33,6 +35,7 @@ from truss.mcp.sandbox import (
     confined,
     find_bwrap,
     parse_host_rule,
+    plan_for,
 )
 from truss.mcp.sandbox import _confine as confine_module
 from truss.mcp.sandbox._cgroup import Cgroups
@@ -206,3 +209,41 @@ async def test_a_processes_limit_that_root_cannot_have_enforced_is_refused(monke
         ):
             pass
     assert caught.value.cause == "limit_unenforceable"
+
+
+def _runs(pid: int, path: str) -> bool:
+    return os.readlink(f"/proc/{pid}/exe") == os.path.realpath(path)
+
+
+def _environ(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+async def test_the_process_truss_spawns_keeps_only_its_spawn_marker_and_becomes_bwrap() -> None:
+    # Truss finds a stdio server's process group by the marker in its child's environment.
+    bwrap = await checked_bwrap()
+    env = _env(TRUSS_MCP_SPAWN="marker-for-this-test", SERVER_TOKEN="t0ken-value-9f")
+    async with confined(Profile(), sys.executable, [str(SERVERS / "spin.py")], env, "/", server="m") as spawn:
+        process = await anyio.open_process([spawn.command, *spawn.args], env=spawn.env)
+        try:
+            with anyio.fail_after(30):
+                while (pid := find_marked_child("marker-for-this-test")) is None or "exit-code" in spawn.status():  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+                while not _runs(pid, bwrap.path):  # noqa: ASYNC110 - the launcher is about to exec bwrap
+                    await anyio.sleep(0.01)
+            environ = _environ(pid)
+        finally:
+            process.kill()
+            await process.aclose()
+    assert environ.split(b"\0") == [b"TRUSS_MCP_SPAWN=marker-for-this-test", b""]
+
+
+async def test_the_plan_made_before_the_start_describes_the_sandbox_the_start_builds(tmp_path: Path) -> None:
+    bwrap = await checked_bwrap()
+    command = python_peer("mcp-server-time")
+    profile = Profile(read=("/tmp",), limits=LIMITS)  # /tmp holds the runtime directory: masked, never recorded
+    before = plan_for(profile, command, [], _env(), str(tmp_path), server="time", bwrap=bwrap).description
+    async with confined(profile, command, [], _env(), str(tmp_path), server="time") as spawn:
+        during = {k: v for k, v in spawn.description.items() if k not in ("cgroups", "rlimits_only")}
+    assert during == before
+    assert not any(m.startswith("/tmp/truss-sbx") for m in before["masked"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 from truss.mcp.sandbox._argv import PROXY_SOCKET, RELAY_PORT, SandboxPlan, plan_sandbox
 from truss.mcp.sandbox._bwrap import Bwrap, find_bwrap
 from truss.mcp.sandbox._cgroup import LimitHit
-from truss.mcp.sandbox._confine import Spawn, confined
+from truss.mcp.sandbox._confine import Spawn, confined, plan_for
 from truss.mcp.sandbox._fs import OsFs
 from truss.mcp.sandbox._profile import (
     HostRule,
@@ -66,6 +66,7 @@ __all__ = [
     "parse_operator",
     "parse_size",
     "parse_table",
+    "plan_for",
     "plan_sandbox",
     "resolve_command",
     "system_layout",

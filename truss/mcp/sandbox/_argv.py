@@ -91,6 +91,7 @@ def plan_sandbox(
     env: Mapping[str, str],
     cwd: str,
     protected: Sequence[str],
+    runtime_dir: str | None = None,
     inner_script: str,
     proxy_socket: str | None,
     bwrap_version: str,
@@ -128,7 +129,7 @@ def plan_sandbox(
         fresh.append(home)
 
     binds, links = _binds(profile, resolution, helper, fs, server)
-    protected_real = _protected(fs, protected)
+    protected_real = _protected(fs, [*protected, *([runtime_dir] if runtime_dir else [])])
     for bind in binds:
         for secret in protected_real:
             if _inside(bind.path, secret):
@@ -206,7 +207,8 @@ def plan_sandbox(
         "system": [*system.dirs, *system.etc],
         "binds": [{"path": b.path, "mode": b.mode, "why": b.why} for b in binds],
         "home": home if home in fresh else None,
-        "masked": sorted(masked),
+        # The runtime directory's name changes every run: masked, never recorded.
+        "masked": sorted(m for m in masked if not (runtime_dir and _inside(m, runtime_dir))),
         "cwd": cwd,
         "executable": resolution.executable,
         "env": list(names),

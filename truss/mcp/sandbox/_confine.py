@@ -42,6 +42,7 @@ import anyio.abc
 
 from truss._clock import Clock, SystemClock
 from truss._errors import SandboxError
+from truss.mcp._procs import MARKER_ENV
 from truss.mcp.sandbox._argv import SandboxPlan, plan_sandbox
 from truss.mcp.sandbox._bwrap import Bwrap, find_bwrap
 from truss.mcp.sandbox._cgroup import Cgroups, LimitHit, setup_cgroups
@@ -50,7 +51,7 @@ from truss.mcp.sandbox._profile import Profile
 from truss.mcp.sandbox._proxy import EgressProxy, EventSink
 from truss.mcp.sandbox._resolve import FsView, resolve_command, system_layout
 
-__all__ = ["Spawn", "confined"]
+__all__ = ["Spawn", "confined", "plan_for"]
 
 _HERE = Path(__file__).resolve().parent
 _LAUNCH = _HERE / "_launch.py"
@@ -165,6 +166,53 @@ def _helper_python() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
+def plan_for(
+    profile: Profile,
+    command: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    *,
+    server: str,
+    bwrap: Bwrap,
+    protected: Sequence[str | os.PathLike[str]] = (),
+    fs: FsView | None = None,
+    runtime: Path | None = None,
+) -> SandboxPlan:
+    """The plan ``confined`` would use, without starting or creating anything. Raises ``SandboxError``.
+
+    Its ``description`` is what ``Spawn.description`` holds, less the cgroup fields that only
+    setting up the sandbox decides: a launcher can record it before the start.
+    """
+    view = fs or OsFs()
+    python = _helper_python()
+    resolution = resolve_command(view, command, args, env, cwd, server=server)
+    helper = resolve_command(view, python, [], {}, "/", server=server)
+    system = system_layout(view, network=profile.network != "none")
+    guarded = [str(p) for p in protected]
+    if os.environ.get("TRUSS_HOME"):
+        guarded.append(os.environ["TRUSS_HOME"])
+    place = runtime or Path(tempfile.gettempdir()) / "truss-sbx-plan"
+    return plan_sandbox(
+        profile,
+        resolution,
+        helper,
+        system,
+        view,
+        command=command,
+        args=args,
+        env=env,
+        cwd=cwd,
+        protected=guarded,
+        runtime_dir=str(place),
+        inner_script=str(_INNER),
+        proxy_socket=str(place / "proxy.sock") if profile.network == "allow" else None,
+        bwrap_version=bwrap.version,
+        userns=bwrap.userns,
+        server=server,
+    )
+
+
 @asynccontextmanager
 async def confined(
     profile: Profile,
@@ -208,11 +256,6 @@ async def confined(
                 description={"v": 1, "confined": False, "fallback": exc.cause, "profile": profile.as_json()},
             )
             return
-    python = _helper_python()
-    resolution = resolve_command(view, command, args, env, workdir, server=server)
-    helper = resolve_command(view, python, [], {}, "/", server=server)
-    system = system_layout(view, network=profile.network != "none")
-
     try:
         runtime = Path(tempfile.mkdtemp(prefix="truss-sbx-", dir=runtime_parent))
     except OSError as exc:
@@ -231,26 +274,17 @@ async def confined(
                 server=server,
                 cause="runtime_dir",
             )
-        guarded = [str(p) for p in protected]
-        if os.environ.get("TRUSS_HOME"):
-            guarded.append(os.environ["TRUSS_HOME"])
-        guarded.append(str(runtime))
-        plan = plan_sandbox(
+        plan = plan_for(
             profile,
-            resolution,
-            helper,
-            system,
-            view,
-            command=command,
-            args=args,
-            env=env,
-            cwd=workdir,
-            protected=guarded,
-            inner_script=str(_INNER),
-            proxy_socket=str(socket_path) if profile.network == "allow" else None,
-            bwrap_version=bwrap.version,
-            userns=bwrap.userns,
+            command,
+            args,
+            env,
+            workdir,
             server=server,
+            bwrap=bwrap,
+            protected=protected,
+            fs=view,
+            runtime=runtime,
         )
         cgroups, reasons = setup_cgroups(runtime.name, profile.limits)
         if profile.limits.processes is not None and "pids" not in cgroups.dirs and os.geteuid() == 0:
@@ -274,13 +308,14 @@ async def confined(
             "cgroup_procs": cgroups.procs_files,
             "pid_file": str(runtime / "launcher.pid"),
             "status_file": str(runtime / "status.json"),
+            "outer_env": [MARKER_ENV],
         }
         plan_file = runtime / "plan.json"
         fd = os.open(plan_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(launch, handle)
         spawn = Spawn(
-            command=python,
+            command=_helper_python(),
             args=["-I", "-S", str(_LAUNCH), str(plan_file)],
             env=dict(env),
             cwd=cwd,

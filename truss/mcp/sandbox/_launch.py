@@ -9,8 +9,9 @@ with the server's environment. It
 2. puts bwrap's options, ``--clearenv`` and one ``--setenv`` per variable the plan names (values
    from its own environment) into an anonymous memory file passed as ``--args FD``: secret values
    never appear on a command line, which any local user can read;
-3. execs bwrap with an empty environment, ``--json-status-fd`` on a file Truss reads (the
-   sandbox's init pid, then its exit code).
+3. execs bwrap with an environment holding only Truss's spawn marker (``TRUSS_MCP_SPAWN``, so
+   that Truss still finds the process group it started) and ``--json-status-fd`` on a file
+   Truss reads (the sandbox's init pid, then its exit code).
 
 Any failure before the exec is reported on stderr and ends with exit status 126; nothing is
 started unconfined.
@@ -67,8 +68,11 @@ def main(argv: list[str]) -> int:
         return _fail(f"cannot prepare bwrap's arguments: {exc.strerror}")
     bwrap = plan["bwrap"]
     command = [bwrap, "--args", str(args_fd), "--json-status-fd", str(status_fd), *plan["command"]]
+    # bwrap's own environment: only Truss's spawn marker (no secret), so that Truss still finds
+    # this process, and with it the server's process group, after the exec.
+    outer = {name: os.environ[name] for name in plan["outer_env"] if name in os.environ}
     try:
-        os.execve(bwrap, command, {})  # noqa: S606 - bwrap itself, found and checked by truss
+        os.execve(bwrap, command, outer)  # noqa: S606 - bwrap itself, found and checked by truss
     except OSError as exc:
         return _fail(f"cannot run {bwrap}: {exc.strerror}")
     return 126  # not reached: execve returned without raising
