@@ -127,6 +127,7 @@ PURE = [
     "truss/policy.py",
     "truss/budget.py",
     "truss/verdict.py",
+    "truss/elicitation.py",
     "truss/contract/",
     "truss/_regex.py",
     "truss/_pointer.py",

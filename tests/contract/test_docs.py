@@ -24,6 +24,7 @@ MODELS: list[type[BaseModel]] = [
     models.ToolSettings,
     models.AsyncDecl,
     models.AsyncPending,
+    models.Elicitation,
     models.DoneCheck,
     models.LedgerSettings,
     models.Harness,

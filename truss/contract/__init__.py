@@ -51,7 +51,16 @@ from truss.contract.models import (
 )
 from truss.contract.params import narrow_budget, parse_param_args
 from truss.contract.providers import PROVIDER_KINDS, ProviderCapabilities, ProviderKind
-from truss.contract.servers import AsyncDecl, AsyncPending, McpConfig, SecretHeader, Server, ToolSettings
+from truss.contract.servers import (
+    AsyncDecl,
+    AsyncPending,
+    Elicitation,
+    ElicitValue,
+    McpConfig,
+    SecretHeader,
+    Server,
+    ToolSettings,
+)
 from truss.contract.substitution import render_arguments, render_intent, template_refs
 
 __all__ = [
@@ -71,6 +80,8 @@ __all__ = [
     "ContractMeta",
     "DoneCheck",
     "DoneConfig",
+    "ElicitValue",
+    "Elicitation",
     "Evidence",
     "Harness",
     "LedgerSettings",

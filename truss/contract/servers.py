@@ -4,7 +4,9 @@ A server is stdio (a command, its args, cwd and literal env) or http (a URL and 
 never appear as values: ``secret_env`` names variables passed from Truss's environment, and a
 header whose value is a secret is ``{ secret_env = "VAR", format = "Bearer {}" }``; a literal that
 looks like a credential (by its name) is refused, because the effective contract is recorded. Tool
-settings, ``retry_in_doubt`` and ``[[mcp.servers.async]]`` may name only allowlisted tools. Pure.
+settings, ``retry_in_doubt`` and ``[[mcp.servers.async]]`` may name only allowlisted tools.
+``[mcp.servers.elicitation]`` says how a server's elicitation requests are answered
+(``truss.elicitation``). Pure.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from truss.contract.fields import (
     check_env_name,
 )
 
-__all__ = ["AsyncDecl", "AsyncPending", "McpConfig", "SecretHeader", "Server", "ToolSettings"]
+__all__ = ["AsyncDecl", "AsyncPending", "Elicitation", "McpConfig", "SecretHeader", "Server", "ToolSettings"]
 
 
 class SecretHeader(Model):
@@ -74,6 +76,37 @@ class AsyncDecl(Model):
     signal: Pointer
 
 
+ElicitValue = str | int | float | bool | list[str]
+"""A value an elicitation answer may carry (MCP: string, number, boolean, or an array of strings)."""
+
+
+class Elicitation(Model):
+    """``[mcp.servers.elicitation]``: the answer to this server's elicitation requests, decided without a person.
+
+    ``action`` is what Truss answers every form request with; on ``accept`` the content is, per
+    requested property, the value given here, else the property's own default, and a request the
+    content cannot satisfy is declined (``truss.elicitation.answer``). The contract is recorded, so
+    a value under a credential-like name is refused here like a literal ``env`` credential.
+    """
+
+    action: Literal["accept", "decline", "cancel"] = "decline"
+    content: dict[str, ElicitValue] = Field(default_factory=dict[str, ElicitValue])
+
+    @model_validator(mode="after")
+    def _content(self) -> Elicitation:
+        if self.content and self.action != "accept":
+            raise ValueError(f'elicitation content is only sent with action = "accept" (this one is {self.action!r})')
+        for key, value in self.content.items():
+            if not key or len(key) > 128 or any(ord(c) < 0x20 for c in key):
+                raise ValueError(f"elicitation content key {key!r} is not a property name")
+            if value not in ("", []) and CREDENTIAL_ENV_RE.search(key):
+                raise ValueError(
+                    f"elicitation content {key!r} holds a literal value and its name says it is a credential; "
+                    "the contract is recorded, and a form elicitation must not carry secrets"
+                )
+        return self
+
+
 class Server(Model):
     name: str
     transport: Literal["stdio", "http"] = "stdio"
@@ -92,6 +125,7 @@ class Server(Model):
     retry_in_doubt: list[str] = Field(default_factory=list[str])
     tools: list[ToolSettings] = Field(default_factory=list[ToolSettings])
     async_: list[AsyncDecl] = Field(default_factory=list[AsyncDecl], alias="async")
+    elicitation: Elicitation | None = None
 
     @field_validator("name")
     @classmethod
