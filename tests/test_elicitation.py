@@ -17,7 +17,7 @@ from truss.contract import Elicitation
 from truss.elicitation import CallElicitations, Elicited, answer, declined, request_document, url_sha256
 
 # The conformance suite's elicitation-sep1034-client-defaults form: every field optional, each with a default.
-SEP1034 = {
+SEP1034: dict[str, Any] = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "description": "User name", "default": "John Doe"},
@@ -29,7 +29,7 @@ SEP1034 = {
     "required": [],
 }
 
-FORM = {
+FORM: dict[str, Any] = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "minLength": 1, "maxLength": 40},
@@ -146,15 +146,20 @@ def test_one_call_records_at_most_the_bound_and_counts_the_rest() -> None:
     assert (len(collected.records), collected.unrecorded) == (32, 8)
 
 
-_primitive = st.one_of(
-    st.fixed_dictionaries({"type": st.just("string")}, optional={"default": st.text(max_size=5)}),
-    st.fixed_dictionaries({"type": st.just("integer")}, optional={"default": st.integers(-5, 5), "maximum": st.integers(-5, 5)}),
-    st.fixed_dictionaries({"type": st.just("boolean")}, optional={"default": st.booleans()}),
-    st.fixed_dictionaries(
-        {"type": st.just("string"), "enum": st.lists(st.sampled_from("abc"), min_size=1, unique=True)},
-        optional={"default": st.sampled_from("abcd")},
-    ),
+_string: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {"type": st.just("string")}, optional={"default": st.text(max_size=5)}
 )
+_integer: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {"type": st.just("integer")}, optional={"default": st.integers(-5, 5), "maximum": st.integers(-5, 5)}
+)
+_boolean: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {"type": st.just("boolean")}, optional={"default": st.booleans()}
+)
+_enum: st.SearchStrategy[dict[str, Any]] = st.fixed_dictionaries(
+    {"type": st.just("string"), "enum": st.lists(st.sampled_from("abc"), min_size=1, unique=True)},
+    optional={"default": st.sampled_from("abcd")},
+)
+_primitive = st.one_of(_string, _integer, _boolean, _enum)
 _names = st.sampled_from(["a", "b", "c", "d"])
 
 

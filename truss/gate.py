@@ -15,6 +15,8 @@ For each call, in this order:
 7. ``mcp_tool_intent`` (durable in "power" mode), the call, ``mcp_tool_call`` (always durable)
    before the result goes back to the model. A result over ``max_result_bytes`` (measured here,
    or already refused by the transport) is recorded as a failure with ``cause = result_too_large``.
+   Elicitation requests the server made during the call, and the answers the MCP tier gave them
+   by the server's policy (``truss.elicitation``), are recorded in the same ``mcp_tool_call``.
 
 The gate's helpers each have a module: ``truss.journal`` (appending, the index of what a resumed
 run finds, replay matching), ``truss.redaction`` (secrets out of everything stored),
@@ -44,10 +46,11 @@ from truss.budget import BudgetState, Charged, Exceeded
 from truss.calls import CallOutcome, CallRequest, Outcome, waiting
 from truss.contract import Contract
 from truss.contract import duration_ms as _duration_ms
+from truss.elicitation import CallElicitations, request_document
 from truss.events import ProgressEvent, RunEvents
 from truss.input_schema import check_arguments
 from truss.journal import IN_FLIGHT, Journal, RecordedCall
-from truss.ledger.canonical import canonical, sha256_ref
+from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 from truss.redaction import REDACTED, Redactor
 from truss.tools import MountedTool, ProgressFn, ToolResult, ToolTransport, error_result, split_namespaced
@@ -258,8 +261,10 @@ class Gate:
             if invoked is None:  # a task that still runs: recorded as pending, the run suspends
                 return waiting(request, "task", _TASK_WAIT)
             result = invoked
+            elicited: Any = result.extra.get("elicitations")
         except McpError as exc:  # ToolCallError, or PinMismatchError after the server changed the tool
             failure, result = self._failed(exc)
+            elicited = exc.fields.get("elicitations")
         _faults.fault("after_call")
         duration_ms = round((self.clock.monotonic() - started) * 1000, 3)
         wire: Any = self.redactor.scrub(dict(result.wire))
@@ -282,16 +287,45 @@ class Gate:
         }
         if isinstance(result.extra.get("task_id"), str):
             body["task"] = result.extra["task_id"]
+        blobs = {result_ref: result_bytes}
+        if isinstance(elicited, CallElicitations):
+            self._record_elicitations(body, blobs, elicited)
         if failure is not None:
             body["failure"] = failure
         elif (signal := pending_mod.signal_name(self.contract, tool, result)) is not None:
             await self.journal.append(pending_mod.pending_signal(body, signal, result_bytes), durable=True)
             return waiting(request, "signal", f"waiting for signal {signal!r}")
         # Durable before dependent: the model sees the result only after it is committed.
-        await self.journal.append(Record("mcp_tool_call", body, {result_ref: result_bytes}), durable=True)
+        await self.journal.append(Record("mcp_tool_call", body, blobs), durable=True)
         _faults.fault("after_result")
         return CallOutcome(request.call, tool.name, _outcome(failure, result), result, duration_ms,
                            code=failure["cause"] if failure else None)  # fmt: skip
+
+    def _record_elicitations(self, body: dict[str, Any], blobs: dict[str, bytes], elicited: CallElicitations) -> None:
+        """The call's ``elicitations``: per request its mode, the answer, and refs of the request and content."""
+        records: list[dict[str, Any]] = []
+        for item in elicited.records:
+            ans = item.answer
+            entry: dict[str, Any] = {"mode": item.mode, "action": ans.action, "reason": ans.reason}
+            if ans.detail:
+                entry["detail"] = self.redactor.scrub_text(ans.detail)
+            for key, value in (("request", request_document(item)), ("content", ans.content)):
+                if value is None:
+                    continue
+                try:
+                    data = canonical(self.redactor.scrub(value))
+                except (CanonicalError, RecursionError):
+                    entry[key] = None  # answered "decline" (unrecordable): nothing but that is kept
+                    continue
+                ref = sha256_ref(data)
+                blobs[ref] = data
+                entry[key] = ref
+            if item.calls_in_flight > 1:
+                entry["calls_in_flight"] = item.calls_in_flight
+            records.append(entry)
+        body["elicitations"] = records
+        if elicited.unrecorded:
+            body["elicitations_unrecorded"] = elicited.unrecorded
 
     def _failed(self, exc: McpError) -> tuple[dict[str, Any], ToolResult]:
         """The recorded ``failure`` and the model's error result for a call that failed below the tool."""

@@ -8,6 +8,16 @@ lists and mounts the tools (``truss.mcp._mount``), reports readiness or the star
 Whatever way it ends, the stdio server's process group is ended (``truss.mcp._procs``) before the
 launcher tears its helpers down, and the stderr log is closed.
 
+Elicitation: a server with an ``[mcp.servers.elicitation]`` table gets an elicitation callback (and
+so the client declares the capability); each request is answered by ``truss.elicitation.answer``
+and collected for the call it belongs to (``Live.on_elicit``), which the gate records. A server
+without the table is not offered elicitation: the SDK refuses its requests with an error.
+
+Tool listings are read as the server sent them (``TrussClient.list_tools``): on 2026-07-28 the SDK
+drops tools whose ``x-mcp-header`` annotations are invalid, and Truss keeps the reasons
+(``Live.refused``) so that such a tool shows as filtered, and naming it in ``allow_tools`` is a clear
+start error instead of "not advertised".
+
 Secrets: ``secret_env`` and secret header values are resolved here from the given environment and
 passed to their own server only; they never reach a message, a log or a field.
 """
@@ -31,10 +41,13 @@ import anyio.to_thread
 import httpx2
 from mcp import Client, StdioServerParameters, types
 from mcp.client.caching import CacheMode
+from mcp.client.session import ClientRequestContext
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.inbound import find_invalid_x_mcp_header
 
 from truss import __version__ as _truss_version
+from truss import elicitation
 from truss._clock import Clock
 from truss._errors import McpError, PinMismatchError, ServerStartError
 from truss.contract import Contract, SecretHeader, Server, duration_ms
@@ -50,12 +63,17 @@ from truss.mcp.auth import HttpAuth
 from truss.mcp.launch import Launch, Launcher, Report
 from truss.tools import MountedTool
 
-__all__ = ["CALLING", "Live", "Reach", "quiet_sdk_logs", "run_server"]
+__all__ = ["CALLING", "ELICITING", "Live", "Reach", "quiet_sdk_logs", "run_server"]
 
 _LISTEN_ACK_S = 5.0
 
 # (server, tool) of the call in progress in this task: a re-list inside it must not re-send to a changed tool.
 CALLING: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("truss_mcp_calling", default=None)
+# Where an elicitation answered inside the calling task (2026-07-28: the SDK's input_required driver
+# runs in it) is collected; requests that arrive on the session's own task find the call in ``Live.inflight``.
+ELICITING: contextvars.ContextVar[elicitation.CallElicitations | None] = contextvars.ContextVar(
+    "truss_mcp_eliciting", default=None
+)
 
 ServerEvents = Callable[[str, str, Mapping[str, Any]], None]
 
@@ -85,12 +103,39 @@ class Reach:
         return report
 
 
+class _CompleteByDefault:
+    """The session's dispatcher, with one rule of 2026-07-28 (SEP-2322) the SDK does not apply: a
+    result without ``resultType`` is ``complete``. The SDK validates 2026 results with the field
+    required, so a server that leaves it out would otherwise fail every call (``invalid_result``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def send_raw_request(self, method: str, params: Any, opts: Any = None, **more: Any) -> Any:
+        raw: Any = await self._inner.send_raw_request(method, params, opts, **more)
+        if isinstance(raw, dict) and "resultType" not in raw:
+            cast(dict[str, Any], raw)["resultType"] = "complete"
+        return cast(object, raw)
+
+
 @dataclass
 class TrussClient(Client):
-    """``mcp.Client`` that shows Truss every tools/list page, including the SDK's own re-lists."""
+    """``mcp.Client`` that shows Truss every tools/list page, including the SDK's own re-lists (and the
+    tools the SDK drops from them), and reads a 2026-07-28 result without ``resultType`` as complete."""
 
     _: KW_ONLY
     on_tools_page: Callable[[types.ListToolsResult], None] | None = None
+    on_refused: Callable[[list[tuple[types.Tool, str]]], None] | None = None
+
+    async def __aenter__(self) -> TrussClient:
+        await super().__aenter__()
+        if self.protocol_version >= "2026-07-28":
+            session: Any = self.session
+            session._dispatcher = _CompleteByDefault(session._dispatcher)
+        return self
 
     async def list_tools(
         self,
@@ -99,7 +144,17 @@ class TrussClient(Client):
         meta: types.RequestParamsMeta | None = None,
         cache_mode: CacheMode = "use",
     ) -> types.ListToolsResult:
-        page = await super().list_tools(cursor=cursor, meta=meta, cache_mode=cache_mode)
+        # What ``Client.list_tools`` does without a response cache (Truss never has one), with the
+        # listing seen before the session filters it: the session drops 2026-07-28 tools whose
+        # x-mcp-header is invalid (and stops mirroring headers for them), and Truss wants the reasons.
+        raw = await self.session.send_request(
+            types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor, _meta=meta)),
+            types.ListToolsResult,
+        )
+        if self.on_refused is not None and self.protocol_version >= "2026-07-28":
+            self.on_refused([(t, r) for t in raw.tools if (r := find_invalid_x_mcp_header(t.input_schema)) is not None])
+        complete = cursor is None and raw.next_cursor is None
+        page = self.session._absorb_tool_listing(raw, complete=complete)  # pyright: ignore[reportPrivateUsage]
         if self.on_tools_page is not None:
             self.on_tools_page(page)
         return page
@@ -132,6 +187,40 @@ class Live:
         self.http_statuses: list[int] = []
         self.launcher_json: dict[str, Any] | None = None
         self.auth_json: dict[str, Any] | None = None
+        self.refused: dict[str, tuple[str, str]] = {}  # tool -> (why the SDK dropped it from the listing, pin)
+        self.inflight: dict[int, elicitation.CallElicitations] = {}  # Mounts.call in progress -> its elicitations
+        self.report: Report | None = None
+
+    # -- elicitation (truss.elicitation) ------------------------------------------------------
+
+    def absorb_refused(self, refused: list[tuple[types.Tool, str]]) -> None:
+        for tool, reason in refused:
+            self.refused[tool.name] = (reason, pin_or_none(tool_definition(tool)) or UNPINNABLE)
+
+    async def on_elicit(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        """Answer one elicitation request by the server's policy and collect it for its call."""
+        policy = self.settings.elicitation
+        current = ELICITING.get()
+        targets = [current] if current is not None else list(self.inflight.values())
+        if isinstance(params, types.ElicitRequestURLParams):
+            mode, schema, url = "url", None, elicitation.url_sha256(params.url)
+        else:
+            mode, schema, url = "form", params.requested_schema, None
+        if policy is None or not targets:
+            # No call of this run is waiting on it (or no policy): nothing could record the answer.
+            answer = elicitation.declined("no_call", "no call of the run was in progress on this server")
+            if self.report is not None:
+                self.report("elicitation_declined", {"reason": answer.reason, "mode": mode})
+        elif all(t.full() for t in targets):
+            answer = elicitation.declined("too_many", f"over {elicitation.MAX_PER_CALL} elicitations in one call")
+        else:
+            answer = elicitation.answer(policy, mode=mode, message=params.message, requested_schema=schema)
+        record = elicitation.Elicited(mode, params.message, schema, url, answer, calls_in_flight=len(targets))
+        for target in targets:
+            target.add(record)
+        return types.ElicitResult(action=answer.action, content=answer.content)
 
     # -- list changes ---------------------------------------------------------------------
 
@@ -347,7 +436,9 @@ async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
         read_timeout_seconds=connect_s,
         client_info=_client_info(),
         message_handler=live.on_message,
+        elicitation_callback=live.on_elicit if server.elicitation is not None else None,
         on_tools_page=live.absorb_page,
+        on_refused=live.absorb_refused,
     )
     await stack.enter_async_context(client)
     return client
@@ -411,6 +502,7 @@ async def run_server(live: Live, reach: Reach) -> None:
     stdio = server.transport == "stdio" and live.inprocess is None
     log = reach.log_dir / f"{server.name}.stderr.log" if stdio else None
     live.log = log
+    live.report = reach.report(server.name)
     try:
         with scope:
             async with AsyncExitStack() as stack:
@@ -420,7 +512,7 @@ async def run_server(live: Live, reach: Reach) -> None:
                 mounted = mount(
                     server, client, tools, transport="inprocess" if live.inprocess is not None else server.transport,
                     connect_ms=(clock.monotonic() - start) * 1000.0, pid=live.pid, log=log,
-                    launcher=live.launcher_json, auth=live.auth_json,
+                    launcher=live.launcher_json, auth=live.auth_json, refused=live.refused,
                 )  # fmt: skip
                 live.mounted, live.task_support, live.status = mounted.tools, mounted.task_support, mounted.status
                 live.offers_tasks = offers_tasks(mounted.status.capabilities)

@@ -4,9 +4,11 @@
 each one's pin is the hash of its definition; a contract ``pin`` that differs is refused before any
 call; an allowlisted name the server does not advertise, a name advertised twice, an invalid or
 unpinnable allowlisted tool are start errors; under ``allow_tools = ["*"]`` the invalid and
-unpinnable ones are filtered instead (with the reason). It also notes which mounted tools declare
-``execution.taskSupport`` (``truss.mcp._tasks`` decides which of them run as tasks) and fills in
-the server's ``ServerStatus``.
+unpinnable ones are filtered instead (with the reason). A tool the SDK dropped from a 2026-07-28
+listing for an invalid ``x-mcp-header`` (``refused``: name -> (reason, pin)) is filtered as
+``invalid_x_mcp_header`` under ``"*"``, and a start error when ``allow_tools`` names it. It also
+notes which mounted tools declare ``execution.taskSupport`` (``truss.mcp._tasks`` decides which of
+them run as tasks) and fills in the server's ``ServerStatus``.
 """
 
 from __future__ import annotations
@@ -78,8 +80,21 @@ def mount(
     log: Path | None = None,
     launcher: dict[str, Any] | None = None,
     auth: dict[str, Any] | None = None,
+    refused: Mapping[str, tuple[str, str]] | None = None,
 ) -> Mounted:
     """Mount ``server``'s allowlisted tools from its ``tools/list`` (see the module docstring)."""
+    listed = {t.name for t in tools}
+    refused = {name: held for name, held in (refused or {}).items() if name not in listed}
+    for name, (why, _) in refused.items():
+        if name in server.allow_tools:
+            raise ServerStartError(
+                f"MCP server {server.name!r} advertises tool {name!r} with an invalid x-mcp-header annotation "
+                f"({why[:200]}), so it is not mounted (the 2026-07-28 specification says a client must drop it)",
+                remedy="Remove it from allow_tools, or have the server's input schema fixed",
+                server=server.name,
+                tool=name,
+                cause="invalid_x_mcp_header",
+            )
     mounted_tools: dict[str, MountedTool] = {}
     task_support: dict[str, str] = {}
     by_name: dict[str, types.Tool] = {}
@@ -145,6 +160,9 @@ def mount(
             if tool.execution is not None and tool.execution.task_support is not None:
                 task_support[name] = tool.execution.task_support
         statuses.append(ToolStatus(name, mounted, pin, dict(definition.get("annotations") or {})))
+    for name, (_, refused_pin) in refused.items():
+        filtered[name] = "invalid_x_mcp_header"
+        statuses.append(ToolStatus(name, False, refused_pin, {}))
     if not wildcard:
         missing = [name for name in server.allow_tools if name not in by_name]
         if missing:

@@ -30,9 +30,10 @@ class ServerStatus:
     """What a connected server said about itself, and which of its tools are mounted.
 
     ``filtered`` gives, for each advertised tool that is not mounted, why (``not_allowlisted``,
-    ``invalid_name``, ``unpinnable``). ``pid`` is the stdio server's process (and process group) id
-    when known. ``launcher`` (stdio) and ``auth`` (HTTP) are the descriptions of the seams the server
-    was reached through (``truss.mcp.launch``, ``truss.mcp.auth``), recorded in ``session_started``.
+    ``invalid_name``, ``unpinnable``, ``invalid_x_mcp_header``). ``pid`` is the stdio server's
+    process (and process group) id when known. ``launcher`` (stdio) and ``auth`` (HTTP) are the
+    descriptions of the seams the server was reached through (``truss.mcp.launch``,
+    ``truss.mcp.auth``), recorded in ``session_started``.
     """
 
     name: str

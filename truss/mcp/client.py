@@ -36,8 +36,9 @@ from mcp import Client
 from truss._clock import Clock
 from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCallError
 from truss.contract import Contract
+from truss.elicitation import CallElicitations
 from truss.mcp import _tasks
-from truss.mcp._connection import CALLING, Live, Reach, ServerEvents, quiet_sdk_logs, run_server
+from truss.mcp._connection import CALLING, ELICITING, Live, Reach, ServerEvents, quiet_sdk_logs, run_server
 from truss.mcp._errmap import to_call_error
 from truss.mcp._results import closed, result_of, safe_progress
 from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
@@ -146,10 +147,16 @@ class Mounts:
     ) -> ToolResult:
         """Call a mounted tool. Failures below the tool raise ``ToolCallError`` (``PinMismatchError``
         when its definition changed); a tool's own error is an ``isError`` result; a result over
-        ``max_result_bytes`` comes back as an ``error_result``."""
+        ``max_result_bytes`` comes back as an ``error_result``. Elicitation requests the server made
+        during the call (answered by its ``[mcp.servers.elicitation]`` policy) come back as
+        ``extra["elicitations"]`` (a ``truss.elicitation.CallElicitations``), or the error's field of that name."""
         live, client = self._checked(tool)
 
+        elicited = CallElicitations()
+        key = id(elicited)
+        live.inflight[key] = elicited
         token = CALLING.set((tool.server, tool.tool))
+        eliciting = ELICITING.set(elicited)
         try:
             # The SDK's per-request timer bounds the call (also against a body that drips bytes
             # forever) and sends the courtesy cancel; an extra cancel scope here would only add cost.
@@ -169,10 +176,17 @@ class Mounts:
             if live.garbage:
                 error.fields["garbage_lines"] = live.garbage
                 error.message += f" (the server also wrote {live.garbage} line(s) that are not MCP messages)"
+            if elicited.records:
+                error.fields["elicitations"] = elicited  # for the record, not for --json (not plain JSON)
             raise error from None
         finally:
+            ELICITING.reset(eliciting)
             CALLING.reset(token)
-        return result_of(tool, result, self._max_result_bytes)
+            del live.inflight[key]
+        answer = result_of(tool, result, self._max_result_bytes)
+        if elicited.records:
+            return ToolResult(answer.wire, {**answer.extra, "elicitations": elicited})
+        return answer
 
     # -- MCP tasks (truss.mcp._tasks: which tools, TTL, polling, task ids) --------------------------
 

@@ -8,6 +8,8 @@ Prints ``PORT=<n>`` on stdout once listening. Paths:
     /ok/mcp         a plain JSON-response server (2025-11-25 handshake) with tools echo and slow;
                     ``slow`` drips comments instead of answering
     /auth/mcp       as /ok, but only with ``Authorization: Bearer right-token``; else 401
+    /bare-result/mcp  a 2026-07-28 server (``server/discover``) whose ``tools/call`` result has no
+                    ``resultType``, which SEP-2322 says a client must read as ``complete``
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ class Handler(BaseHTTPRequestHandler):
         if request_id is None:
             self._reply(202)
             return
+        if kind == "bare-result":
+            self._modern(method, request_id)
+            return
         if method == "initialize":
             result = {
                 "protocolVersion": "2025-11-25",
@@ -94,6 +99,26 @@ class Handler(BaseHTTPRequestHandler):
             result = {"content": [{"type": "text", "text": "echo"}]}
         elif method == "ping":
             result = {}
+        else:
+            body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32601, "message": "Method not found"}}
+            self._reply(200, json.dumps(body).encode())
+            return
+        self._reply(200, json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode())
+
+
+    def _modern(self, method: str, request_id: object) -> None:
+        cached = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
+        if method == "server/discover":
+            result: dict[str, object] = {
+                **cached,
+                "supportedVersions": ["2026-07-28"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "http-bad-modern", "version": "1"},
+            }
+        elif method == "tools/list":
+            result = {**cached, "tools": TOOLS[:1]}
+        elif method == "tools/call":
+            result = {"content": [{"type": "text", "text": "no resultType here"}]}
         else:
             body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32601, "message": "Method not found"}}
             self._reply(200, json.dumps(body).encode())
