@@ -3,8 +3,8 @@
 A tool with ``memo = "1h"`` in its ``[[mcp.servers.tools]]`` settings may be answered from the
 ledger instead of its server: the gate asks ``MemoIndex.lookup`` for the newest ``mcp_tool_call``
 of the same namespaced tool, with the same tool pin, the same canonical (recorded) arguments and
-a server declared the same way (transport, command, args, cwd, env, url, and the names of its
-credentials: secret_env, headers) and reached the same way (the ``launcher`` and ``auth``
+a server declared the same way (transport, command, args, cwd, env, url, the names of its
+credentials: secret_env, headers, and its elicitation policy) and reached the same way (the ``launcher`` and ``auth``
 descriptions ``session_started`` recorded for it: a sandbox or an account changes the answer),
 recorded no longer ago than the TTL, that succeeded (no ``isError``, no failure) and whose
 result payload is still stored, in a session of the same
@@ -32,7 +32,9 @@ from truss.tools import MountedTool
 __all__ = ["MemoIndex", "server_identity"]
 
 # The credential *names* count too: a result one account received must not answer another's call.
-_IDENTITY_KEYS = ("transport", "command", "args", "cwd", "env", "url", "secret_env", "headers")
+# So does the elicitation policy: a result the server gave after an accepted form must not answer a
+# call whose contract would have declined it.
+_IDENTITY_KEYS = ("transport", "command", "args", "cwd", "env", "url", "secret_env", "headers", "elicitation")
 _REACHED_KEYS = ("launcher", "auth")  # from session_started.servers: how the server was reached
 
 
