@@ -16,8 +16,8 @@ refused. Nothing here speaks MCP itself and nothing imports Truss: what passes i
 
 Exit codes: Truss's own (0: the run passed, 1 its verdict failed, 4 it could not run ...), 2 for
 an unknown scenario or unusable environment (it fails loudly: a scenario without a handler is never
-silently passed), 5 when Truss ran but did something the scenario forbids or did not record what
-it should have.
+silently passed), 4 also when a Truss command did not finish within two minutes, 5 when Truss ran
+but did something the scenario forbids or did not record what it should have.
 
 Environment, besides the suite's: ``TRUSS_HOME``, the Truss home to run in (``truss init`` is run
 on it; default: a temporary home, removed afterwards); ``TRUSS_CONFORMANCE_LOCK``, a file this
@@ -47,6 +47,7 @@ from typing import Any
 import tomli_w
 
 UNKNOWN = 2
+HUNG = 4
 MISBEHAVED = 5
 SERVER = "conformance"
 HANDSHAKE_ERA = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
@@ -344,6 +345,8 @@ def main(argv: list[str]) -> int:
             if init.returncode != 0:
                 return fail(UNKNOWN, f"truss init failed in {home}")
             return handler(scenario)
+    except subprocess.TimeoutExpired as exc:
+        return fail(HUNG, f"truss did not finish within {exc.timeout:.0f} s: {' '.join(map(str, exc.cmd[3:]))}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

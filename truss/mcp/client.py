@@ -183,7 +183,12 @@ class Mounts:
             ELICITING.reset(eliciting)
             CALLING.reset(token)
             del live.inflight[key]
-        answer = result_of(tool, result, self._max_result_bytes)
+        try:
+            answer = result_of(tool, result, self._max_result_bytes)
+        except ToolCallError as error:  # a result that cannot be recorded: the exchanges still are
+            if elicited.records:
+                error.fields["elicitations"] = elicited
+            raise
         if elicited.records:
             return ToolResult(answer.wire, {**answer.extra, "elicitations": elicited})
         return answer

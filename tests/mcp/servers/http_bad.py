@@ -105,7 +105,6 @@ class Handler(BaseHTTPRequestHandler):
             return
         self._reply(200, json.dumps({"jsonrpc": "2.0", "id": request_id, "result": result}).encode())
 
-
     def _modern(self, method: str, request_id: object) -> None:
         cached = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
         if method == "server/discover":
