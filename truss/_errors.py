@@ -10,6 +10,7 @@ specific first, so the CLI and serve-mcp need exactly one handler::
     │   ├── UsageError                  command-line arguments
     │   ├── KeyFileError                identity key missing, malformed or readable by others
     │   ├── BundleFormatError           a bundle, checkpoint or envelope that cannot be parsed
+    │   ├── PolicyError                 a witness config or tlog-policy file that cannot be used
     │   └── NotFoundError               an unknown session, call or contract name
     ├── VerificationError               exit 1: a ledger, bundle, note or envelope does not verify
     ├── RunSuspended                    exit 3: waiting for approval, a signal, a task or `resolve`
@@ -24,6 +25,7 @@ specific first, so the CLI and serve-mcp need exactly one handler::
         │   ├── PinMismatchError        a tool definition differs from its pin (expected, actual)
         │   └── ToolCallError           a call failed (timeout, connection closed, protocol error)
         ├── ProviderError               a model provider failed (status, retryable)
+        ├── WitnessError                witnesses did not cosign a checkpoint to the quorum (retryable)
         ├── ReplayDivergenceError       a resumed run asked for something the ledger did not record
         └── InDoubtError                an intent without a result that may not be re-sent (exit 3)
 
@@ -45,6 +47,7 @@ __all__ = [
     "McpError",
     "NotFoundError",
     "PinMismatchError",
+    "PolicyError",
     "ProviderError",
     "ReplayDivergenceError",
     "RunSuspended",
@@ -59,6 +62,7 @@ __all__ = [
     "TrussError",
     "UsageError",
     "VerificationError",
+    "WitnessError",
 ]
 
 
@@ -160,6 +164,19 @@ class BundleFormatError(InputError):
     """A bundle, checkpoint, note or envelope cannot be parsed at all (``file``, ``reason``)."""
 
     kind = "bad_bundle"
+
+
+class PolicyError(InputError):
+    """A witness config or a C2SP tlog-policy file cannot be used (``file``, ``line``)."""
+
+    kind = "bad_policy"
+
+    def diagnostics(self) -> str:
+        where = self.fields.get("file") or "<policy>"
+        line = self.fields.get("line")
+        if line is not None:
+            where += f":{line}"
+        return f"{where}: {super().diagnostics()}"
 
 
 class NotFoundError(InputError):
@@ -272,6 +289,13 @@ class ProviderError(RuntimeFailure):
     """A model provider failed (``provider``, ``status``, ``attempts``)."""
 
     kind = "provider"
+
+
+class WitnessError(RuntimeFailure):
+    """The witnesses did not cosign a checkpoint to the policy's quorum (``short``: the groups
+    that are short, ``outcomes``: each witness's answer). Retrying later may succeed."""
+
+    kind = "witness"
 
 
 class ReplayDivergenceError(RuntimeFailure):

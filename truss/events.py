@@ -10,7 +10,8 @@ A run leg (one ``truss run``, or one ``truss resume`` of a session) is a tree of
 
 Point events happen inside a span (``span`` names it): ``ModelAnswered`` (in its turn: the
 recorded ``model_turn``), ``CallDenied`` and ``ToolProgress`` (in their call), and in the
-session ``Suspended``, ``CheckpointSigned``, ``VerdictReached`` and ``ServerEvent`` (what a
+session ``Suspended``, ``CheckpointSigned``, ``VerdictReached``, ``CheckpointWitnessed`` (after the
+verdict, when the home configures witnesses) and ``ServerEvent`` (what a
 launcher or auth flow reports about a server, e.g. a sandbox's egress decision). Every event
 carries ``session``, ``span``, ``parent`` (the parent of ``span``) and ``time_ms`` from the run's
 injected clock; an ended span also carries ``start_ms``. Events that follow a ledger entry name it
@@ -48,6 +49,7 @@ __all__ = [
     "CallEnded",
     "CallStarted",
     "CheckpointSigned",
+    "CheckpointWitnessed",
     "Event",
     "EventBus",
     "ModelAnswered",
@@ -210,6 +212,18 @@ class CheckpointSigned(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckpointWitnessed(Event):
+    """What the witnesses did with the end-of-session checkpoint (``truss.witness.submit``):
+    ``witnessed`` when their cosignatures meet the policy's quorum; ``outcomes`` per witness."""
+
+    kind: ClassVar[str] = "checkpoint_witnessed"
+    size: int
+    witnessed: bool
+    summary: str
+    outcomes: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class VerdictReached(Event):
     kind: ClassVar[str] = "verdict"
     status: str
@@ -331,6 +345,14 @@ class RunEvents:
             self.bus.emit(VerdictReached(session=self.session, span=self.span, parent=None, time_ms=self._now(),
                                          status=status, reason=reason, seq=entry.seq, index=entry.index))  # fmt: skip
 
+    def checkpoint_witnessed(
+        self, size: int, witnessed: bool, summary: str, outcomes: tuple[tuple[str, str], ...]
+    ) -> None:
+        if self.bus:
+            self.bus.emit(CheckpointWitnessed(session=self.session, span=self.span, parent=None, time_ms=self._now(),
+                                              size=size, witnessed=witnessed, summary=summary,
+                                              outcomes=outcomes))  # fmt: skip
+
     def server_event(self, server: str, name: str, attributes: Mapping[str, Any]) -> None:
         if self.bus:
             self.bus.emit(ServerEvent(session=self.session, span=self.span, parent=None, time_ms=self._now(),
@@ -438,7 +460,8 @@ class ProgressEvent:
     """What serve-mcp turns into progress notifications (and ``on_progress`` callers receive).
 
     ``kind``: ``call`` (a gate outcome), ``turn`` (a model turn), ``tool_progress`` (a server's
-    progress notification), ``suspended``, ``verdict``. Never carries arguments or results.
+    progress notification), ``suspended``, ``verdict``, ``witness`` (what the witnesses did with the
+    end-of-session checkpoint). Never carries arguments or results.
     """
 
     kind: str
@@ -481,4 +504,7 @@ def as_progress(event: Event) -> ProgressEvent | None:
         return ProgressEvent("suspended", event.session, outcome=event.reason, detail=event.detail)
     if isinstance(event, VerdictReached):
         return ProgressEvent("verdict", event.session, outcome=event.status, detail=event.reason)
+    if isinstance(event, CheckpointWitnessed):
+        outcome = "witnessed" if event.witnessed else "not_witnessed"
+        return ProgressEvent("witness", event.session, outcome=outcome, detail=event.summary)
     return None

@@ -14,7 +14,8 @@
 3. drive the loop (``truss.loop``) through the gate (``truss.gate``);
 4. end: ``verdict`` {status, checks, contract_hash, reason}, ``session_ended``, a signed
    checkpoint, and the DSSE verdict envelope (in-toto Statement v1 whose subject digest is the
-   ``session_ended`` entry hash) stored beside the chain.
+   ``session_ended`` entry hash) stored beside the chain; then, when the home configures
+   witnesses, the checkpoint goes to them (``truss.witness.submit``, bounded, never failing the run).
 
 A run that must wait (a call needs approval; a call is in doubt) records ``session_suspended``
 and returns ``suspended`` (exit 3). A stop request (Ctrl-C, SIGTERM: the ``stop`` event) cancels
@@ -62,6 +63,7 @@ from truss.gate import Gate, Journal, Redactor
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
+from truss.ledger.keyhistory import is_log_session
 from truss.ledger.note import sign_checkpoint
 from truss.loop import LoopResult, run_loop
 from truss.providers.base import Provider
@@ -185,7 +187,7 @@ async def resume_session(
     events: Iterable[Subscriber] = (),
 ) -> RunOutcome:
     """Continue a suspended or interrupted session from its record (see the module docstring)."""
-    info = store.session(session)
+    info = None if is_log_session(session) else store.session(session)  # the log's own session is no run
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
@@ -528,8 +530,21 @@ class _Run:
         envelope = _verdict_envelope(self.session, ended.hash, predicate, self.key)
         self.store.set_envelope(self.session, envelope)
         self.events.verdict(verdict.status, verdict.reason, verdict_entry)
+        await self._witness(checkpoint)
         return RunOutcome(self.session, verdict.status, body, ended.hash, checkpoint, EXIT_CODES[verdict.status],
                           verdict.reason)  # fmt: skip
+
+    async def _witness(self, checkpoint: str) -> None:
+        """Submit the end-of-session checkpoint to the home's witnesses, if it has any (never raises:
+        a run whose witnesses are down still ends with its verdict, recorded as not yet witnessed)."""
+        if not (self.home / "witness.toml").exists():
+            return
+        from truss.witness.submit import witness_at_session_end
+
+        report = await witness_at_session_end(self.store, self.home, self.clock, checkpoint)
+        if report is not None:
+            outcomes = tuple((o.witness, o.outcome) for o in report.outcomes)
+            self.events.checkpoint_witnessed(report.size, report.witnessed, report.summary(), outcomes)
 
     async def _suspend(self, reason: str, calls: tuple[str, ...], detail: str | None) -> RunOutcome:
         await self._reload()

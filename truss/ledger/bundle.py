@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from truss._errors import BundleFormatError, InputError, NotFoundError, TrussError, VerificationError
+from truss.ledger.cosignature import witnessed_checkpoint
 from truss.ledger.entry import StoredEntry, entry_bytes, iter_refs
 from truss.ledger.envelope import VerdictStatement, open_verdict, parse_envelope
+from truss.ledger.keyhistory import bundle_key_history, follow_rotations, rotation_proofs
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     HASH_SIZE,
@@ -99,6 +101,8 @@ _BUNDLE_KEYS = frozenset(
         "consistency",
     }
 )
+# Present only when the log rotated its key before the bundle's checkpoint (docs/ledger-format.md 9).
+_OPTIONAL_KEYS = frozenset({"key_history"})
 
 
 # -- the tlog-proof text -----------------------------------------------------------------------
@@ -202,6 +206,8 @@ def export_bundle(
     if envelope_raw is not None:
         envelope = parse_envelope(envelope_raw).to_json()
     note = _choose_checkpoint(store, head.index, envelope_raw, signer)
+    named = _predicate_checkpoint(envelope_raw) if envelope_raw is not None else None
+    note = witnessed_checkpoint(store.checkpoints(), note, head.index)
     checkpoint = parse_checkpoint(parse_note(note).text)
     if root_at(checkpoint.size, store.node) != checkpoint.root:
         raise VerificationError(
@@ -234,8 +240,11 @@ def export_bundle(
         "checkpoint": note.decode("utf-8"),
         "proof": format_tlog_proof(TlogProof(head.index, tuple(proofs[-1]), note)),
         "inclusion": [[base64.b64encode(h).decode("ascii") for h in p] for p in proofs],
-        "consistency": None,
+        "consistency": _consistency_from(named, checkpoint.size, store.node),
     }
+    history = rotation_proofs(store, checkpoint.size)
+    if history:
+        bundle["key_history"] = history
     # entry_bytes is canonical() with a fast path for plain JSON; a bundle is mostly entries.
     return entry_bytes(bundle)
 
@@ -260,6 +269,19 @@ def _choose_checkpoint(
         what="checkpoint",
         name=str(head_index),
     )
+
+
+def _consistency_from(named: bytes | None, size: int, node: Callable[[int, int], bytes]) -> list[str] | None:
+    """A proof from the verdict's checkpoint to the bundle's, when the bundle carries a later one."""
+    if named is None:
+        return None
+    try:
+        old = parse_checkpoint(parse_note(named).text).size
+    except BundleFormatError:
+        return None
+    if old >= size:
+        return None
+    return [base64.b64encode(h).decode("ascii") for h in consistency_proof(old, size, node)]
 
 
 def _predicate_checkpoint(envelope: bytes) -> bytes | None:
@@ -371,13 +393,27 @@ def _verify(data: bytes, trusted: TrustedKeys, facts: dict[str, Any]) -> BundleR
     origin: str = doc["origin"]
     facts.update(session=session, origin=origin)
 
-    # B2: the key the bundle names is only reported; ``trusted`` alone decides.
+    # B2: the key the bundle names is only reported; ``trusted`` alone decides, and the key
+    # history the bundle carries is followed from it (each statement signed by a trusted key).
     facts["vkey_trusted"] = _vkey_trusted(doc["vkey"], trusted)
+    statements = _step("B2", lambda: bundle_key_history(doc, origin))
+    history = _step("B2", lambda: follow_rotations([e for e, _ in statements], trusted, origin=origin))
+    trusted = history.trusted
 
-    # B3: the checkpoint is a signed note by a trusted key named after the origin, no extensions.
+    # B3: the checkpoint is a signed note by a key named after the origin (and allowed to sign at
+    # its size), no extensions; every rotation statement is a leaf of it.
     note_bytes = doc["checkpoint"].encode("utf-8")
-    checkpoint = _step("B3", lambda: open_checkpoint(note_bytes, list(trusted), origin=origin))
+    size_claimed = _step("B3", lambda: parse_checkpoint(parse_note(note_bytes).text).size)
+    signers = history.checkpoint_keys(size_claimed) if history.rotations else list(trusted)
+    checkpoint = _step("B3", lambda: open_checkpoint(note_bytes, signers, origin=origin))
     facts.update(checkpoint_size=checkpoint.size, checkpoint_root=checkpoint.root.hex())
+    for entry, proof in statements:
+        if entry.index >= checkpoint.size or not verify_inclusion(
+            leaf_hash(entry.raw), entry.index, checkpoint.size, proof, checkpoint.root
+        ):
+            raise _StepFailed(
+                "B3", _fail(f"the rotation statement at log index {entry.index} is not in the checkpoint", "not_in_log")
+            )
 
     # B4: the entries form one session's chain (verify.V1-V11), each entry is the leaf at its
     # index in the checkpointed tree (V12: every entry, not only the ends).
@@ -399,7 +435,8 @@ def _verify(data: bytes, trusted: TrustedKeys, facts: dict[str, Any]) -> BundleR
         return None
 
     blobs: dict[str, bytes] = doc["blobs"]
-    report = verify_entries(entries, trusted, blobs=blobs.get, session=session, origin=origin, extra=[in_log])
+    checks = [in_log, history.check] if history.rotations else [in_log]
+    report = verify_entries(entries, trusted, blobs=blobs.get, session=session, origin=origin, extra=checks)
     if not report.ok:
         raise _StepFailed("B4", report.error())
     if not entries:
@@ -466,7 +503,7 @@ def _parse_bundle(data: bytes) -> dict[str, Any]:
         raise _format(f"not a Truss bundle (format is not {BUNDLE_FORMAT!r})", "wrong_format")
     if doc.get("version") != BUNDLE_VERSION:
         raise _format(f"bundle version {doc.get('version')!r} is not supported (expected 1)", "wrong_version")
-    unknown = sorted(set(doc) - _BUNDLE_KEYS)
+    unknown = sorted(set(doc) - _BUNDLE_KEYS - _OPTIONAL_KEYS)
     missing = sorted(_BUNDLE_KEYS - set(doc))
     if unknown or missing:
         raise _format(f"bundle fields: unknown {unknown}, missing {missing}", "bad_fields")

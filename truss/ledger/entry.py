@@ -65,6 +65,9 @@ KINDS: frozenset[str] = frozenset(
         "session_resumed",
         "verdict",
         "session_ended",
+        # The log's own entries, in the reserved session ``@log`` (``keyhistory``).
+        "key_rotated",
+        "checkpoint_witnessed",
     }
 )
 

@@ -1,4 +1,5 @@
-"""Ed25519 identity and verifier keys, in C2SP signed-note key formats. The only module importing PyNaCl.
+"""Ed25519 identity and verifier keys, in C2SP signed-note key formats. The only module importing PyNaCl
+(and the only one reaching ``cryptography``, for ML-DSA-44 cosignatures).
 
 - ``IdentityKey``: the private key a Truss home signs entries, checkpoints and envelopes with.
   Its file (``$TRUSS_HOME/identity.key``, mode 0600) holds one line in the signed-note private
@@ -7,9 +8,12 @@
 - ``VerifierKey``: the public half, ``<name>+<hex key id>+<base64(0x01 || pubkey)>``, where the
   key id is ``SHA-256(name || 0x0A || 0x01 || pubkey)[:4]`` (C2SP signed-note v1.0.0).
 - ``TrustedKeys``: the keys a verifier accepts, by key id; several at once for rotation.
+- ``CosignerKey`` / ``CosignerVerifier``: a witness's own key for C2SP cosignatures, Ed25519
+  (signature type 0x04) or ML-DSA-44 (0x06, through the installed ``cryptography`` when it has
+  ML-DSA: ``mldsa44_available``), with the key id computed over its type byte.
 
 What it does not do: decide what is trusted (callers pass the set), or read keys other than the
-one file ``IdentityKey.load`` is pointed at.
+files ``IdentityKey.load`` and ``CosignerKey.load`` are pointed at.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import importlib
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -27,7 +32,21 @@ import nacl.signing
 
 from truss._errors import KeyFileError
 
-__all__ = ["ED25519_ALG", "IdentityKey", "TrustedKeys", "VerifierKey", "key_id_of"]
+__all__ = [
+    "COSIGNATURE_ALG_NAMES",
+    "ED25519_ALG",
+    "ED25519_COSIGNATURE_ALG",
+    "MLDSA44_COSIGNATURE_ALG",
+    "CosignerKey",
+    "CosignerVerifier",
+    "IdentityKey",
+    "TrustedKeys",
+    "VerifierKey",
+    "key_id_of",
+    "mldsa44_available",
+    "typed_key_id",
+    "write_identity_key",
+]
 
 ED25519_ALG = 0x01
 _PRIVATE_PREFIX = "PRIVATE+KEY+"
@@ -260,3 +279,264 @@ class TrustedKeys:
 
     def __len__(self) -> int:
         return sum(len(g) for g in self._by_id.values())
+
+
+# -- cosigner keys (C2SP tlog-cosignature) ---------------------------------------------------------
+#
+# A witness signs cosignatures with its own key: Ed25519 (signature type 0x04) or, where the
+# installed `cryptography` provides it, ML-DSA-44 (0x06). The key id commits to the type byte, so
+# one key pair can never be taken for a log key (0x01) or for the other cosignature type. The
+# private file form is the one of identity keys with the type byte in front of the seed:
+# ``PRIVATE+KEY+<name>+<hex key id>+<base64(type || 32-byte seed)>``.
+
+ED25519_COSIGNATURE_ALG = 0x04
+MLDSA44_COSIGNATURE_ALG = 0x06
+_COSIGNATURE_PUBLIC_BYTES = {ED25519_COSIGNATURE_ALG: 32, MLDSA44_COSIGNATURE_ALG: 1312}
+COSIGNATURE_ALG_NAMES = {ED25519_COSIGNATURE_ALG: "ed25519", MLDSA44_COSIGNATURE_ALG: "ml-dsa-44"}
+
+
+def typed_key_id(name: str, alg: int, public_key: bytes) -> bytes:
+    """``SHA-256(name || 0x0A || type || public key)[:4]`` for any signature type byte."""
+    return hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([alg]) + public_key).digest()[:4]
+
+
+def mldsa44_available() -> bool:
+    """True when the installed ``cryptography`` can sign and verify ML-DSA-44."""
+    try:
+        importlib.import_module("cryptography.hazmat.primitives.asymmetric.mldsa")
+    except ImportError:
+        return False
+    return True
+
+
+def _mldsa_unavailable(where: str) -> KeyFileError:
+    return KeyFileError(
+        f"{where}: ML-DSA-44 needs a `cryptography` with ML-DSA support (46 or later), which is not installed",
+        remedy="install a newer `cryptography`, or use an Ed25519 cosigner key",
+        file=where,
+    )
+
+
+def _mldsa_verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric import mldsa
+
+    try:
+        mldsa.MLDSA44PublicKey.from_public_bytes(public_key).verify(signature, message)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+class CosignerVerifier:
+    """A cosigner's (witness's) public key: its name, signature type (0x04 or 0x06) and key bytes."""
+
+    __slots__ = ("_ed25519", "alg", "key_id", "name", "public_key")
+
+    def __init__(self, name: str, alg: int, public_key: bytes) -> None:
+        _check_name(name, "cosigner key")
+        expected = _COSIGNATURE_PUBLIC_BYTES.get(alg)
+        if expected is None:
+            raise KeyFileError(
+                f"cosigner key {name!r}: signature type 0x{alg:02x} is not a cosignature type (0x04 or 0x06)",
+                remedy="give the witness's cosignature verifier key (Ed25519 type 04 or ML-DSA-44 type 06)",
+                file="cosigner key",
+            )
+        if len(public_key) != expected:
+            raise KeyFileError(
+                f"cosigner key {name!r}: a type 0x{alg:02x} public key is {expected} bytes", file="cosigner key"
+            )
+        if alg == MLDSA44_COSIGNATURE_ALG and not mldsa44_available():
+            raise _mldsa_unavailable(f"cosigner key {name!r}")
+        self.name = name
+        self.alg = alg
+        self.public_key = public_key
+        self.key_id = typed_key_id(name, alg, public_key).hex()
+        self._ed25519 = nacl.signing.VerifyKey(public_key) if alg == ED25519_COSIGNATURE_ALG else None
+
+    @classmethod
+    def parse(cls, text: str) -> CosignerVerifier:
+        """Parse ``<name>+<hex key id>+<base64(type || public key)>``; the key id must match."""
+        parts = text.strip().split("+", 2)
+        if len(parts) != 3:
+            raise KeyFileError(
+                f"not a cosigner verifier key: {text.strip()[:80]!r}",
+                remedy="give the line `truss witness init` (or the witness's operator) printed",
+                file="cosigner key",
+            )
+        name, hex_id, b64 = parts
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise KeyFileError(f"cosigner key {name!r}: the key is not valid base64", file="cosigner key") from exc
+        if not raw:
+            raise KeyFileError(f"cosigner key {name!r}: the key is empty", file="cosigner key")
+        key = cls(name, raw[0], raw[1:])
+        if key.key_id != hex_id.lower():
+            raise KeyFileError(
+                f"cosigner key {name!r}: key id {hex_id} does not match the key (expected {key.key_id})",
+                remedy="copy the whole line again from its source",
+                file="cosigner key",
+            )
+        return key
+
+    @property
+    def vkey(self) -> str:
+        encoded = base64.b64encode(bytes([self.alg]) + self.public_key).decode("ascii")
+        return f"{self.name}+{self.key_id}+{encoded}"
+
+    @property
+    def algorithm(self) -> str:
+        return COSIGNATURE_ALG_NAMES[self.alg]
+
+    def verify(self, message: bytes, signature: bytes) -> bool:
+        if self._ed25519 is not None:
+            try:
+                self._ed25519.verify(message, signature)
+            except (nacl.exceptions.BadSignatureError, ValueError, TypeError):
+                return False
+            return True
+        return _mldsa_verify(self.public_key, message, signature)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CosignerVerifier) and (self.name, self.alg, self.public_key) == (
+            other.name,
+            other.alg,
+            other.public_key,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.alg, self.public_key))
+
+    def __repr__(self) -> str:
+        return f"CosignerVerifier({self.name!r}, {self.algorithm}, {self.key_id})"
+
+
+class CosignerKey:
+    """A cosigner's private key (a witness's own key), Ed25519 or ML-DSA-44, from a 32-byte seed."""
+
+    __slots__ = ("_seed", "_sign", "alg", "key_id", "name", "verifier")
+
+    def __init__(self, name: str, alg: int, seed: bytes) -> None:
+        _check_name(name, "cosigner key")
+        if len(seed) != 32:
+            raise KeyFileError("a cosigner key seed is 32 bytes", file="cosigner key")
+        self._seed = seed
+        if alg == ED25519_COSIGNATURE_ALG:
+            signing = nacl.signing.SigningKey(seed)
+            public = bytes(signing.verify_key)
+
+            def sign(message: bytes) -> bytes:
+                return signing.sign(message).signature
+
+        elif alg == MLDSA44_COSIGNATURE_ALG:
+            if not mldsa44_available():
+                raise _mldsa_unavailable(f"cosigner key {name!r}")
+            from cryptography.hazmat.primitives.asymmetric import mldsa
+
+            private = mldsa.MLDSA44PrivateKey.from_seed_bytes(seed)
+            public = private.public_key().public_bytes_raw()
+
+            def sign(message: bytes) -> bytes:
+                return private.sign(message)
+
+        else:
+            raise KeyFileError(f"signature type 0x{alg:02x} is not a cosignature type", file="cosigner key")
+        self._sign = sign
+        self.name = name
+        self.alg = alg
+        self.verifier = CosignerVerifier(name, alg, public)
+        self.key_id = self.verifier.key_id
+
+    @classmethod
+    def generate(cls, name: str, alg: int = ED25519_COSIGNATURE_ALG) -> CosignerKey:
+        return cls(name, alg, os.urandom(32))
+
+    @classmethod
+    def from_seed(cls, seed: bytes, name: str, alg: int = ED25519_COSIGNATURE_ALG) -> CosignerKey:
+        """A key from a known seed (test vectors; never for real use)."""
+        return cls(name, alg, seed)
+
+    @classmethod
+    def create(cls, path: Path, name: str, alg: int = ED25519_COSIGNATURE_ALG) -> CosignerKey:
+        """Generate a key and write it to ``path`` (mode 0600); refuses to overwrite a file."""
+        key = cls.generate(name, alg)
+        _write_private(path, key.private_text())
+        return key
+
+    @classmethod
+    def load(cls, path: Path) -> CosignerKey:
+        """Read a cosigner key file; refuses one that is missing, malformed, or readable by others."""
+        text = _read_private(path)
+        where = str(path)
+        bad = KeyFileError(
+            f"{where}: not a cosigner key (expected one line PRIVATE+KEY+<name>+<id>+<key>)",
+            remedy="create one with `truss witness init`",
+            file=where,
+        )
+        line = text.strip()
+        if not line.startswith(_PRIVATE_PREFIX) or "\n" in line:
+            raise bad
+        parts = line[len(_PRIVATE_PREFIX) :].split("+", 2)
+        if len(parts) != 3:
+            raise bad
+        name, hex_id, b64 = parts
+        try:
+            raw = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad from None
+        if len(raw) != 33:
+            raise bad
+        key = cls(name, raw[0], raw[1:])
+        if key.key_id != hex_id.lower():
+            raise KeyFileError(f"{where}: the key id in the file does not match the key", file=where)
+        return key
+
+    def private_text(self) -> str:
+        """The file form. Secret: write it only to a 0600 file."""
+        encoded = base64.b64encode(bytes([self.alg]) + self._seed).decode()
+        return f"{_PRIVATE_PREFIX}{self.name}+{self.key_id}+{encoded}"
+
+    def sign(self, message: bytes) -> bytes:
+        return self._sign(message)
+
+    def __repr__(self) -> str:
+        return f"CosignerKey(name={self.name!r}, {COSIGNATURE_ALG_NAMES[self.alg]}, key_id={self.key_id!r})"
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as exc:
+        raise KeyFileError(
+            f"{path}: a key file already exists",
+            remedy="use the existing key, or move it away first if you really mean to replace it",
+            file=str(path),
+        ) from exc
+    with os.fdopen(fd, "w", encoding="ascii") as fh:
+        fh.write(text + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _read_private(path: Path) -> str:
+    try:
+        info = path.stat()
+    except FileNotFoundError as exc:
+        raise KeyFileError(f"{path}: no key file", remedy="create it first", file=str(path)) from exc
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(
+            f"{path}: the key is readable or writable by group or others (mode {stat.S_IMODE(info.st_mode):03o})",
+            remedy=f"restrict it with `chmod 600 {path}`",
+            file=str(path),
+        )
+    try:
+        return path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(f"{path}: cannot read the key ({type(exc).__name__})", file=str(path)) from exc
+
+
+def write_identity_key(path: Path, key: IdentityKey) -> None:
+    """Write ``key`` to a new file ``path`` (mode 0600, fsync'd); refuses to overwrite a file."""
+    _write_private(path, key.private_text())

@@ -44,7 +44,9 @@ from truss._errors import (
     TrussError,
 )
 from truss.ledger.canonical import CanonicalError, canonical
+from truss.ledger.cosignature import merge_notes
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, encode_record, seal
+from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier, leaf_hash
 
@@ -108,7 +110,13 @@ class LedgerStore(Protocol):
     origin: str
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
     ) -> list[StoredEntry]: ...
 
     def set_status(self, session: str, status: str) -> None: ...
@@ -223,15 +231,34 @@ def _encode_body(record: Record) -> bytes:
 class _Pending:
     """One caller's batch waiting for a group commit."""
 
-    __slots__ = ("bodies", "done", "durable", "error", "expect_seq", "records", "result", "session", "wake")
+    __slots__ = (
+        "bodies",
+        "done",
+        "durable",
+        "error",
+        "expect_index",
+        "expect_seq",
+        "records",
+        "result",
+        "session",
+        "wake",
+    )
 
-    def __init__(self, session: str, records: Sequence[Record], durable: bool, expect_seq: int | None) -> None:
+    def __init__(
+        self,
+        session: str,
+        records: Sequence[Record],
+        durable: bool,
+        expect_seq: int | None,
+        expect_index: int | None = None,
+    ) -> None:
         # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
         self.bodies = [_encode_body(record) for record in records]
         self.session = session
         self.records = records
         self.durable = durable
         self.expect_seq = expect_seq
+        self.expect_index = expect_index
         self.result: list[StoredEntry] = []
         self.error: TrussError | None = None
         self.done = False
@@ -299,6 +326,7 @@ class SqliteStore:
         self._batches = 0
         self._sync_full: bool | None = None
         self._frontier: Frontier | None = None
+        self._rotated_here = False
         self._closed = False
         self._create = create
         try:
@@ -320,6 +348,13 @@ class SqliteStore:
                 f"the identity key is named {key.name!r} but the ledger {db} is the log {self.origin!r}",
                 remedy="use the key this ledger was created with (rotated keys keep the log's name)",
                 file=str(db),
+            )
+        if key is not None and self._retired(self._r, key.key_id):
+            raise KeyFileError(
+                f"the identity key {key.key_id} was retired by a key rotation recorded in {db}",
+                remedy="use the current identity key; `truss key rotate` completes a rotation that was interrupted",
+                file=str(db),
+                reason="key_retired",
             )
 
     # -- connections ---------------------------------------------------------------------------
@@ -430,19 +465,27 @@ class SqliteStore:
     # -- append (group commit) -------------------------------------------------------------------
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
     ) -> list[StoredEntry]:
         """Append ``records`` to ``session`` as consecutive entries; returns them signed.
 
         Committed (fsync'd unless ``durable=False``) before it returns. ``expect_seq`` is the seq
-        the first record must get; otherwise ``StoreConflictError`` and nothing is written.
+        and ``expect_index`` the log index the first record must get; otherwise
+        ``StoreConflictError`` and nothing is written (``expect_index`` lets a record name its
+        own position, as a key rotation does).
         """
         self._check_open()
         if self._key is None:
             raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=str(self.db))
         if not records:
             return []
-        pending = _Pending(session, list(records), durable, expect_seq)
+        pending = _Pending(session, list(records), durable, expect_seq, expect_index)
         if not self._group:
             with self._wlock:
                 self._commit_group([pending])
@@ -538,6 +581,10 @@ class SqliteStore:
                         remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
                         db=str(self.db),
                     )
+                # Another writer may have rotated this key away: its entries would not verify.
+                self._refuse_retired(conn)
+            elif self._rotated_here:
+                self._refuse_retired(conn)
             if len(group) == 1:
                 # A lone batch needs no savepoint: if it fails, the whole transaction is rolled
                 # back (two statements and a frontier copy fewer on the common, sequential path).
@@ -565,6 +612,8 @@ class SqliteStore:
             conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('frontier', ?)", (frontier.to_state(),))
             conn.execute("COMMIT")
             self._frontier = frontier
+            if any(r.kind == "key_rotated" for p in group if p.result for r in p.records):
+                self._rotated_here = True
             self._commits += 1
             self._batches += len(group)
         except BaseException as exc:
@@ -583,6 +632,26 @@ class SqliteStore:
             pending.done = True
             if pending.wake is not None:
                 pending.wake.set()
+
+    @staticmethod
+    def _retired(conn: sqlite3.Connection, key_id: str) -> bool:
+        # Rotations live in the log's own session, so this reads a few rows of one session's index.
+        row = conn.execute(
+            "SELECT 1 FROM entries WHERE session = ? AND kind = 'key_rotated' AND keyid = ? LIMIT 1",
+            (LOG_SESSION, key_id),
+        ).fetchone()
+        return row is not None
+
+    def _refuse_retired(self, conn: sqlite3.Connection) -> None:
+        assert self._key is not None
+        if self._retired(conn, self._key.key_id):
+            raise StoreError(
+                f"{self.db}: the identity key {self._key.key_id} was retired by a key rotation; "
+                "nothing more can be signed with it",
+                remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
+                db=str(self.db),
+                reason="key_retired",
+            )
 
     @staticmethod
     def _batch_error(pending: _Pending, exc: TrussError | sqlite3.IntegrityError) -> TrussError:
@@ -623,6 +692,14 @@ class SqliteStore:
                 raise StoreConflictError(
                     f"session {session} already exists", remedy="use a new session id", session=session, seq=seq
                 )
+        if pending.expect_index is not None and pending.expect_index != index:
+            raise StoreConflictError(
+                f"session {session}: expected to append at log index {pending.expect_index} but the log is at {index}",
+                remedy="another writer appended first; re-read the log and retry",
+                session=session,
+                index=pending.expect_index,
+                actual=index,
+            )
         if pending.expect_seq is not None and pending.expect_seq != seq:
             raise StoreConflictError(
                 f"session {session}: expected to append at seq {pending.expect_seq} but its head is at seq {seq}",
@@ -765,9 +842,13 @@ class SqliteStore:
         return counts[0]
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
-        """Keep a signed checkpoint; a second one at the same size must have the same root."""
+        """Keep a signed checkpoint; a second one at the same size must have the same root.
+
+        When the one held comes back with more signature lines (witnesses' cosignatures), they
+        are kept with it (``cosignature.merge_notes``, read and written in one transaction).
+        """
         with self._rlock:
-            row = self._r.execute("SELECT root FROM checkpoints WHERE size = ?", (size,)).fetchone()
+            row = self._r.execute("SELECT root, note FROM checkpoints WHERE size = ?", (size,)).fetchone()
         if row is not None:
             if bytes(row[0]) != root:
                 raise StoreConflictError(
@@ -775,6 +856,8 @@ class SqliteStore:
                     remedy="the log was forked: run `truss ledger verify --all`",
                     size=size,
                 )
+            if merge_notes(str(row[1]), note) != str(row[1]):
+                self._merge_checkpoint(size, note)
             return
         self._write(
             [
@@ -784,6 +867,24 @@ class SqliteStore:
                 )
             ]
         )
+
+    def _merge_checkpoint(self, size: int, note: str) -> None:
+        self._check_open()
+        with self._wlock:
+            conn = self._w
+            try:
+                self._set_sync(True)
+                self._begin(conn)
+                row = conn.execute("SELECT note FROM checkpoints WHERE size = ?", (size,)).fetchone()
+                if row is not None:
+                    merged = merge_notes(str(row[0]), note)
+                    if merged != str(row[0]):
+                        conn.execute("UPDATE checkpoints SET note = ? WHERE size = ?", (merged, size))
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise self._store_error("write", exc) from exc
 
     def set_envelope(self, session: str, envelope: bytes) -> None:
         """Keep the session's verdict envelope beside its chain (it signs the head, so it cannot be in it)."""

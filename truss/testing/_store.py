@@ -21,9 +21,11 @@ from typing import Any
 from truss._clock import Clock
 from truss._errors import NotFoundError, StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
+from truss.ledger.cosignature import cosign, merge_notes, with_signature_lines
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, check_record, seal
-from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.keys import CosignerKey, IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree, leaf_hash, root_at
+from truss.ledger.note import sign_checkpoint_note
 from truss.ledger.store import LedgerStore, SessionInfo, StoredCheckpoint, check_status, session_fields
 from truss.ledger.verify import verify_ledger
 from truss.testing._clock import ManualClock
@@ -50,7 +52,13 @@ class MemoryStore:
         self._tree = MemoryTree()
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
     ) -> list[StoredEntry]:
         for record in records:
             check_record(record)
@@ -80,6 +88,13 @@ class MemoryStore:
                 )
             out: list[StoredEntry] = []
             index = len(self._entries)
+            if expect_index is not None and expect_index != index:
+                raise StoreConflictError(
+                    f"session {session}: expected to append at log index {expect_index} but the log is at {index}",
+                    session=session,
+                    index=expect_index,
+                    actual=index,
+                )
             for i, record in enumerate(records):
                 if ended:
                     raise StoreConflictError(f"session {session} has ended", session=session, seq=seq + i)
@@ -223,6 +238,7 @@ class MemoryStore:
             if held is not None:
                 if held.root != root:
                     raise StoreConflictError(f"a checkpoint of size {size} with another root is stored", size=size)
+                self._checkpoints[size] = dataclasses.replace(held, note=merge_notes(held.note, note))
                 return
             self._checkpoints[size] = StoredCheckpoint(size, root, note, self._clock.now_ms())
 
@@ -407,6 +423,38 @@ def _checkpoints_and_envelopes_are_kept(store: LedgerStore, key: IdentityKey, cl
     _expect(NotFoundError, lambda: store.set_envelope("s_none", b"{}"), "an envelope for an unknown session")
 
 
+def _cosignatures_are_kept_with_their_checkpoint(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
+    store.append("s_w", [_start()])
+    size, root = store.tree_head()
+    signed = sign_checkpoint_note(store.origin, size, root, key)
+    assert signed.note is not None
+    store.add_checkpoint(size, root, signed.note.decode())
+    witness = CosignerKey.from_seed(b"\x07" * 32, "witness.test/w1")
+    line = cosign(signed.text(), witness, 1_700_000_000)
+    cosigned = with_signature_lines(signed.note, [line]).decode()
+    store.add_checkpoint(size, root, cosigned)
+    [held] = [c for c in store.checkpoints() if c.size == size]
+    assert held.note == cosigned, "a cosignature returned for a checkpoint is kept with it"
+    store.add_checkpoint(size, root, signed.note.decode())
+    [held] = [c for c in store.checkpoints() if c.size == size]
+    assert held.note == cosigned, "adding the bare checkpoint again loses no cosignature"
+
+
+def _expect_index_refuses_an_append_elsewhere_in_the_log(
+    store: LedgerStore, key: IdentityKey, clock: ManualClock
+) -> None:
+    store.append("s_i", [_start()])
+    size = store.tree_size()
+    _expect(
+        StoreConflictError,
+        lambda: store.append("s_i", [Record("model_turn", {})], expect_index=size + 1),
+        "an append whose first entry would not land at the expected log index",
+    )
+    assert store.tree_size() == size, "nothing is written when the index does not match"
+    [entry] = store.append("s_i", [Record("model_turn", {})], expect_index=size)
+    assert entry.index == size
+
+
 def _concurrent_appends_leave_valid_chains(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
     errors: list[BaseException] = []
 
@@ -436,5 +484,7 @@ _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _blobs_are_content_addressed_and_erasable,
     _the_merkle_tree_is_maintained,
     _checkpoints_and_envelopes_are_kept,
+    _cosignatures_are_kept_with_their_checkpoint,
+    _expect_index_refuses_an_append_elsewhere_in_the_log,
     _concurrent_appends_leave_valid_chains,
 ]

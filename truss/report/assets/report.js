@@ -664,6 +664,102 @@
     return { index: BigInt(indexText), hashes, checkpoint };
   }
 
+  // ---------------------------------------------------------------------------- key history (truss/ledger/keyhistory.py)
+
+  const ROTATION_TYPE = "application/vnd.truss.key-rotation.v1+json";
+  const ROTATION_FIELDS = ["from_index", "key", "proof", "replaces"];
+  const MAX_STATEMENTS = 1000;
+
+  function sameKey(a, b) { return a.name === b.name && sameBytes(a.publicKey, b.publicKey); }
+  function covers(period, index) { return period.from <= index && (period.until === null || index < period.until); }
+
+  // keyhistory.bundle_key_history: each key_rotated statement a bundle carries, with its inclusion proof.
+  function parseKeyHistory(doc, origin) {
+    const bad = (message) => unusable("bad_fields", message);
+    const raw = own(doc, "key_history") === undefined ? [] : doc.key_history;
+    if (!Array.isArray(raw) || raw.length > MAX_STATEMENTS) throw bad(`a bundle's key_history is a list of at most ${MAX_STATEMENTS} statements`);
+    return raw.map((item) => {
+      if (!isObj(item) || Object.keys(item).sort().join() !== "entry,inclusion") throw bad("a key_history item is an object with entry and inclusion");
+      const entry = entryFromJson(item.entry);
+      if (own(entry.entry, "kind") !== "key_rotated" || own(entry.entry, "log") !== origin) throw bad("a key_history item is a key_rotated entry of the bundle's log");
+      const hashes = item.inclusion;
+      if (!Array.isArray(hashes) || hashes.length > 64) throw bad("a key_history inclusion proof is a list of at most 64 hashes");
+      const proof = hashes.map((h) => {
+        const value = pyB64decode(String(h));
+        if (value === null) throw bad("a key_history inclusion proof holds base64 hashes");
+        if (value.length !== 32) throw bad("a key_history inclusion proof holds 32-byte hashes");
+        return value;
+      });
+      return { item: entry, proof };
+    });
+  }
+
+  // keyhistory.follow_rotations (K1-K6): the periods of every key, followed from the trusted ones.
+  async function followRotations(statements, trusted, origin) {
+    const periods = trusted.keys.map((key) => ({ key, from: 0, until: null, statement: null }));
+    for (const { item } of statements) {
+      const entry = item.entry;
+      const at = `rotation statement at log index ${own(entry, "index")}`;
+      const where = { session: "@log", seq: own(entry, "seq"), index: own(entry, "index") };
+      const forged = (m) => notVerified("forged_rotation", `${at}: ${m}`, where);
+      const bad = (m) => notVerified("bad_rotation", `${at}: ${m}`, where);
+      if (!isIntAt(entry, "index") || entry.log !== origin) throw bad("it is not an entry of this log");
+      const index = entry.index;
+      if (hex(await sha256(item.raw)) !== item.hash) throw bad("its bytes or hash do not match the entry"); // K1
+      const payload = pae(PAYLOAD_TYPE, item.raw);
+      const body = isObj(own(entry, "body")) ? entry.body : {};
+      let signer = -1;
+      for (let i = 0; i < periods.length && signer < 0; i++) {
+        if (periods[i].key.keyId === item.keyid && (await ed25519(periods[i].key, payload, item.sig))) signer = i;
+      }
+      if (signer < 0) { // K2
+        if (periods.some((p) => p.key.vkey === own(body, "replaces"))) throw forged(`it rotates a trusted key but is signed by another one (key id ${item.keyid})`);
+        continue; // a statement about keys before the ones trusted: the verifier starts after it
+      }
+      const old = periods[signer];
+      if (!covers(old, index)) throw forged(`it is signed by key ${old.key.keyId}, which was retired before index ${index}`);
+      if (Object.keys(body).sort().join() !== ROTATION_FIELDS.join()) throw bad(`its body has the fields ${JSON.stringify(ROTATION_FIELDS)}`);
+      if (body.replaces !== old.key.vkey) throw forged("the key it says it replaces is not the key that signed it"); // K3
+      if (!isIntAt(body, "from_index") || body.from_index !== index + 1) throw bad(`from_index is ${JSON.stringify(body.from_index)}, not its own index + 1 (${index + 1})`); // K4
+      let key, proof;
+      try {
+        key = await parseVkey(String(body.key));
+      } catch (e) {
+        if (e instanceof KeyError) throw bad("its new key or proof cannot be parsed");
+        throw e;
+      }
+      proof = pyB64decode(String(body.proof));
+      if (proof === null) throw bad("its new key or proof cannot be parsed");
+      if (key.name !== origin) throw bad(`the new key is named ${JSON.stringify(key.name)}; a rotated key keeps the origin ${JSON.stringify(origin)}`);
+      const statement = utf8(canonicalText({ log: origin, key: key.vkey, replaces: old.key.vkey, from_index: index + 1 }));
+      if (!(await ed25519(key, pae(ROTATION_TYPE, statement), proof))) { // K5
+        throw bad("the new key's proof does not verify (it names a key whose holder did not accept it)");
+      }
+      const known = periods.filter((p) => sameKey(p.key, key));
+      if (sameKey(key, old.key) || known.some((p) => p.statement !== null)) throw bad("the new key is a key the log already rotated to or from");
+      periods[signer] = { ...old, until: index + 1 }; // K6
+      if (!known.length) periods.push({ key, from: index + 1, until: null, statement: item });
+    }
+    const rotations = periods.filter((p) => p.statement !== null).length;
+    const ids = periods.map((p) => p.key.keyId);
+    const shared = new Set(ids.filter((id, i) => ids.indexOf(id) !== i));
+    return { periods, rotations, shared, trusted: new Trusted(periods.map((p) => p.key)) };
+  }
+
+  // KeyHistory.check (V12): the entry is signed by a key whose period covers its index.
+  async function keySpan(history, item) {
+    const index = item.entry.index;
+    const valid = history.periods.filter((p) => p.key.keyId === item.keyid && covers(p, index));
+    if (valid.length && !history.shared.has(item.keyid)) return null; // V10 already checked the signature
+    for (const p of valid) if (await ed25519(p.key, pae(PAYLOAD_TYPE, item.raw), item.sig)) return null;
+    const spans = history.periods.filter((p) => p.key.keyId === item.keyid).map((p) => `[${p.from}, ${p.until === null ? "..." : p.until})`).join(", ");
+    return ["retired_key", `entry ${item.entry.seq} of session ${JSON.stringify(item.entry.session)} (log index ${index}) is signed by key ${item.keyid}, which signs only log indexes ${spans || "none"}`];
+  }
+  // KeyHistory.checkpoint_keys: the keys that may sign a checkpoint of `size`.
+  function checkpointKeys(history, size) {
+    return new Trusted(history.periods.filter((p) => BigInt(p.from) <= size && (p.until === null || size <= BigInt(p.until))).map((p) => p.key));
+  }
+
   // ---------------------------------------------------------------------------- the bundle, B1-B8
 
   const BUNDLE_FORMAT = "truss-bundle";
@@ -704,7 +800,7 @@
     const version = own(doc, "version");
     if (version !== 1 && version !== true) throw unusable("wrong_version", `bundle version ${JSON.stringify(version)} is not supported (expected 1)`);
     const keys = Object.keys(doc);
-    const unknown = keys.filter((k) => !BUNDLE_KEYS.includes(k)).sort();
+    const unknown = keys.filter((k) => !BUNDLE_KEYS.includes(k) && k !== "key_history").sort();
     const missing = BUNDLE_KEYS.filter((k) => !keys.includes(k));
     if (unknown.length || missing.length) throw unusable("bad_fields", `bundle fields: unknown ${JSON.stringify(unknown)}, missing ${JSON.stringify(missing)}`);
     for (const name of ["origin", "session", "vkey", "checkpoint", "proof"]) {
@@ -740,8 +836,8 @@
 
   const STEPS = [
     ["B1", "parse", "one JSON object in the bundle format, every field of its type, base64 where promised"],
-    ["B2", "trust", "only the keys in the trusted field count; the key the bundle names is only reported"],
-    ["B3", "checkpoint", "the checkpoint is a signed note by a trusted key named after the log's origin"],
+    ["B2", "trust", "only the keys in the trusted field count, and the key rotations the bundle carries followed from them; the key the bundle names is only reported"],
+    ["B3", "checkpoint", "the checkpoint is a signed note by a trusted key named after the log's origin (after a rotation, one allowed at its size)"],
     ["B4", "entries", "each entry: signature, hash, seq and prev chain, start and end, payload hashes, inclusion proof in the checkpoint"],
     ["B5", "head proof", "the tlog-proof proves the session's last entry in the same checkpoint"],
     ["B6", "payloads", "every payload included is named by an entry"],
@@ -762,14 +858,25 @@
       const { doc, blobs, inclusion } = parsed;
       const session = doc.session, origin = doc.origin;
       Object.assign(out.facts, { session, origin });
-      // B2
+      // B2: the key history the bundle carries is followed from the trusted keys.
       step = "B2";
       out.facts.vkeyTrusted = await vkeyTrusted(doc.vkey, trusted);
-      // B3
+      const statements = parseKeyHistory(doc, origin);
+      const history = await followRotations(statements, trusted, origin);
+      const rootTrust = trusted;
+      trusted = history.trusted;
+      // B3: signed by a key allowed at its size; every rotation statement is a leaf of it.
       step = "B3";
-      const checkpoint = await openCheckpoint(doc.checkpoint, trusted, origin);
+      const signers = history.rotations ? checkpointKeys(history, parseCheckpoint(parseNote(doc.checkpoint).text).size) : rootTrust;
+      const checkpoint = await openCheckpoint(doc.checkpoint, signers, origin);
       out.checkpoint = checkpoint;
       Object.assign(out.facts, { checkpointSize: checkpoint.size, checkpointRoot: hex(checkpoint.root) });
+      for (const { item, proof } of statements) {
+        const index = BigInt(item.entry.index);
+        if (index >= checkpoint.size || !(await verifyInclusion(await leafHash(item.raw), index, checkpoint.size, proof, checkpoint.root))) {
+          throw notVerified("not_in_log", `the rotation statement at log index ${index} is not in the checkpoint`);
+        }
+      }
       // B4: parse every entry first (as StoredEntry.from_json does), then the chain with its V12 hook.
       step = "B4";
       const items = [];
@@ -784,13 +891,14 @@
       out.items = items;
       if (inclusion.length !== items.length) throw notVerified("proof_count", "the bundle holds a different number of proofs than entries");
       const facts = await precompute(items, blobs, inclusion, checkpoint, trusted);
+      const spans = history.rotations ? await Promise.all(items.map((item) => keySpan(history, item))) : null;
       const chain = verifyEntries(items, facts, {
         kinds, trusted, blobs, session, origin,
         extra: (item, position) => {
           const index = BigInt(item.entry.index);
           if (index >= checkpoint.size) return ["not_in_log", `entry ${item.entry.seq}: log index ${index} is beyond the checkpoint of size ${checkpoint.size}`];
           if (!facts.included[position]) return ["not_in_log", `entry ${item.entry.seq}: it is not the leaf at log index ${index} of the checkpointed tree`];
-          return null;
+          return spans === null ? null : spans[position];
         },
       });
       for (const [ref, got] of facts.blobRef) out.blobState.set(ref, got === ref ? "checked" : "changed");

@@ -1,0 +1,134 @@
+"""Key rotation: the log's key history followed from a trusted starting key; forged and malformed
+rotation statements (one data file per attack); a retired key refused by the store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from truss._errors import KeyFileError, StoreError, VerificationError
+from truss.keyring import read_history, rotate_identity_key, trust_root
+from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.keyhistory import LOG_SESSION, follow_rotations
+from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+from truss.ledger.store import open_store
+from truss.ledger.verify import verify_ledger
+from truss.testing import ManualClock
+
+FIXTURES = Path(__file__).parent / "tampered_rotations"
+ORIGIN = "truss.test/witnessed-log"
+ATTACKS = {
+    "forged_rotation_signed_by_the_key_it_introduces": "forged_rotation",
+    "rotation_signed_by_a_retired_key": "forged_rotation",
+    "rotation_naming_another_key_as_the_one_replaced": "forged_rotation",
+    "rotation_with_a_from_index_in_the_future": "bad_rotation",
+    "rotation_without_the_new_keys_consent": "bad_rotation",
+    "rotation_body_changed_after_signing": "bad_rotation",
+}
+
+
+def _fixture(name: str) -> tuple[TrustedKeys, list[StoredEntry]]:
+    doc: Any = json.loads((FIXTURES / f"{name}.json").read_text(encoding="utf-8"))
+    return TrustedKeys.from_texts(doc["trusted"]), [StoredEntry.from_json(e) for e in doc["entries"]]
+
+
+def test_two_rotations_are_followed_from_the_first_key_and_each_key_signs_only_its_span() -> None:
+    trusted, entries = _fixture("valid_two_rotations")
+    history = follow_rotations(entries, trusted, origin=ORIGIN)
+    spans = [(p.from_index, p.until_index) for p in history.periods]
+    first, second = entries[1].index, entries[2].index
+    assert spans == [(0, first + 1), (first + 1, second + 1), (second + 1, None)]
+    assert len(history.trusted) == 3 and len(history.rotations) == 2
+    assert history.checkpoint_keys(first + 1) == [history.periods[0].key, history.periods[1].key]
+    assert history.checkpoint_keys(second + 5) == [history.periods[2].key]
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS), ids=sorted(ATTACKS))
+def test_a_forged_or_malformed_rotation_statement_fails_with_its_reason(name: str) -> None:
+    trusted, entries = _fixture(name)
+    with pytest.raises(VerificationError) as info:
+        follow_rotations(entries, trusted, origin=ORIGIN)
+    assert info.value.reason == ATTACKS[name]
+    assert info.value.session == LOG_SESSION and isinstance(info.value.index, int)
+
+
+def test_a_verifier_that_starts_from_a_later_key_skips_the_statements_before_it() -> None:
+    _, entries = _fixture("valid_two_rotations")
+    later = VerifierKey.parse(entries[1].body["key"])
+    history = follow_rotations(entries, TrustedKeys([later]), origin=ORIGIN)
+    assert history.periods[0].key == later and len(history.periods) == 2
+
+
+def _home(tmp_path: Path) -> tuple[Path, Path, IdentityKey]:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    key = IdentityKey.create(home / "identity.key", name=ORIGIN)
+    return home / "identity.key", home / "ledger.db", key
+
+
+def _run(db: Path, key: IdentityKey, session: str, clock: ManualClock) -> None:
+    with open_store(db, key=key, clock=clock) as store:
+        records = [Record("session_started", {"contract": "c"}), Record("session_ended", {"status": "pass"})]
+        store.append(session, records)
+
+
+def test_entries_before_and_after_a_rotation_verify_from_the_first_key_alone(tmp_path: Path) -> None:
+    key_path, db, first = _home(tmp_path)
+    clock = ManualClock()
+    _run(db, first, "s_before", clock)
+    result = rotate_identity_key(key_path, lambda k: open_store(db, key=k, clock=clock, create=False))
+    current = IdentityKey.load(key_path)
+    assert current.verifier == result.new and current.name == first.name, "same origin, new key"
+    assert [k.key_id for k in read_history(key_path)] == [first.key_id, current.key_id]
+    assert trust_root(key_path) == [first.verifier]
+    _run(db, current, "s_after", clock)
+    with open_store(db, key=None, clock=clock, create=False) as store:
+        history = follow_rotations(store.read_session(LOG_SESSION), TrustedKeys([first.verifier]), origin=store.origin)
+        report = verify_ledger(store, history.trusted, extra=[history.check])
+        assert report.ok, report
+        assert not verify_ledger(store, TrustedKeys([first.verifier])).ok, "without following, the new key is unknown"
+        [rotation] = history.rotations
+        assert rotation.statement is not None and rotation.from_index == rotation.statement.index + 1
+
+
+def test_the_store_refuses_a_retired_key_at_open_and_at_its_next_append(tmp_path: Path) -> None:
+    key_path, db, first = _home(tmp_path)
+    clock = ManualClock()
+    _run(db, first, "s_1", clock)
+    still_open = open_store(db, key=first, clock=clock)  # another process holding the old key
+    rotate_identity_key(key_path, lambda k: open_store(db, key=k, clock=clock, create=False))
+    with pytest.raises(StoreError) as info:
+        still_open.append("s_2", [Record("session_started", {"contract": "c"})])
+    assert info.value.reason == "key_retired"
+    still_open.close()
+    with pytest.raises(KeyFileError) as opened:
+        open_store(db, key=first, clock=clock)
+    assert opened.value.reason == "key_retired"
+
+
+def test_a_rotation_interrupted_after_its_statement_is_completed_by_rotating_again(tmp_path: Path) -> None:
+    key_path, db, first = _home(tmp_path)
+    clock = ManualClock()
+    _run(db, first, "s_1", clock)
+    prepared = key_path.with_name("identity.key.next")
+
+    def crash_after_recording(key: IdentityKey | None) -> Any:
+        store = open_store(db, key=key, clock=clock, create=False)
+        original_close = store.close
+
+        def close() -> None:
+            original_close()
+            raise KeyboardInterrupt  # the process dies once the statement is committed
+
+        store.close = close  # type: ignore[method-assign]
+        return store
+
+    with pytest.raises(KeyboardInterrupt):
+        rotate_identity_key(key_path, crash_after_recording)
+    assert prepared.exists() and IdentityKey.load(key_path).key_id == first.key_id
+    result = rotate_identity_key(key_path, lambda k: open_store(db, key=k, clock=clock, create=False))
+    assert result.completed_earlier and not prepared.exists()
+    assert IdentityKey.load(key_path).verifier == result.new

@@ -1,0 +1,83 @@
+"""The page and ``truss ledger verify --bundle`` agree on bundles of a log whose key was rotated: the
+page follows the ``key_history`` a bundle carries from the first key, as the Python verifier does,
+and refuses what it refuses (a forged statement, one outside the checkpoint, a missing history)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.report.bundles import Case
+from tests.report.cdp import Page
+from tests.report.support import open_report
+from tests.report.test_agreement import _compare, _report_page  # pyright: ignore[reportPrivateUsage]
+from truss.keyring import rotate_identity_key
+from truss.ledger.bundle import export_bundle
+from truss.ledger.canonical import canonical
+from truss.ledger.entry import Record, entry_signing_payload
+from truss.ledger.keys import IdentityKey
+from truss.ledger.store import open_store
+from truss.testing import ManualClock
+
+ORIGIN = "rotating.report.truss.test"
+
+
+def _record(db: Path, key: IdentityKey, session: str, clock: ManualClock) -> None:
+    with open_store(db, key=key, clock=clock) as store:
+        records = [Record("session_started", {"contract": "c"}), Record("session_ended", {"status": "pass"})]
+        store.append(session, records)
+
+
+def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    first = IdentityKey.create(home / "identity.key", name=ORIGIN)
+    db, clock = home / "ledger.db", ManualClock()
+    _record(db, first, "s_before", clock)
+    rotate_identity_key(home / "identity.key", lambda k: open_store(db, key=k, clock=clock, create=False))
+    current = IdentityKey.load(home / "identity.key")
+    _record(db, current, "s_after", clock)
+    with open_store(db, key=current, clock=clock, create=False) as store:
+        after: dict[str, Any] = json.loads(export_bundle(store, "s_after", vkey=current.verifier.vkey, signer=current))
+    assert after["key_history"], "a bundle after a rotation carries the statement"
+    variants: dict[str, dict[str, Any]] = {"rotated_valid": after}
+    variants["rotated_without_key_history"] = {k: v for k, v in after.items() if k != "key_history"}
+    forged = json.loads(json.dumps(after))
+    statement = forged["key_history"][0]["entry"]
+    statement["entry"]["body"]["from_index"] += 1
+    variants["rotation_statement_altered"] = forged
+    resigned = json.loads(json.dumps(after))
+    attacker = IdentityKey.generate(ORIGIN)
+    item = resigned["key_history"][0]["entry"]
+    item["entry"]["body"]["key"] = attacker.verifier.vkey
+    raw = canonical(item["entry"])
+    item.update(hash=hashlib.sha256(raw).hexdigest(), keyid=attacker.key_id,
+                sig=base64.b64encode(attacker.sign(entry_signing_payload(raw))).decode())  # fmt: skip
+    variants["rotation_statement_signed_by_another_key"] = resigned
+    moved = json.loads(json.dumps(after))
+    proof = moved["key_history"][0]["inclusion"]
+    proof[0] = base64.b64encode(bytes(32)).decode()
+    variants["rotation_statement_not_in_the_checkpoint"] = moved
+    paths: dict[str, Path] = {}
+    for name, doc in variants.items():
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(canonical(doc))
+        paths[name] = path
+    return first.verifier.vkey, paths
+
+
+@pytest.mark.slow
+def test_the_page_follows_a_key_rotation_and_refuses_what_truss_ledger_verify_refuses(
+    page: Page, tmp_path: Path
+) -> None:
+    vkey, paths = _bundles(tmp_path)
+    cases = [Case(f"rotation/{name}", path, vkey) for name, path in sorted(paths.items())]
+    valid = next(c for c in cases if c.name.endswith("rotated_valid"))
+    report = _report_page(valid, valid.path, tmp_path, tmp_path / "page.html")
+    assert open_report(page, report)["ok"] is True, "the page follows the rotation from the first key"
+    assert _compare(page, cases, tmp_path) == []

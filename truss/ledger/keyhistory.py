@@ -1,0 +1,350 @@
+"""The log's own record, and the key history a verifier follows from a trusted starting key.
+
+Some signed entries belong to the log rather than to a run: key rotations (``key_rotated``) and
+witness outcomes (``checkpoint_witnessed``). They go in one log-level session with the reserved
+id ``@log`` (``LOG_SESSION``; ``@`` is never in a run's session id, so no caller can name it),
+which starts with a ``session_started`` body ``{"scope": "log"}`` and never ends. It is chained,
+signed, indexed and proven like any session; listings of runs leave it out
+(``is_log_session``).
+
+A **rotation statement** is a ``key_rotated`` entry, signed (as every entry) by the key it
+retires. Its body::
+
+    {"key": <new verifier key>, "replaces": <old verifier key>, "from_index": <its own index + 1>,
+     "proof": <base64 Ed25519 signature by the new key over PAE(ROTATION_PAYLOAD_TYPE,
+               canonical({"log", "key", "replaces", "from_index"}))>}
+
+so the old key signs the new verifier key and the log index from which the new key signs, and the
+new key shows it consents (a statement cannot hand the log to a key nobody holds). The log's
+origin, the name of every key, stays the same.
+
+``follow_rotations`` walks the ``@log`` entries from the keys a verifier trusts: a statement
+counts only when it is signed by a key valid at its index (otherwise it is forged:
+``forged_rotation``) and is well formed (``bad_rotation``). The result, a ``KeyHistory``, is the
+list of periods (key, from index, until index); ``check`` is a V12 hook refusing an entry signed
+by a key outside its period (``retired_key``), and ``checkpoint_keys(size)`` the keys that may
+sign a checkpoint of that size (valid at ``size - 1`` or from ``size``). A history is a list of
+signed statements a verifier follows, so more signers per log (one key per worker) extend it.
+
+Sans-IO. What it does not do: read the store (callers pass the ``@log`` entries) or write keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from truss._errors import BundleFormatError, InputError, StoreConflictError, VerificationError
+from truss.ledger.canonical import CanonicalError, canonical
+from truss.ledger.entry import Record, StoredEntry, entry_bytes, entry_signing_payload, pae
+from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+from truss.ledger.merkle import inclusion_proof
+
+__all__ = [
+    "LOG_SESSION",
+    "ROTATION_PAYLOAD_TYPE",
+    "KeyHistory",
+    "KeyPeriod",
+    "LogAppender",
+    "append_to_log",
+    "bundle_key_history",
+    "ensure_log_session",
+    "follow_rotations",
+    "is_log_session",
+    "log_session_start",
+    "rotation_proofs",
+    "rotation_record",
+    "rotation_statement",
+]
+
+LOG_SESSION = "@log"
+ROTATION_PAYLOAD_TYPE = "application/vnd.truss.key-rotation.v1+json"
+_ROTATION_FIELDS = frozenset({"key", "replaces", "from_index", "proof"})
+_MAX_STATEMENTS = 1000
+
+
+def is_log_session(session: str) -> bool:
+    """True for the reserved log-level session(s): ids starting with ``@`` are never a run's."""
+    return session.startswith("@")
+
+
+def log_session_start() -> Record:
+    return Record("session_started", {"scope": "log"})
+
+
+class LogAppender(Protocol):
+    """What ``append_to_log`` needs from a store."""
+
+    def session(self, session: str) -> Any: ...
+
+    def append(
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
+    ) -> list[StoredEntry]: ...
+
+    def set_status(self, session: str, status: str) -> None: ...
+
+
+def ensure_log_session(store: LogAppender) -> None:
+    """Start the ``@log`` session if the log has none yet (two writers racing both succeed)."""
+    if store.session(LOG_SESSION) is not None:
+        return
+    try:
+        store.append(LOG_SESSION, [log_session_start()], durable=True, expect_seq=0)
+    except StoreConflictError:
+        return  # another writer started it first
+    store.set_status(LOG_SESSION, "log")
+
+
+def append_to_log(
+    store: LogAppender, records: Sequence[Record], *, expect_index: int | None = None
+) -> list[StoredEntry]:
+    """Append the log's own ``records`` to ``@log`` (durably), starting that session if needed."""
+    ensure_log_session(store)
+    return store.append(LOG_SESSION, list(records), durable=True, expect_index=expect_index)
+
+
+def rotation_statement(log: str, key: str, replaces: str, from_index: int) -> bytes:
+    """The bytes the new key signs in a rotation: its PAE over the canonical statement."""
+    statement = {"log": log, "key": key, "replaces": replaces, "from_index": from_index}
+    return pae(ROTATION_PAYLOAD_TYPE, canonical(statement))
+
+
+def rotation_record(old: IdentityKey, new: IdentityKey, from_index: int) -> Record:
+    """The ``key_rotated`` record retiring ``old`` for ``new`` from ``from_index`` (its index + 1).
+
+    The store signs the entry with ``old`` (the key it was opened with); ``new`` signs the proof.
+    """
+    if old.name != new.name:
+        raise ValueError("a rotated key keeps the log's name (the origin)")
+    proof = new.sign(rotation_statement(old.name, new.verifier.vkey, old.verifier.vkey, from_index))
+    return Record(
+        "key_rotated",
+        {
+            "key": new.verifier.vkey,
+            "replaces": old.verifier.vkey,
+            "from_index": from_index,
+            "proof": base64.b64encode(proof).decode("ascii"),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class KeyPeriod:
+    """A key and the log indexes it signs: ``from_index`` <= index < ``until_index`` (None: open).
+
+    ``statement`` is the rotation entry that introduced it (None for a key trusted from the start).
+    """
+
+    key: VerifierKey
+    from_index: int
+    until_index: int | None
+    statement: StoredEntry | None = None
+
+    def covers(self, index: int) -> bool:
+        return self.from_index <= index and (self.until_index is None or index < self.until_index)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "vkey": self.key.vkey,
+            "key_id": self.key.key_id,
+            "from_index": self.from_index,
+            "until_index": self.until_index,
+        }
+        if self.statement is not None:
+            out["statement"] = self.statement.to_json()
+        return out
+
+
+class KeyHistory:
+    """The periods of every key a verifier accepts, in the order they were introduced."""
+
+    def __init__(self, periods: Sequence[KeyPeriod]) -> None:
+        self.periods = list(periods)
+        self.trusted = TrustedKeys(p.key for p in self.periods)
+        ids = [p.key.key_id for p in self.periods]
+        self._shared_ids = {i for i in ids if ids.count(i) > 1}
+
+    @property
+    def rotations(self) -> list[KeyPeriod]:
+        return [p for p in self.periods if p.statement is not None]
+
+    def valid_at(self, index: int) -> list[VerifierKey]:
+        return [p.key for p in self.periods if p.covers(index)]
+
+    def check(self, item: StoredEntry) -> tuple[str, str] | None:
+        """V12: the entry's signature is by a key whose period covers its index."""
+        index = item.index
+        valid = [p for p in self.periods if p.key.key_id == item.keyid and p.covers(index)]
+        if valid and item.keyid not in self._shared_ids:
+            return None
+        if valid and any(p.key.verify(entry_signing_payload(item.raw), item.sig) for p in valid):
+            return None
+        periods = [p for p in self.periods if p.key.key_id == item.keyid]
+        spans = ", ".join(f"[{p.from_index}, {'...' if p.until_index is None else p.until_index})" for p in periods)
+        return (
+            "retired_key",
+            f"entry {item.seq} of session {item.session!r} (log index {index}) is signed by key {item.keyid}, "
+            f"which signs only log indexes {spans or 'none'}",
+        )
+
+    def checkpoint_keys(self, size: int) -> list[VerifierKey]:
+        """Keys that may sign a checkpoint of ``size``: valid for its last entry, or from ``size`` on."""
+        keys: list[VerifierKey] = []
+        for p in self.periods:
+            if p.from_index <= size and (p.until_index is None or size <= p.until_index):
+                keys.append(p.key)
+        return keys
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [p.to_json() for p in self.periods]
+
+
+def _forged(item: StoredEntry, message: str) -> VerificationError:
+    return VerificationError(
+        f"rotation statement at log index {item.entry.get('index')}: {message}",
+        remedy="do not trust entries signed by the key it introduces; the log's key history was forged",
+        reason="forged_rotation",
+        session=LOG_SESSION,
+        seq=item.entry.get("seq"),
+        index=item.entry.get("index"),
+    )
+
+
+def _bad(item: StoredEntry, message: str) -> VerificationError:
+    return VerificationError(
+        f"rotation statement at log index {item.entry.get('index')}: {message}",
+        remedy="the key history is malformed; do not trust entries signed after it",
+        reason="bad_rotation",
+        session=LOG_SESSION,
+        seq=item.entry.get("seq"),
+        index=item.entry.get("index"),
+    )
+
+
+def follow_rotations(entries: Iterable[StoredEntry], trusted: TrustedKeys, *, origin: str) -> KeyHistory:
+    """Follow the ``key_rotated`` statements among ``entries`` (the ``@log`` session, in order)
+    from the ``trusted`` keys, each valid from index 0. Raises ``VerificationError``
+    (``forged_rotation``, ``bad_rotation``) for the first statement that does not hold."""
+    periods = [KeyPeriod(key, 0, None) for key in trusted]
+    for item in _rotations(entries):
+        index = item.entry.get("index")
+        if not isinstance(index, int) or item.entry.get("log") != origin:
+            raise _bad(item, "it is not an entry of this log")
+        try:
+            well_formed = entry_bytes(item.entry) == item.raw and hashlib.sha256(item.raw).hexdigest() == item.hash
+        except CanonicalError:
+            well_formed = False
+        if not well_formed:
+            raise _bad(item, "its bytes or hash do not match the entry")
+        payload = entry_signing_payload(item.raw)
+        raw_body: Any = item.entry.get("body")
+        body: dict[str, Any] = cast(dict[str, Any], raw_body) if isinstance(raw_body, dict) else {}
+        signer = next(
+            (i for i, p in enumerate(periods) if p.key.key_id == item.keyid and p.key.verify(payload, item.sig)), None
+        )
+        if signer is None:
+            claimed = body.get("replaces")
+            if any(p.key.vkey == claimed for p in periods):
+                raise _forged(item, f"it rotates a trusted key but is signed by another one (key id {item.keyid})")
+            continue  # a statement about keys before the ones trusted: the verifier starts after it
+        old = periods[signer]
+        if not old.covers(index):
+            raise _forged(item, f"it is signed by key {old.key.key_id}, which was retired before index {index}")
+        if frozenset(body) != _ROTATION_FIELDS:
+            raise _bad(item, f"its body has the fields {sorted(_ROTATION_FIELDS)}")
+        if body.get("replaces") != old.key.vkey:
+            raise _forged(item, "the key it says it replaces is not the key that signed it")
+        if body.get("from_index") != index + 1:
+            raise _bad(item, f"from_index is {body.get('from_index')!r}, not its own index + 1 ({index + 1})")
+        try:
+            new = VerifierKey.parse(str(body.get("key")))
+            proof = base64.b64decode(str(body.get("proof")), validate=True)
+        except (InputError, binascii.Error, ValueError):
+            raise _bad(item, "its new key or proof cannot be parsed") from None
+        if new.name != origin:
+            raise _bad(item, f"the new key is named {new.name!r}; a rotated key keeps the origin {origin!r}")
+        if not new.verify(rotation_statement(origin, new.vkey, old.key.vkey, index + 1), proof):
+            raise _bad(item, "the new key's proof does not verify (it names a key whose holder did not accept it)")
+        known = [p for p in periods if p.key == new]
+        if new == old.key or any(p.statement is not None for p in known):
+            raise _bad(item, "the new key is a key the log already rotated to or from")
+        periods[signer] = KeyPeriod(old.key, old.from_index, index + 1, old.statement)
+        if not known:  # a key the verifier already trusts from the start keeps that trust
+            periods.append(KeyPeriod(new, index + 1, None, item))
+    return KeyHistory(periods)
+
+
+def _rotations(entries: Iterable[StoredEntry]) -> Iterator[StoredEntry]:
+    for item in entries:
+        if item.entry.get("kind") == "key_rotated":
+            yield item
+
+
+class _HistorySource(Protocol):
+    def session(self, session: str) -> Any: ...
+
+    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
+
+    def node(self, level: int, index: int) -> bytes: ...
+
+
+def rotation_proofs(store: _HistorySource, size: int) -> list[dict[str, Any]]:
+    """The log's rotation statements before ``size``, each with its inclusion proof in the tree of
+    that size: what a bundle carries so a verifier can follow the key history offline."""
+    if store.session(LOG_SESSION) is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for item in _rotations(store.read_session(LOG_SESSION)):
+        if item.index < size:
+            proof = inclusion_proof(item.index, size, store.node)
+            out.append({"entry": item.to_json(), "inclusion": [base64.b64encode(h).decode("ascii") for h in proof]})
+    return out
+
+
+def bundle_key_history(doc: Mapping[str, Any], origin: str) -> list[tuple[StoredEntry, list[bytes]]]:
+    """The ``key_history`` of a parsed bundle: each statement and its inclusion proof.
+
+    Raises ``BundleFormatError`` (``bad_fields``) for a field that is not a list of
+    ``{"entry", "inclusion"}`` objects; the statements are checked by ``follow_rotations``.
+    """
+    raw: Any = doc.get("key_history", [])
+    if not isinstance(raw, list) or len(cast(list[Any], raw)) > _MAX_STATEMENTS:
+        raise _format(f"a bundle's key_history is a list of at most {_MAX_STATEMENTS} statements")
+    out: list[tuple[StoredEntry, list[bytes]]] = []
+    for item in cast(list[Any], raw):
+        if not isinstance(item, dict):
+            raise _format("a key_history item is an object with entry and inclusion")
+        fields = cast(dict[str, Any], item)
+        if set(fields) != {"entry", "inclusion"}:
+            raise _format("a key_history item is an object with entry and inclusion")
+        entry = StoredEntry.from_json(fields["entry"])
+        if entry.entry.get("kind") != "key_rotated" or entry.entry.get("log") != origin:
+            raise _format("a key_history item is a key_rotated entry of the bundle's log")
+        hashes: Any = fields["inclusion"]
+        if not isinstance(hashes, list) or len(cast(list[Any], hashes)) > 64:
+            raise _format("a key_history inclusion proof is a list of at most 64 hashes")
+        proof: list[bytes] = []
+        for h in cast(list[Any], hashes):
+            try:
+                value = base64.b64decode(str(h), validate=True)
+            except (binascii.Error, ValueError):
+                raise _format("a key_history inclusion proof holds base64 hashes") from None
+            if len(value) != 32:
+                raise _format("a key_history inclusion proof holds 32-byte hashes")
+            proof.append(value)
+        out.append((entry, proof))
+    return out
+
+
+def _format(message: str) -> BundleFormatError:
+    return BundleFormatError(message, remedy="obtain the bundle again from its source", reason="bad_fields")
