@@ -111,6 +111,9 @@ def test_member_order_does_not_change_the_bytes(value: dict[str, int]) -> None:
         {"\udfff": 1},
         2**53 + 1,
         -(2**53) - 1,
+        2**60,
+        10**21,
+        10**400,
         {1: "non-string key"},
         b"bytes",
         {1.5},
@@ -124,6 +127,9 @@ def test_member_order_does_not_change_the_bytes(value: dict[str, int]) -> None:
         "lone_low_surrogate_key",
         "int_beyond_2_53",
         "int_below_minus_2_53",
+        "int_that_is_a_double_printing_other_digits",
+        "int_a_double_prints_with_an_exponent",
+        "int_beyond_every_double",
         "non_string_key",
         "bytes",
         "set",
@@ -132,6 +138,15 @@ def test_member_order_does_not_change_the_bytes(value: dict[str, int]) -> None:
 def test_values_without_a_json_form_are_refused(value: Any) -> None:
     with pytest.raises(CanonicalError):
         canonical(value)
+
+
+@pytest.mark.parametrize("value", [10**20, -(10**20), 123 * 10**18, 2**54])
+def test_an_integer_beyond_2_53_that_is_a_double_printing_as_its_digits_keeps_them(value: int) -> None:
+    # An integral double such as 1e20 prints as plain digits; json.loads reads those back as an int.
+    # Refusing that int would make every record holding such a double unverifiable once re-read.
+    encoded = canonical(value)
+    assert encoded == str(value).encode() == canonical(float(value))
+    assert canonical(json.loads(encoded)) == encoded
 
 
 def test_refusal_names_the_pointer_of_the_bad_value() -> None:

@@ -112,6 +112,22 @@ def test_a_check_that_fails_gives_verdict_fail_and_exit_1(home: Path, tmp_path: 
     assert "verdict     FAIL" in run.stdout and "FAIL result_matches" in run.stdout
 
 
+@pytest.mark.peers
+def test_a_contract_holding_a_large_integral_float_runs_and_its_ledger_verifies(home: Path, tmp_path: Path) -> None:
+    """``1e20`` is recorded as plain digits in session_started, which read back as an int beyond 2**53."""
+    python_peer("mcp-server-time")
+    variant = tmp_path / "hello-big.toml"
+    rule = 'reason = "time lookups are harmless"\n'
+    text = HELLO.read_text(encoding="utf-8")
+    assert rule in text
+    bounded = '\n[[policy.rules]]\ntool = "mcp:time:unused"\neffect = "deny"\nargs = { n = { max = 1e20 } }\n'
+    variant.write_text(text.replace(rule, rule + bounded, 1))
+    run = truss(home, "run", str(variant))
+    assert run.returncode == 0, run.stdout + run.stderr
+    verify = truss(home, "ledger", "verify", "--all")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.peers
 def test_git_triage_against_mcp_server_git_in_a_temporary_repository(home: Path, tmp_path: Path) -> None:

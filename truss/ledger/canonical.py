@@ -7,8 +7,11 @@ bool, None) and returns UTF-8 bytes:
 - strings escaped as ECMAScript ``JSON.stringify`` does (``\\"``, ``\\\\``, ``\\b\\f\\n\\r\\t``,
   other controls as ``\\u00xx``), everything else literal UTF-8; lone surrogates are refused;
 - numbers formatted as ECMAScript ``Number.prototype.toString`` formats a double; NaN and the
-  infinities are refused, and so are integers beyond +/-2**53 (they have no exact double; I-JSON,
-  RFC 7493), rather than being rounded silently.
+  infinities are refused, and so are integers beyond +/-2**53 that no double holds exactly (I-JSON,
+  RFC 7493), rather than being rounded silently. An integer beyond 2**53 that *is* a double and
+  prints as its own digits (``10**20``, which is what an integral double such as ``1e20`` parses
+  back as) keeps those digits, so canonical bytes read back by ``json.loads`` re-encode to
+  themselves.
 
 It does no I/O. ``CanonicalError`` (a ``ValueError``) names the JSON pointer of the bad value.
 """
@@ -119,9 +122,10 @@ def _encode(value: Any, out: list[str], pointer: str, depth: int) -> None:
     elif isinstance(value, str):
         out.append(_string(value, pointer))
     elif isinstance(value, int):
-        if abs(value) > _MAX_SAFE_INT:
+        digits = str(value)
+        if abs(value) > _MAX_SAFE_INT and not _is_exact_double(value, digits):
             raise CanonicalError("integer beyond +/-2**53 has no exact JSON number form", pointer)
-        out.append(str(value))
+        out.append(digits)
     elif isinstance(value, float):
         out.append(_number(value, pointer))
     elif isinstance(value, dict):
@@ -165,6 +169,15 @@ def _string(text: str, pointer: str) -> str:
             out.append(ch)
     out.append('"')
     return "".join(out)
+
+
+def _is_exact_double(value: int, digits: str) -> bool:
+    """True when ``value`` is a double whose ECMAScript form is ``digits`` (so no reader rounds it)."""
+    try:
+        double = float(value)
+    except OverflowError:
+        return False
+    return int(double) == value and _number(double, "") == digits
 
 
 def _number(value: float, pointer: str) -> str:

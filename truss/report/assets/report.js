@@ -92,7 +92,7 @@
 
   // Python tells 1 from 1.0 and keeps integers beyond 2**53 exactly; JavaScript numbers do neither.
   // The reviver sees each number's source text and marks, by holder and key, the ones that were
-  // written as floats and the integers that have no exact double (RFC 8785 refuses those).
+  // written as floats and the integers that no double holds exactly (RFC 8785 refuses those).
   const FLOATS = new WeakMap();
   const BIGS = new WeakMap();
   function mark(map, holder, key) {
@@ -110,8 +110,10 @@
         const src = context.source;
         if (/[.eE]/.test(src)) mark(FLOATS, this, key);
         else {
+          // Beyond 2**53 only an integer that is a double printing as its own digits (10**20) is kept.
           const big = BigInt(src);
-          if (big > SAFE || big < -SAFE) mark(BIGS, this, key);
+          const exact = Number.isFinite(value) && BigInt(value) === big && String(value) === String(big);
+          if ((big > SAFE || big < -SAFE) && !exact) mark(BIGS, this, key);
         }
       }
       return value;
