@@ -38,7 +38,7 @@ from truss.contract import Contract  # noqa: E402
 from truss.gate import CallRequest, Gate, Journal, Redactor  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
 from truss.ledger.keys import IdentityKey  # noqa: E402
-from truss.ledger.store import open_store  # noqa: E402
+from truss.ledger.stores import open_store  # noqa: E402
 from truss.mcp.client import connect  # noqa: E402
 from truss.session import approve_call, pending_approvals, resume_session, run_contract  # noqa: E402
 

@@ -49,7 +49,7 @@ from truss.events import EventBus, RunEvents  # noqa: E402
 from truss.gate import CallRequest, Gate, Journal, Redactor  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
 from truss.ledger.keys import IdentityKey  # noqa: E402
-from truss.ledger.store import open_store  # noqa: E402
+from truss.ledger.stores import open_store  # noqa: E402
 from truss.mcp.client import connect  # noqa: E402
 from truss.tools import MountedTool, ToolResult  # noqa: E402
 

@@ -39,15 +39,15 @@ from truss._clock import SystemClock  # noqa: E402
 from truss.ledger.canonical import sha256_ref  # noqa: E402
 from truss.ledger.entry import Record, entry_signing_payload  # noqa: E402
 from truss.ledger.keys import IdentityKey, TrustedKeys  # noqa: E402
-from truss.ledger.store import SqliteStore, open_store  # noqa: E402
-from truss.ledger.verify import verify_entries, verify_ledger  # noqa: E402
+from truss.ledger.stores.sqlite import SqliteStore, open_sqlite  # noqa: E402
+from truss.ledger.verification import verify_entries, verify_ledger  # noqa: E402
 
 KEY = IdentityKey.from_seed(bytes(range(32)), "bench.truss.test")
 CLOCK = SystemClock()
 
 
 def _store(path: Path, *, group: bool = True) -> SqliteStore:
-    return open_store(path, key=KEY, clock=CLOCK, group_commit=group)
+    return open_sqlite(path, key=KEY, clock=CLOCK, group_commit=group)
 
 
 def _turn(i: int) -> Record:

@@ -34,7 +34,7 @@ from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import Frontier, inclusion_proof, leaf_hash, node_hash, root_at, verify_inclusion
 from truss.ledger.note import sign_checkpoint_note
-from truss.ledger.verify import verify_entries
+from truss.ledger.verification import verify_entries
 
 ORIGIN = "bench.truss.test"
 SESSION = "s_bench"
@@ -112,7 +112,7 @@ class _Source:
         return self._checkpoints
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
-        from truss.ledger.store import StoredCheckpoint
+        from truss.ledger.stores import StoredCheckpoint
 
         self._checkpoints.append(StoredCheckpoint(size, root, note))
 

@@ -90,8 +90,13 @@ def test_the_core_never_imports_the_mcp_tier() -> None:
     assert not bad, _show(bad)
 
 
+# The stores package is the ledger's I/O edge (sqlite3 and, later, a PostgreSQL driver live there);
+# `truss/ledger/store.py` is the compatibility re-export of the SQLite store for code written before it.
+_STORE_FILES = ("truss/ledger/stores/", "truss/ledger/store.py")
+
+
 def _ledger_core(imp: Import) -> bool:
-    return imp.file.startswith("truss/ledger/") and imp.file != "truss/ledger/store.py"
+    return imp.file.startswith("truss/ledger/") and not imp.file.startswith(_STORE_FILES)
 
 
 def test_the_ledger_core_does_no_io_and_reads_no_clock() -> None:
@@ -99,6 +104,54 @@ def test_the_ledger_core_does_no_io_and_reads_no_clock() -> None:
     bad = [i for i in _hits(banned) if _ledger_core(i)]
     bad += [i for i in ALL if _ledger_core(i) and i.module == "truss._clock" and "SystemClock" in i.names]
     bad += [i for i in ALL if _ledger_core(i) and i.module == "truss" and "SystemClock" in i.names]
+    assert not bad, _show(bad)
+
+
+def test_only_the_stores_package_imports_sqlite3() -> None:
+    bad = [
+        i for i in _hits(("sqlite3",)) if i.file.startswith(("truss/", "cli/")) and not i.file.startswith(_STORE_FILES)
+    ]
+    assert not bad, _show(bad)
+
+
+# A concrete backend is chosen by the URL scheme in `truss.ledger.stores.open_store`; everything
+# else is typed to the `LedgerStore` protocol. Why each exception exists:
+BACKEND_NAMING_ALLOWED = {
+    "truss/ledger/store.py": "the compatibility re-export of the SQLite store (code written before the stores package)",
+    "truss/testing/__init__.py": "re-exports the in-memory store as a fake for tests of code built on a store",
+}
+_BACKENDS = ("truss.ledger.stores.sqlite", "truss.ledger.stores.memory", "truss.ledger.stores._sqlite_writer")
+_BACKEND_NAMES = ("SqliteStore", "MemoryStore", "open_sqlite", "open_memory", "SqliteWriter")
+
+
+def _names_a_backend(path: Path) -> list[str]:
+    rel = path.relative_to(ROOT).as_posix()
+    found = [f"{rel}:{i.line} imports {i.module}" for i in _imports(path) if i.module in _BACKENDS]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        if name in _BACKEND_NAMES:
+            found.append(f"{rel}:{getattr(node, 'lineno', 0)} names {name}")
+    return found
+
+
+def test_nothing_outside_the_stores_package_names_a_concrete_store() -> None:
+    outside = [p for p in SOURCES if not p.relative_to(ROOT).as_posix().startswith("truss/ledger/stores/")]
+    bad = [
+        hit
+        for p in outside
+        if p.relative_to(ROOT).as_posix() not in BACKEND_NAMING_ALLOWED
+        for hit in _names_a_backend(p)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_backend_rule_sees_a_named_backend() -> None:
+    assert _names_a_backend(ROOT / "truss" / "ledger" / "store.py"), "the reader must see the re-export's names"
+
+
+def test_nothing_in_truss_or_the_cli_imports_the_compatibility_store_module() -> None:
+    bad = [i for i in _hits(("truss.ledger.store",)) if i.file.startswith(("truss/", "cli/"))]
     assert not bad, _show(bad)
 
 
@@ -147,6 +200,7 @@ def test_pure_decision_modules_do_no_io(module: str) -> None:
     files = {i.file for i in ALL if i.file == module or (module.endswith("/") and i.file.startswith(module))}
     assert files, f"no module {module}"
     banned = ("anyio", "asyncio", "sqlite3", "httpx2", "socket", "subprocess", "truss.ledger.store", "truss.mcp")
+    banned += ("truss.ledger.stores", "truss.runtime", "truss.session")
     bad = [i for i in _hits(banned) if i.file in files]
     assert not bad, _show(bad)
 

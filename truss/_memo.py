@@ -27,6 +27,7 @@ from typing import Any, cast
 from truss.contract import Contract
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import StoredEntry
+from truss.ledger.stores.base import LedgerStore
 from truss.tools import MountedTool
 
 __all__ = ["MemoIndex", "server_identity"]
@@ -50,7 +51,7 @@ def server_identity(server: Mapping[str, Any] | None, reached: Mapping[str, Any]
 class MemoIndex:
     """Looks up memo hits in one store for one contract (the gate keeps one per run)."""
 
-    def __init__(self, store: Any, contract: Contract, *, session: str | None = None) -> None:
+    def __init__(self, store: LedgerStore, contract: Contract, *, session: str | None = None) -> None:
         self._store = store
         self._contract = contract
         self._session = session  # the asking session: only results of its principal may answer it

@@ -12,7 +12,7 @@ from typing import Any
 from tests.conftest import REPO, truss_cmd
 from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import open_store
 
 COUNTING = Path(__file__).resolve().parent / "servers" / "counting.py"
 TIMEOUT = 120  # generous: the CI machine may be loaded; never reached when things work

@@ -17,7 +17,7 @@ from truss.contract import Contract, ProviderCapabilities, load_contract_text
 from truss.gate import Gate, Journal, Redactor
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
-from truss.ledger.store import SqliteStore, open_store
+from truss.ledger.stores.sqlite import SqliteStore, open_sqlite
 from truss.providers.base import Provider, ToolCall, TurnRequest, TurnResponse
 from truss.providers.scripted import ScriptedProvider
 from truss.testing import FakeTransport, ManualClock
@@ -34,7 +34,7 @@ def contract_from(text: str, *, environ: Mapping[str, str] | None = None) -> Con
 
 def new_store(tmp_path: Path, clock: ManualClock | None = None) -> tuple[SqliteStore, IdentityKey]:
     key = IdentityKey.from_seed(SEED, "truss.test/gate")
-    store = open_store(tmp_path / "ledger.db", key=key, clock=clock or ManualClock())
+    store = open_sqlite(tmp_path / "ledger.db", key=key, clock=clock or ManualClock())
     return store, key
 
 

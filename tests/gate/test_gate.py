@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
@@ -14,6 +14,7 @@ from tests.gate.support import contract_from, files_containing, make_gate, new_s
 from truss._errors import ToolCallError
 from truss.gate import REDACTED, CallRequest, check_arguments
 from truss.ledger.canonical import canonical, sha256_ref
+from truss.ledger.stores import LedgerStore
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
 
@@ -310,7 +311,7 @@ async def test_durability_mode_decides_whether_intents_are_fsynced_and_results_a
     store, _ = new_store(tmp_path)
     spy = DurabilitySpy(store)
     gate = make_gate(contract_from(contract_text(f'[ledger]\ndurability = "{mode}"')), store, transport())
-    gate.journal.store = spy
+    gate.journal.store = cast(LedgerStore, spy)  # a wrapper with the two methods the journal uses
     await gate.call(req("c1.0"))
     assert spy.durable == [("mcp_tool_intent", intent_durable), ("mcp_tool_call", True)]
 

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from truss._errors import BundleFormatError, NotFoundError, VerificationError
+from truss.ledger.audit import verify_since
 from truss.ledger.bundle import (
     TlogProof,
     check_bundle,
@@ -29,7 +30,6 @@ from truss.ledger.bundle import (
     format_tlog_proof,
     parse_tlog_proof,
     verify_bundle,
-    verify_since,
 )
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record
@@ -37,7 +37,7 @@ from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import consistency_proof
 from truss.ledger.note import sign_checkpoint, sign_checkpoint_note
-from truss.ledger.store import SqliteStore, open_store
+from truss.ledger.stores.sqlite import SqliteStore, open_sqlite
 from truss.testing import ManualClock, MemoryStore
 
 TAMPERED = Path(__file__).parent / "tampered_bundles"
@@ -74,7 +74,7 @@ def build_ledger(db: Path, *, key: IdentityKey | None = None, rewrite_other: boo
     """
     key = key or log_key()
     clock = ManualClock()
-    store = open_store(db, key=key, clock=clock)
+    store = open_sqlite(db, key=key, clock=clock)
     args_ref, args = _blob({"repo_path": "/srv/demo"})
     result_ref, result = _blob({"content": [{"type": "text", "text": "On branch main"}], "isError": False})
     store.append(OTHER_SESSION, [Record("session_started", {"contract": "other"})])
@@ -195,7 +195,7 @@ def test_a_bundle_does_not_verify_under_a_key_the_verifier_does_not_trust(ledger
 
 
 def test_a_session_without_a_covering_checkpoint_is_not_exported_without_a_signer(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "l.db", key=log_key(), clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=log_key(), clock=ManualClock())
     store.append("s_new", [Record("session_started", {"contract": "x"})])
     with pytest.raises(NotFoundError):
         export_bundle(store, "s_new", vkey=log_key().verifier.vkey)
@@ -283,7 +283,7 @@ def test_truss_refuses_to_sign_a_checkpoint_inconsistent_with_an_earlier_one(led
 
 def test_a_stored_checkpoint_that_the_tree_does_not_extend_blocks_signing(tmp_path: Path) -> None:
     key = log_key()
-    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=key, clock=ManualClock())
     store.append("s_a", [Record("session_started", {"contract": "x"})])
     store.append("s_a", [Record("session_ended", {})])
     forged = sign_checkpoint_note(store.origin, 1, b"\x07" * 32, key)
@@ -397,7 +397,7 @@ def test_any_interleaving_of_sessions_exports_a_bundle_that_verifies(
 
 def test_concurrent_sessions_ending_together_all_get_consistent_checkpoints(tmp_path: Path) -> None:
     key = log_key()
-    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=key, clock=ManualClock())
     errors: list[BaseException] = []
 
     def session(n: int) -> None:
@@ -454,7 +454,7 @@ class _RacingStore:
 
 def test_a_checkpoint_signed_by_another_session_meanwhile_is_not_mistaken_for_a_shrunk_log(tmp_path: Path) -> None:
     key = log_key()
-    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=key, clock=ManualClock())
     store.append("s_a", [Record("session_started", {"contract": "x"})])
     signed = sign_checkpoint(_RacingStore(store, key), key)
     assert signed.size == 1
@@ -492,7 +492,7 @@ def test_malformed_tlog_proofs_are_refused(text: str) -> None:
 
 def test_payloads_a_session_erased_stay_out_of_its_bundle_even_if_another_session_holds_them(tmp_path: Path) -> None:
     key = log_key()
-    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=key, clock=ManualClock())
     ref, data = _blob({"secretish": "value"})
     for sid in ("s_keep", "s_erase"):
         store.append(sid, [Record("session_started", {"contract": "x"})])

@@ -6,6 +6,7 @@ import json
 import os
 import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from truss._clock import SystemClock
 from truss.ledger.canonical import sha256_ref
 from truss.ledger.entry import Record
 from truss.ledger.keys import IdentityKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import open_store
 
 pytestmark = pytest.mark.slow  # each test runs `truss` in subprocesses
 
@@ -39,7 +40,7 @@ def home(truss_home: Path) -> Path:
     init = truss(truss_home, "init", "--name", "cli.truss.test")
     assert init.returncode == 0, init.stderr
     key = IdentityKey.load(truss_home / "identity.key")
-    with open_store(truss_home / "ledger.db", key=key, clock=SystemClock()) as store:
+    with closing(open_store(truss_home / "ledger.db", key=key, clock=SystemClock())) as store:
         a, r = sha256_ref(ARGS), sha256_ref(RESULT)
         store.append(
             "s_one",

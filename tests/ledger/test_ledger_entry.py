@@ -22,7 +22,7 @@ from truss.ledger.canonical import (
 from truss.ledger.entry import KINDS, PAYLOAD_TYPE, Record, StoredEntry, check_record, entry_bytes, pae, seal
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree
-from truss.ledger.verify import verify_entries
+from truss.ledger.verification import verify_entries
 
 GOLDEN = Path(__file__).parent / "vectors" / "entry" / "golden_session.json"
 
@@ -62,11 +62,11 @@ def test_golden_entries_reproduce_byte_for_byte_from_the_fixed_seed_key() -> Non
 
 def test_the_sqlite_store_writes_the_golden_bytes(tmp_path: Path) -> None:
     from tests.ledger._fixtures import build_store
-    from truss.ledger.store import open_store
+    from truss.ledger.stores.sqlite import open_sqlite
 
     golden = _golden()
     key = IdentityKey.from_seed(bytes.fromhex(golden["key"]["seed_hex"]), golden["key"]["name"])
-    store = build_store(key, lambda k, clock: open_store(tmp_path / "golden.db", key=k, clock=clock))
+    store = build_store(key, lambda k, clock: open_sqlite(tmp_path / "golden.db", key=k, clock=clock))
     written = list(store.read_range(0, store.tree_size()))
     assert [e.raw.decode() for e in written] == [v["canonical"] for v in golden["entries"]]
     assert [base64.b64encode(e.sig).decode() for e in written] == [v["sig_b64"] for v in golden["entries"]]

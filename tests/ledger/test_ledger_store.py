@@ -16,8 +16,8 @@ from truss._errors import KeyFileError, NotFoundError, StoreBusyError
 from truss.ledger.entry import Record
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree
-from truss.ledger.store import SqliteStore, open_store
-from truss.ledger.verify import verify_ledger
+from truss.ledger.stores.sqlite import SqliteStore, open_sqlite
+from truss.ledger.verification import verify_ledger
 from truss.testing import ManualClock, MemoryStore, check_ledger_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,11 +33,11 @@ def test_memory_store_passes_the_conformance_check() -> None:
 
 def test_sqlite_store_passes_the_conformance_check(tmp_path: Path) -> None:
     counter = iter(range(1000))
-    check_ledger_store(lambda key, clock: open_store(tmp_path / f"l{next(counter)}.db", key=key, clock=clock))
+    check_ledger_store(lambda key, clock: open_sqlite(tmp_path / f"l{next(counter)}.db", key=key, clock=clock))
 
 
 def test_sqlite_store_uses_wal_and_full_sync_on_every_connection(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "l.db", key=_key(), clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=_key(), clock=ManualClock())
     for settings in store.connection_settings().values():
         assert settings == {"journal_mode": "wal", "synchronous": 2, "busy_timeout": 5000}  # 2 is FULL
     store.append("s", [Record("session_started", {"contract": "c"})], durable=False)
@@ -50,10 +50,10 @@ def test_sqlite_store_uses_wal_and_full_sync_on_every_connection(tmp_path: Path)
 def test_a_reopened_store_continues_the_chain_and_the_tree(tmp_path: Path) -> None:
     key, clock = _key(), ManualClock()
     tree = MemoryTree()
-    with open_store(tmp_path / "l.db", key=key, clock=clock) as store:
+    with open_sqlite(tmp_path / "l.db", key=key, clock=clock) as store:
         for e in store.append("s", [Record("session_started", {"contract": "c"}), Record("model_turn", {})]):
             tree.append(e.raw)
-    with open_store(tmp_path / "l.db", key=key, clock=clock) as store:
+    with open_sqlite(tmp_path / "l.db", key=key, clock=clock) as store:
         more = store.append("s", [Record("model_turn", {"n": 2})])
         tree.append(more[0].raw)
         assert more[0].seq == 2 and more[0].index == 2
@@ -62,21 +62,21 @@ def test_a_reopened_store_continues_the_chain_and_the_tree(tmp_path: Path) -> No
 
 
 def test_opening_a_ledger_with_a_key_of_another_log_is_refused(tmp_path: Path) -> None:
-    open_store(tmp_path / "l.db", key=_key(), clock=ManualClock()).close()
+    open_sqlite(tmp_path / "l.db", key=_key(), clock=ManualClock()).close()
     with pytest.raises(KeyFileError):
-        open_store(tmp_path / "l.db", key=IdentityKey.generate("other.truss.test"), clock=ManualClock())
+        open_sqlite(tmp_path / "l.db", key=IdentityKey.generate("other.truss.test"), clock=ManualClock())
 
 
 def test_a_missing_ledger_is_not_created_for_reading(tmp_path: Path) -> None:
     with pytest.raises(NotFoundError):
-        open_store(tmp_path / "absent.db", key=None, clock=ManualClock(), create=False)
+        open_sqlite(tmp_path / "absent.db", key=None, clock=ManualClock(), create=False)
     assert not (tmp_path / "absent.db").exists()
 
 
 @pytest.mark.anyio
 async def test_16_tasks_appending_to_16_sessions_leave_16_valid_chains(tmp_path: Path) -> None:
     key = _key()
-    store = open_store(tmp_path / "l.db", key=key, clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=key, clock=ManualClock())
 
     async def writer(n: int) -> None:
         session = f"s_{n:02d}"
@@ -100,7 +100,7 @@ async def test_16_tasks_appending_to_16_sessions_leave_16_valid_chains(tmp_path:
 
 
 def test_concurrent_durable_appends_share_commits(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "l.db", key=_key(), clock=ManualClock())
+    store = open_sqlite(tmp_path / "l.db", key=_key(), clock=ManualClock())
     barrier = threading.Barrier(16)
 
     def writer(n: int) -> None:
@@ -128,11 +128,11 @@ _WRITER = textwrap.dedent(
     from truss._clock import SystemClock
     from truss.ledger.entry import Record
     from truss.ledger.keys import IdentityKey
-    from truss.ledger.store import open_store
+    from truss.ledger.stores.sqlite import open_sqlite
 
     db, session, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     key = IdentityKey.from_seed(bytes(range(32)), "store.truss.test")
-    store = open_store(db, key=key, clock=SystemClock(), busy_timeout_ms=30000)
+    store = open_sqlite(db, key=key, clock=SystemClock(), busy_timeout_ms=30000)
     store.append(session, [Record("session_started", {"contract": "c"})])
     for i in range(count):
         store.append(session, [Record("model_turn", {"i": i})], durable=i % 4 == 0)
@@ -146,7 +146,7 @@ _WRITER = textwrap.dedent(
 def test_two_processes_appending_to_one_ledger_file_do_not_corrupt_it(tmp_path: Path) -> None:
     db = tmp_path / "l.db"
     key = _key()
-    open_store(db, key=key, clock=ManualClock()).close()
+    open_sqlite(db, key=key, clock=ManualClock()).close()
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _WRITER, str(db), f"s_proc{n}", "150"],
@@ -161,7 +161,7 @@ def test_two_processes_appending_to_one_ledger_file_do_not_corrupt_it(tmp_path: 
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert out.strip() == "done"
-    store = open_store(db, key=key, clock=ManualClock())
+    store = open_sqlite(db, key=key, clock=ManualClock())
     report = verify_ledger(store, TrustedKeys([key.verifier]))
     assert report.ok and report.entries == 302 and report.sessions == 2, report
     store.close()
@@ -170,7 +170,7 @@ def test_two_processes_appending_to_one_ledger_file_do_not_corrupt_it(tmp_path: 
 def test_a_writer_blocked_past_the_busy_timeout_fails_clearly_and_writes_nothing(tmp_path: Path) -> None:
     db = tmp_path / "l.db"
     key = _key()
-    store = open_store(db, key=key, clock=ManualClock(), busy_timeout_ms=50)
+    store = open_sqlite(db, key=key, clock=ManualClock(), busy_timeout_ms=50)
     store.append("s", [Record("session_started", {"contract": "c"})])
     other = sqlite3.connect(str(db), isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another process's writer holds the lock
@@ -215,7 +215,7 @@ def test_a_tampered_sqlite_ledger_is_reported(
 
     db = tmp_path / "l.db"
     key = _key()
-    with open_store(db, key=key, clock=ManualClock()) as store:
+    with open_sqlite(db, key=key, clock=ManualClock()) as store:
         ref = sha256_ref(b"payload")
         store.append("s_a", [Record("session_started", {"contract": "c"})])
         store.append("s_b", [Record("session_started", {"contract": "c"})])
@@ -224,7 +224,7 @@ def test_a_tampered_sqlite_ledger_is_reported(
         )
         store.append("s_b", [Record("model_turn", {"n": 3})])
     _tamper(db, sql)
-    with open_store(db, key=None, clock=ManualClock(), create=False) as store:
+    with open_sqlite(db, key=None, clock=ManualClock(), create=False) as store:
         report = verify_ledger(store, TrustedKeys([key.verifier]), session=session)
     assert not report.ok and report.reason == reason, (attack, report)
 
@@ -232,8 +232,8 @@ def test_a_tampered_sqlite_ledger_is_reported(
 def test_a_read_only_store_refuses_to_append(tmp_path: Path) -> None:
     from truss._errors import StoreError
 
-    open_store(tmp_path / "l.db", key=_key(), clock=ManualClock()).close()
-    store: SqliteStore = open_store(tmp_path / "l.db", key=None, clock=ManualClock())
+    open_sqlite(tmp_path / "l.db", key=_key(), clock=ManualClock()).close()
+    store: SqliteStore = open_sqlite(tmp_path / "l.db", key=None, clock=ManualClock())
     with pytest.raises(StoreError):
         store.append("s", [Record("session_started", {})])
     store.close()
@@ -241,7 +241,7 @@ def test_a_read_only_store_refuses_to_append(tmp_path: Path) -> None:
 
 def test_reads_page_through_sessions_and_ranges_longer_than_one_page(tmp_path: Path) -> None:
     key = _key()
-    with open_store(tmp_path / "l.db", key=key, clock=ManualClock()) as store:
+    with open_sqlite(tmp_path / "l.db", key=key, clock=ManualClock()) as store:
         records = [Record("session_started", {"contract": "c"})] + [Record("model_turn", {"i": i}) for i in range(2499)]
         assert store.bulk_append([("s_long", records), ("s_short", records[:3])], per_txn=1) == 2503
         assert [e.seq for e in store.read_session("s_long")] == list(range(2500))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from truss._errors import NotFoundError, VerificationError
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey, TrustedKeys
-from truss.ledger.verify import REASONS, check_entries, verify_entries, verify_ledger
+from truss.ledger.verification import REASONS, check_entries, verify_entries, verify_ledger
 from truss.testing import ManualClock, MemoryStore
 
 TAMPERED = Path(__file__).parent / "tampered"

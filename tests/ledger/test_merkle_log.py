@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tests.ledger.test_bundle import Ledger, build_ledger, trusted
-from truss.ledger.bundle import LogAudit, SessionInLog
+from truss.ledger.audit import LogAudit, SessionInLog
 from truss.ledger.note import sign_checkpoint_note
-from truss.ledger.verify import verify_ledger
+from truss.ledger.verification import verify_ledger
 
 
 @pytest.fixture

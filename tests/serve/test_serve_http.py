@@ -17,8 +17,8 @@ from mcp.client.streamable_http import streamable_http_client
 from tests.serve.conftest import TOKEN_A, TOKEN_B, HttpServer, Site, error_of, structured
 from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey, TrustedKeys
-from truss.ledger.store import open_store
-from truss.ledger.verify import verify_ledger
+from truss.ledger.stores import open_store
+from truss.ledger.verification import verify_ledger
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

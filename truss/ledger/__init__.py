@@ -1,12 +1,22 @@
 """The signed ledger: canonical entries, Ed25519 signatures, hash chains, a Merkle log, bundles.
 
-The core (canonical, entry, merkle, note, envelope, verify, bundle) is sans-IO: bytes and trusted
-keys in, verified objects out. Only ``store`` touches disk.
+The core (canonical, entry, merkle, note, envelope, verification, audit, bundle) is sans-IO:
+bytes and trusted keys in, verified objects out. Only the stores (``truss.ledger.stores``) do I/O.
 
-``__all__`` is what auditors and integrators use: build and read entries, verify a ledger or an
-offline bundle against keys they trust, open checkpoints and verdict envelopes, open a store.
+``__all__`` is what auditors and integrators use, around one verb each:
+
+- ``verify(evidence, trusted)``: a store (the whole log or one ``session``) or an exported bundle
+  (``bytes``) against the keys the caller trusts; a report (``VerifyReport``, ``BundleReport``)
+  whose ``raise_for_failure()`` is the raising form. ``verify_since`` proves a log only grew
+  since a checkpoint kept earlier (``SinceReport``).
+- ``open_store(url_or_path, key=..., clock=...)``: a ``LedgerStore`` (SQLite, memory, or a
+  registered scheme); entries are appended as ``Record``s and read back as ``StoredEntry``s.
+- ``export_bundle``, ``open_checkpoint``, ``open_verdict``: the evidence a run leaves.
+- keys: ``IdentityKey`` (signs), ``VerifierKey`` and ``TrustedKeys`` (verify).
+
+Everything else stays importable from its module (``truss.ledger.merkle``, ``.note``, ...).
 Every name but the canonical encoder is loaded on first use, so ``import truss.ledger`` does not
-load PyNaCl (``keys``) or sqlite3 (``store``) until a name that needs them is touched.
+load PyNaCl (``keys``) or sqlite3 (the SQLite store) until a name that needs them is touched.
 """
 
 from __future__ import annotations
@@ -14,130 +24,51 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from truss.ledger.canonical import CanonicalError, canonical, sha256_ref, value_ref
+from truss.ledger.canonical import CanonicalError, canonical
 
 if TYPE_CHECKING:
-    from truss.ledger.bundle import (
-        BundleReport,
-        BundleSource,
-        SinceReport,
-        TlogProof,
-        check_bundle,
-        export_bundle,
-        format_tlog_proof,
-        parse_tlog_proof,
-        verify_bundle,
-        verify_since,
-    )
-    from truss.ledger.entry import KINDS, PAYLOAD_TYPE, ZERO_HASH, Record, StoredEntry, entry_bytes
-    from truss.ledger.envelope import (
-        VERDICT_PREDICATE_TYPE,
-        Envelope,
-        VerdictStatement,
-        open_verdict,
-        parse_envelope,
-        sign_verdict,
-        verdict_statement,
-        verify_envelope,
-    )
-    from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey, key_id_of
-    from truss.ledger.merkle import leaf_hash, verify_consistency, verify_inclusion
-    from truss.ledger.note import Checkpoint, Note, open_checkpoint, open_note, parse_checkpoint, parse_note
-    from truss.ledger.store import LedgerStore, SessionInfo, SqliteStore, StoredCheckpoint, open_store
-    from truss.ledger.verify import REASONS, Finding, VerifyReport, check_entries, verify_entries, verify_ledger
+    from truss.ledger.audit import SinceReport, verify, verify_since
+    from truss.ledger.bundle import BundleReport, export_bundle
+    from truss.ledger.entry import Record, StoredEntry
+    from truss.ledger.envelope import VerdictStatement, open_verdict
+    from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+    from truss.ledger.note import Checkpoint, open_checkpoint
+    from truss.ledger.stores import LedgerStore, SessionInfo, StoredCheckpoint, open_store
+    from truss.ledger.verification import VerifyReport
 
 # Public name -> the submodule that defines it (loaded by ``__getattr__`` on first use).
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "BundleReport",
-            "BundleSource",
-            "SinceReport",
-            "TlogProof",
-            "check_bundle",
-            "export_bundle",
-            "format_tlog_proof",
-            "parse_tlog_proof",
-            "verify_bundle",
-            "verify_since",
-        ),
-        "bundle",
-    ),
-    **dict.fromkeys(("KINDS", "PAYLOAD_TYPE", "ZERO_HASH", "Record", "StoredEntry", "entry_bytes"), "entry"),
-    **dict.fromkeys(
-        (
-            "VERDICT_PREDICATE_TYPE",
-            "Envelope",
-            "VerdictStatement",
-            "open_verdict",
-            "parse_envelope",
-            "sign_verdict",
-            "verdict_statement",
-            "verify_envelope",
-        ),
-        "envelope",
-    ),
-    **dict.fromkeys(("IdentityKey", "TrustedKeys", "VerifierKey", "key_id_of"), "keys"),
-    **dict.fromkeys(("leaf_hash", "verify_consistency", "verify_inclusion"), "merkle"),
-    **dict.fromkeys(("Checkpoint", "Note", "open_checkpoint", "open_note", "parse_checkpoint", "parse_note"), "note"),
-    **dict.fromkeys(("LedgerStore", "SessionInfo", "SqliteStore", "StoredCheckpoint", "open_store"), "store"),
-    **dict.fromkeys(
-        ("REASONS", "Finding", "VerifyReport", "check_entries", "verify_entries", "verify_ledger"), "verify"
-    ),
+    **dict.fromkeys(("SinceReport", "verify", "verify_since"), "audit"),
+    **dict.fromkeys(("BundleReport", "export_bundle"), "bundle"),
+    **dict.fromkeys(("Record", "StoredEntry"), "entry"),
+    **dict.fromkeys(("VerdictStatement", "open_verdict"), "envelope"),
+    **dict.fromkeys(("IdentityKey", "TrustedKeys", "VerifierKey"), "keys"),
+    **dict.fromkeys(("Checkpoint", "open_checkpoint"), "note"),
+    **dict.fromkeys(("LedgerStore", "SessionInfo", "StoredCheckpoint", "open_store"), "stores"),
+    "VerifyReport": "verification",
 }
 
 __all__ = [
-    "KINDS",
-    "PAYLOAD_TYPE",
-    "REASONS",
-    "VERDICT_PREDICATE_TYPE",
-    "ZERO_HASH",
     "BundleReport",
-    "BundleSource",
     "CanonicalError",
     "Checkpoint",
-    "Envelope",
-    "Finding",
     "IdentityKey",
     "LedgerStore",
-    "Note",
     "Record",
     "SessionInfo",
     "SinceReport",
-    "SqliteStore",
     "StoredCheckpoint",
     "StoredEntry",
-    "TlogProof",
     "TrustedKeys",
     "VerdictStatement",
     "VerifierKey",
     "VerifyReport",
     "canonical",
-    "check_bundle",
-    "check_entries",
-    "entry_bytes",
     "export_bundle",
-    "format_tlog_proof",
-    "key_id_of",
-    "leaf_hash",
     "open_checkpoint",
-    "open_note",
     "open_store",
     "open_verdict",
-    "parse_checkpoint",
-    "parse_envelope",
-    "parse_note",
-    "parse_tlog_proof",
-    "sha256_ref",
-    "sign_verdict",
-    "value_ref",
-    "verdict_statement",
-    "verify_bundle",
-    "verify_consistency",
-    "verify_entries",
-    "verify_envelope",
-    "verify_inclusion",
-    "verify_ledger",
+    "verify",
     "verify_since",
 ]
 

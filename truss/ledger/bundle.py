@@ -12,12 +12,12 @@ A bundle (``export_bundle``) is one canonical JSON object (docs/ledger-format.md
      "consistency": [<base64 hash>, ...] | null}               # verdict checkpoint -> bundle checkpoint
 
 ``verify_bundle(data, trusted)`` follows the numbered steps B1-B8 of that section and returns a
-``BundleReport``; ``check_bundle`` raises over the same implementation. Only ``trusted`` decides
-which keys count: the ``vkey`` a bundle carries is reported, never trusted. ``verify_since``
-proves that a store's current log extends an auditor's earlier checkpoint.
+``BundleReport``; ``report.raise_for_failure()`` (and ``check_bundle``) raises over the same
+result. Only ``trusted`` decides which keys count: the ``vkey`` a bundle carries is reported, never
+trusted. The checks of a store's own log (``LogAudit``, ``verify_since``) are in ``audit``.
 
 Sans-IO: stores are reached through the small protocols below (no sqlite3 here); callers read and
-write files. What it does not do: chain rules (``verify``), note and envelope formats (``note``,
+write files. What it does not do: chain rules (``verification``), note and envelope formats (``note``,
 ``envelope``), or hashing (``merkle``); it composes them.
 """
 
@@ -38,8 +38,6 @@ from truss.ledger.keyhistory import bundle_key_history, follow_rotations, rotati
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     HASH_SIZE,
-    Frontier,
-    consistency_proof,
     inclusion_proof,
     leaf_hash,
     root_at,
@@ -55,7 +53,7 @@ from truss.ledger.note import (
     parse_note,
     sign_checkpoint,
 )
-from truss.ledger.verify import verify_entries
+from truss.ledger.verification import verify_entries
 
 __all__ = [
     "BUNDLE_FORMAT",
@@ -65,16 +63,12 @@ __all__ = [
     "TLOG_PROOF_HEADER",
     "BundleReport",
     "BundleSource",
-    "LogAudit",
-    "SessionInLog",
-    "SinceReport",
     "TlogProof",
     "check_bundle",
     "export_bundle",
     "format_tlog_proof",
     "parse_tlog_proof",
     "verify_bundle",
-    "verify_since",
 ]
 
 _T = TypeVar("_T")
@@ -155,7 +149,7 @@ def parse_tlog_proof(text: str) -> TlogProof:
 
 
 class BundleSource(Protocol):
-    """What ``export_bundle`` reads from a ledger store (``store.SqliteStore`` is one)."""
+    """What ``export_bundle`` reads from a ledger store (every ``LedgerStore`` is one)."""
 
     origin: str
 
@@ -340,6 +334,22 @@ class BundleReport:
             out.update(step=self.step, reason=self.reason, message=self.message, seq=self.seq, index=self.index)
         return out
 
+    def raise_for_failure(self) -> BundleReport:
+        """This report when the bundle verified; else raise ``BundleFormatError`` (it cannot be
+        parsed: exit 2) or ``VerificationError`` (it does not verify: exit 1), with its step and reason."""
+        if self.ok:
+            return self
+        error = BundleFormatError if self.exit_code == 2 else VerificationError
+        raise error(
+            self.message or "the bundle does not verify",
+            remedy="do not trust this bundle; ask its sender for the original",
+            step=self.step,
+            reason=self.reason,
+            session=self.session,
+            seq=self.seq,
+            index=self.index,
+        )
+
 
 class _StepFailed(Exception):
     def __init__(self, step: str, error: TrussError) -> None:
@@ -370,20 +380,7 @@ def verify_bundle(data: bytes, trusted: TrustedKeys) -> BundleReport:
 
 def check_bundle(data: bytes, trusted: TrustedKeys) -> BundleReport:
     """``verify_bundle`` that raises: ``BundleFormatError`` (unparseable) or ``VerificationError``."""
-    report = verify_bundle(data, trusted)
-    if report.ok:
-        return report
-    remedy = "do not trust this bundle; ask its sender for the original"
-    error = BundleFormatError if report.exit_code == 2 else VerificationError
-    raise error(
-        report.message or "the bundle does not verify",
-        remedy=remedy,
-        step=report.step,
-        reason=report.reason,
-        session=report.session,
-        seq=report.seq,
-        index=report.index,
-    )
+    return verify_bundle(data, trusted).raise_for_failure()
 
 
 def _verify(data: bytes, trusted: TrustedKeys, facts: dict[str, Any]) -> BundleReport:
@@ -591,223 +588,6 @@ def _same_log(
             f"the checkpoints of size {small.size} and {large.size} are not proven to be one log",
             "inconsistent_checkpoints",
         )
-
-
-# -- the log checks of a whole-ledger verification ---------------------------------------------
-
-
-class LogAudit:
-    """The Merkle steps of ``truss ledger verify --all`` (docs/ledger-format.md, L1-L5).
-
-    Plug ``check`` into ``verify.verify_ledger(..., extra=[audit.check])`` (its V12) and call
-    ``finish`` after the stream. It rebuilds the tree from the entries' own bytes, so nothing
-    the store says about the tree is taken on trust:
-
-    L1 every entry is the next leaf: its index is the count of entries before it, and with
-       ``node`` the stored leaf hash at that index equals the hash of its bytes (``leaf_mismatch``);
-    L2 at each stored checkpoint's size, the rebuilt root equals that checkpoint's root
-       (``checkpoint_root_mismatch``), so all checkpoints are prefixes of one tree: mutually
-       consistent by construction;
-    L3 each stored checkpoint's note is signed by a trusted key for this origin and says the
-       size and root its row says (``bad_stored_checkpoint`` or the note's own reason);
-    L4 no checkpoint is larger than the log (``log_shrank``);
-    L5 the rebuilt root equals the store's tree root (``tree_mismatch``).
-    """
-
-    def __init__(
-        self,
-        checkpoints: Sequence[StoredCheckpointLike],
-        trusted: TrustedKeys,
-        origin: str,
-        *,
-        node: Callable[[int, int], bytes] | None = None,
-    ) -> None:
-        self.frontier = Frontier()
-        self._node = node
-        self._roots: dict[int, bytes] = {}
-        self._problem: tuple[str, str] | None = None
-        self.checked = 0
-        for cp in checkpoints:
-            try:
-                opened = open_checkpoint(cp.note.encode("utf-8"), list(trusted), origin=origin)  # L3
-            except (VerificationError, InputError) as exc:
-                reason = str(exc.fields.get("reason") or exc.kind)
-                self._problem = self._problem or (reason, f"stored checkpoint of size {cp.size}: {exc.message}")
-                continue
-            if (opened.size, opened.root) != (cp.size, cp.root):
-                self._problem = self._problem or (
-                    "bad_stored_checkpoint",
-                    f"the stored checkpoint of size {cp.size} does not match its signed note",
-                )
-            self._roots[opened.size] = opened.root
-        self._check_root()
-
-    def _check_root(self) -> tuple[str, str] | None:
-        expected = self._roots.get(self.frontier.size)
-        if expected is not None:
-            self.checked += 1
-            if self.frontier.root() != expected:  # L2
-                return (
-                    "checkpoint_root_mismatch",
-                    f"the first {self.frontier.size} entries do not hash to the root of the checkpoint of that size",
-                )
-        return None
-
-    def check(self, item: StoredEntry) -> tuple[str, str] | None:
-        """The V12 hook: L1 and L2 for one entry, in log order."""
-        index = item.index
-        if index != self.frontier.size:
-            return "leaf_mismatch", f"log index {index} arrives where leaf {self.frontier.size} belongs"
-        leaf = leaf_hash(item.raw)
-        if self._node is not None and self._node(0, index) != leaf:  # L1
-            return "leaf_mismatch", f"the stored Merkle leaf {index} is not the hash of the entry at that index"
-        self.frontier.append(leaf)
-        return self._check_root()
-
-    def finish(self, tree_size: int, tree_root: bytes) -> tuple[str, str] | None:
-        """L3-L5 once every entry went through ``check``; ``None`` when the log checks out."""
-        if self._problem is not None:
-            return self._problem
-        beyond = [size for size in self._roots if size > self.frontier.size]
-        if beyond:  # L4
-            return "log_shrank", f"a checkpoint of size {max(beyond)} was signed, the log holds {self.frontier.size}"
-        if self.frontier.size != tree_size or self.frontier.root() != tree_root:  # L5
-            return "tree_mismatch", "the stored Merkle tree does not match the entries"
-        return None
-
-
-class SessionInLog:
-    """The Merkle step of ``truss ledger verify SESSION`` (L6), a V12 hook.
-
-    Each entry of the session must be the leaf at its index: proven by an inclusion proof (from
-    the stored nodes) against the latest stored checkpoint whose signed note verifies under the
-    trusted keys, or, for entries appended after that checkpoint, equal to the stored leaf
-    (``not_in_log``). Without any trusted checkpoint only the stored leaves are compared.
-    """
-
-    def __init__(
-        self,
-        checkpoints: Sequence[StoredCheckpointLike],
-        trusted: TrustedKeys,
-        origin: str,
-        node: Callable[[int, int], bytes],
-    ) -> None:
-        self._node = node
-        self.checkpoint: Checkpoint | None = None
-        for cp in sorted(checkpoints, key=lambda c: c.size, reverse=True):
-            try:
-                self.checkpoint = open_checkpoint(cp.note.encode("utf-8"), list(trusted), origin=origin)
-                break
-            except (VerificationError, InputError):
-                continue  # an unusable checkpoint proves nothing; LogAudit (--all) names it
-        self.proven = 0
-
-    def check(self, item: StoredEntry) -> tuple[str, str] | None:
-        leaf = leaf_hash(item.raw)
-        index = item.index
-        try:
-            cp = self.checkpoint
-            if cp is not None and index < cp.size:
-                if verify_inclusion(leaf, index, cp.size, inclusion_proof(index, cp.size, self._node), cp.root):
-                    self.proven += 1
-                    return None
-            elif self._node(0, index) == leaf:
-                return None
-        except TrussError as exc:
-            return "not_in_log", f"entry {item.seq}: the Merkle tree cannot prove it ({exc.message})"
-        return "not_in_log", f"entry {item.seq}: it is not the leaf at log index {index}"
-
-
-# -- --since ------------------------------------------------------------------------------------
-
-
-class SinceSource(Protocol):
-    origin: str
-
-    def tree_head(self) -> tuple[int, bytes]: ...
-
-    def node(self, level: int, index: int) -> bytes: ...
-
-    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
-
-    def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
-
-
-@dataclass(frozen=True)
-class SinceReport:
-    """Does the current log extend the old checkpoint? ``old_*`` and ``size``/``root`` say which."""
-
-    ok: bool
-    old_size: int | None = None
-    old_root: str | None = None
-    size: int | None = None
-    root: str | None = None
-    latest_checkpoint: str | None = None
-    reason: str | None = None
-    message: str | None = None
-    exit_code: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "ok": self.ok,
-            "old": {"size": self.old_size, "root": self.old_root},
-            "current": {"size": self.size, "root": self.root},
-            "latest_checkpoint": self.latest_checkpoint,
-        }
-        if not self.ok:
-            out.update(reason=self.reason, message=self.message)
-        return out
-
-
-def verify_since(
-    store: SinceSource, old_checkpoint: bytes, trusted: TrustedKeys, *, recompute: bool = True
-) -> SinceReport:
-    """Prove that ``store``'s log is an append-only extension of ``old_checkpoint``.
-
-    S1 open the old checkpoint with ``trusted`` (origin = the store's log); S2 with
-    ``recompute``, rebuild the root from the stored entries' bytes and compare it with the
-    stored tree (a rewritten entry under untouched nodes is caught here); S3 a larger old size
-    than the log is a truncation; S4 the RFC 9162 consistency proof from the old size to the
-    current one must verify (a same-size checkpoint with another root is a fork).
-    """
-    facts: dict[str, Any] = {}
-    try:
-        old = open_checkpoint(old_checkpoint, list(trusted), origin=store.origin)  # S1
-    except (VerificationError, InputError) as exc:
-        return SinceReport(
-            ok=False, reason=str(exc.fields.get("reason") or exc.kind), message=exc.message, exit_code=exc.exit_code
-        )
-    size, root = store.tree_head()
-    facts.update(old_size=old.size, old_root=old.root.hex(), size=size, root=root.hex())
-    stored = sorted(store.checkpoints(), key=lambda cp: cp.size)
-    if stored:
-        facts["latest_checkpoint"] = stored[-1].note
-    if recompute:  # S2
-        frontier = Frontier()
-        for item in store.read_range(0, size):
-            if item.index != frontier.size:
-                return _since_fail(facts, "index_gap", f"the log's entry {frontier.size} is missing")
-            frontier.append(leaf_hash(item.raw))
-        if frontier.size != size or frontier.root() != root:
-            return _since_fail(facts, "tree_mismatch", "the stored entries do not hash to the stored Merkle tree")
-    if old.size > size:  # S3
-        return _since_fail(
-            facts, "log_shrank", f"the log holds {size} entries, fewer than the {old.size} of the old checkpoint"
-        )
-    proof = consistency_proof(old.size, size, store.node)  # S4
-    if not verify_consistency(old.size, size, old.root, root, proof):
-        if old.size == size or any(cp.size == old.size and cp.root != old.root for cp in stored):
-            return _since_fail(
-                facts, "fork", f"the log at size {old.size} has another root than the old checkpoint: a fork"
-            )
-        return _since_fail(
-            facts, "inconsistent", f"the log was rewritten: it does not extend the checkpoint of size {old.size}"
-        )
-    return SinceReport(ok=True, **facts)
-
-
-def _since_fail(facts: dict[str, Any], reason: str, message: str) -> SinceReport:
-    return SinceReport(ok=False, reason=reason, message=message, exit_code=1, **facts)
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -316,7 +316,7 @@ class StoredCheckpointLike(Protocol):
 
 
 class CheckpointStore(Protocol):
-    """What ``sign_checkpoint`` needs from a ledger store (``store.SqliteStore`` is one)."""
+    """What ``sign_checkpoint`` needs from a ledger store (every ``LedgerStore`` is one)."""
 
     origin: str
 

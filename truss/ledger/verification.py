@@ -2,9 +2,11 @@
 
 The core, ``verify_entries``, is sans-IO: it takes an iterable of ``StoredEntry`` (a store's
 pages, a bundle, a fixture file), a ``TrustedKeys`` set and an optional blob lookup, and returns a
-``VerifyReport`` (ok, counts, and the first bad entry with a stable reason code). ``check_entries``
-is the raising form over the same implementation. It streams: state is kept per session (last
-seq, last hash), never per entry, so a ledger of any size verifies in bounded memory.
+``VerifyReport`` (ok, counts, and the first bad entry with a stable reason code);
+``report.raise_for_failure()`` (and ``check_entries``) is the raising form over the same result.
+It streams: state is kept per session (last seq, last hash), never per entry, so a ledger of any
+size verifies in bounded memory. The public entry point over a whole store, with the Merkle log
+steps, is ``audit.verify`` (``truss.ledger.verify``).
 
 The steps are numbered as in docs/ledger-format.md, section 4, and run in that order for each
 entry; the first failing step names the reason:
@@ -143,6 +145,12 @@ class VerifyReport:
                 position=self.position,
             )
         return out
+
+    def raise_for_failure(self) -> VerifyReport:
+        """This report when the ledger verified; else raise ``VerificationError`` (session, seq, index, reason)."""
+        if not self.ok:
+            raise self.error()
+        return self
 
     def error(self) -> VerificationError:
         """The ``VerificationError`` this report describes (only meaningful when not ok)."""
@@ -358,9 +366,7 @@ def check_entries(
     report = verify_entries(
         entries, trusted, blobs=blobs, session=session, origin=origin, full_log=full_log, extra=extra
     )
-    if not report.ok:
-        raise report.error()
-    return report
+    return report.raise_for_failure()
 
 
 class _SessionRow(Protocol):

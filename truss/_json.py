@@ -1,0 +1,37 @@
+"""Narrowing untrusted JSON (or TOML) values to the shapes code expects, with types that say so.
+
+A value parsed from JSON is ``Any``; ``isinstance(value, dict)`` tells a type checker only that it
+is a dict of unknown keys and values. These helpers check the shape at run time and return it
+typed (object keys of parsed JSON and TOML are always strings), or ``None`` for another shape,
+so callers read untrusted data without casts or type-checker suppressions. They copy nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+__all__ = ["as_dict", "as_list", "as_mapping", "str_list"]
+
+
+def as_mapping(value: object) -> Mapping[str, Any] | None:
+    """``value`` as a mapping when it is one (a parsed JSON object), else ``None``."""
+    return cast("Mapping[str, Any]", value) if isinstance(value, Mapping) else None
+
+
+def as_dict(value: object) -> dict[str, Any] | None:
+    """``value`` when it is a ``dict`` (a parsed JSON object), else ``None``."""
+    return cast("dict[str, Any]", value) if isinstance(value, dict) else None
+
+
+def as_list(value: object) -> list[Any] | None:
+    """``value`` when it is a ``list`` (a parsed JSON array), else ``None``."""
+    return cast("list[Any]", value) if isinstance(value, list) else None
+
+
+def str_list(value: object) -> list[str] | None:
+    """``value`` when it is a list of strings only, else ``None``."""
+    items = as_list(value)
+    if items is None or not all(isinstance(item, str) for item in items):
+        return None
+    return cast("list[str]", items)

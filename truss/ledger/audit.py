@@ -1,0 +1,365 @@
+"""Auditing a store: its Merkle log and checkpoints against its entries, and the one ``verify``.
+
+``verify(evidence, trusted)`` is the public form of every check an auditor runs (``truss.ledger.verify``):
+
+- over a store (``LedgerStore``, or anything that reads like one): the entries' chain steps
+  V1-V13 (``verification``), and the log steps L1-L5 for the whole log (``LogAudit``) or L6 for one
+  ``session`` (``SessionInLog``): exactly what ``truss ledger verify`` checks; returns a
+  ``VerifyReport``;
+- over ``bytes``: an exported bundle, steps B1-B8 (``bundle.verify_bundle``); returns a
+  ``BundleReport``.
+
+Each report has ``raise_for_failure()``, the raising form over the same result. ``verify_since``
+proves that a store's log only grew since a checkpoint an auditor kept (S1-S4).
+
+Sans-IO: stores are reached through the small protocols below. Only ``trusted`` decides which
+keys count; nothing a store or bundle says about its own keys is taken on trust.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, overload
+
+from truss._errors import InputError, StoreError, TrussError, UsageError, VerificationError
+from truss.ledger.bundle import BundleReport, verify_bundle
+from truss.ledger.entry import StoredEntry
+from truss.ledger.keys import TrustedKeys, VerifierKey
+from truss.ledger.merkle import (
+    Frontier,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    root_at,
+    verify_consistency,
+    verify_inclusion,
+)
+from truss.ledger.note import Checkpoint, StoredCheckpointLike, open_checkpoint
+from truss.ledger.verification import EntryCheck, LedgerReader, VerifyReport, verify_ledger
+
+__all__ = [
+    "AuditSource",
+    "LogAudit",
+    "SessionInLog",
+    "SinceReport",
+    "SinceSource",
+    "verify",
+    "verify_since",
+    "verify_store",
+]
+
+
+class AuditSource(LedgerReader, Protocol):
+    """What ``verify`` reads from a store: its entries (``LedgerReader``), checkpoints and Merkle nodes."""
+
+    def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
+
+    def node(self, level: int, index: int) -> bytes: ...
+
+
+@overload
+def verify(evidence: bytes, trusted: TrustedKeys | Iterable[VerifierKey]) -> BundleReport: ...
+
+
+@overload
+def verify(
+    evidence: AuditSource,
+    trusted: TrustedKeys | Iterable[VerifierKey],
+    *,
+    session: str | None = None,
+    payloads: bool = True,
+) -> VerifyReport: ...
+
+
+def verify(
+    evidence: AuditSource | bytes,
+    trusted: TrustedKeys | Iterable[VerifierKey],
+    *,
+    session: str | None = None,
+    payloads: bool = True,
+) -> VerifyReport | BundleReport:
+    """Verify a store (the whole log, or one ``session``) or an exported bundle (``bytes``).
+
+    Never raises for tampered or malformed evidence: the report says what failed, where and why
+    (``report.raise_for_failure()`` raises it instead). ``trusted`` are the verifier keys the
+    auditor trusts; ``payloads=False`` skips re-hashing stored payloads. ``NotFoundError`` for a
+    ``session`` the store does not hold.
+    """
+    keys = trusted if isinstance(trusted, TrustedKeys) else TrustedKeys(trusted)
+    if isinstance(evidence, bytes | bytearray | memoryview):
+        if session is not None or not payloads:
+            raise UsageError(
+                "a bundle is verified whole: session= and payloads= apply to a store",
+                remedy="call verify(bundle_bytes, trusted)",
+            )
+        return verify_bundle(bytes(evidence), keys)
+    return verify_store(evidence, keys, session=session, payloads=payloads)
+
+
+def verify_store(
+    store: AuditSource, trusted: TrustedKeys, *, session: str | None = None, payloads: bool = True
+) -> VerifyReport:
+    """V1-V13 over the stored entries with L1-L5 (whole log) or L6 (``session``) plugged in as V12."""
+    checkpoints = store.checkpoints()
+    extra: list[EntryCheck] = []
+    audit: LogAudit | None = None
+    if session is None:
+        audit = LogAudit(checkpoints, trusted, store.origin, node=store.node)
+        extra.append(audit.check)
+    else:
+        extra.append(SessionInLog(checkpoints, trusted, store.origin, store.node).check)
+    report = verify_ledger(store, trusted, session=session, payloads=payloads, extra=extra)
+    if audit is None or not report.ok:
+        return report
+    # The tree as of the entries just verified: appends that land meanwhile are not this run's.
+    size = audit.frontier.size
+    try:
+        finding = audit.finish(size, root_at(size, store.node))
+    except StoreError as exc:
+        finding = ("tree_mismatch", exc.message)
+    if finding is None:
+        return report
+    return VerifyReport(
+        ok=False,
+        entries=report.entries,
+        sessions=report.sessions,
+        blobs_checked=report.blobs_checked,
+        blobs_absent=report.blobs_absent,
+        reason=finding[0],
+        message=finding[1],
+    )
+
+
+# -- the log checks of a whole-ledger verification ---------------------------------------------
+
+
+class LogAudit:
+    """The Merkle steps of ``truss ledger verify --all`` (docs/ledger-format.md, L1-L5).
+
+    Plug ``check`` into ``verification.verify_ledger(..., extra=[audit.check])`` (its V12) and call
+    ``finish`` after the stream. It rebuilds the tree from the entries' own bytes, so nothing
+    the store says about the tree is taken on trust:
+
+    L1 every entry is the next leaf: its index is the count of entries before it, and with
+       ``node`` the stored leaf hash at that index equals the hash of its bytes (``leaf_mismatch``);
+    L2 at each stored checkpoint's size, the rebuilt root equals that checkpoint's root
+       (``checkpoint_root_mismatch``), so all checkpoints are prefixes of one tree: mutually
+       consistent by construction;
+    L3 each stored checkpoint's note is signed by a trusted key for this origin and says the
+       size and root its row says (``bad_stored_checkpoint`` or the note's own reason);
+    L4 no checkpoint is larger than the log (``log_shrank``);
+    L5 the rebuilt root equals the store's tree root (``tree_mismatch``).
+    """
+
+    def __init__(
+        self,
+        checkpoints: Sequence[StoredCheckpointLike],
+        trusted: TrustedKeys,
+        origin: str,
+        *,
+        node: Callable[[int, int], bytes] | None = None,
+    ) -> None:
+        self.frontier = Frontier()
+        self._node = node
+        self._roots: dict[int, bytes] = {}
+        self._problem: tuple[str, str] | None = None
+        self.checked = 0
+        for cp in checkpoints:
+            try:
+                opened = open_checkpoint(cp.note.encode("utf-8"), list(trusted), origin=origin)  # L3
+            except (VerificationError, InputError) as exc:
+                reason = str(exc.fields.get("reason") or exc.kind)
+                self._problem = self._problem or (reason, f"stored checkpoint of size {cp.size}: {exc.message}")
+                continue
+            if (opened.size, opened.root) != (cp.size, cp.root):
+                self._problem = self._problem or (
+                    "bad_stored_checkpoint",
+                    f"the stored checkpoint of size {cp.size} does not match its signed note",
+                )
+            self._roots[opened.size] = opened.root
+        self._check_root()
+
+    def _check_root(self) -> tuple[str, str] | None:
+        expected = self._roots.get(self.frontier.size)
+        if expected is not None:
+            self.checked += 1
+            if self.frontier.root() != expected:  # L2
+                return (
+                    "checkpoint_root_mismatch",
+                    f"the first {self.frontier.size} entries do not hash to the root of the checkpoint of that size",
+                )
+        return None
+
+    def check(self, item: StoredEntry) -> tuple[str, str] | None:
+        """The V12 hook: L1 and L2 for one entry, in log order."""
+        index = item.index
+        if index != self.frontier.size:
+            return "leaf_mismatch", f"log index {index} arrives where leaf {self.frontier.size} belongs"
+        leaf = leaf_hash(item.raw)
+        if self._node is not None and self._node(0, index) != leaf:  # L1
+            return "leaf_mismatch", f"the stored Merkle leaf {index} is not the hash of the entry at that index"
+        self.frontier.append(leaf)
+        return self._check_root()
+
+    def finish(self, tree_size: int, tree_root: bytes) -> tuple[str, str] | None:
+        """L3-L5 once every entry went through ``check``; ``None`` when the log checks out."""
+        if self._problem is not None:
+            return self._problem
+        beyond = [size for size in self._roots if size > self.frontier.size]
+        if beyond:  # L4
+            return "log_shrank", f"a checkpoint of size {max(beyond)} was signed, the log holds {self.frontier.size}"
+        if self.frontier.size != tree_size or self.frontier.root() != tree_root:  # L5
+            return "tree_mismatch", "the stored Merkle tree does not match the entries"
+        return None
+
+
+class SessionInLog:
+    """The Merkle step of ``truss ledger verify SESSION`` (L6), a V12 hook.
+
+    Each entry of the session must be the leaf at its index: proven by an inclusion proof (from
+    the stored nodes) against the latest stored checkpoint whose signed note verifies under the
+    trusted keys, or, for entries appended after that checkpoint, equal to the stored leaf
+    (``not_in_log``). Without any trusted checkpoint only the stored leaves are compared.
+    """
+
+    def __init__(
+        self,
+        checkpoints: Sequence[StoredCheckpointLike],
+        trusted: TrustedKeys,
+        origin: str,
+        node: Callable[[int, int], bytes],
+    ) -> None:
+        self._node = node
+        self.checkpoint: Checkpoint | None = None
+        for cp in sorted(checkpoints, key=lambda c: c.size, reverse=True):
+            try:
+                self.checkpoint = open_checkpoint(cp.note.encode("utf-8"), list(trusted), origin=origin)
+                break
+            except (VerificationError, InputError):
+                continue  # an unusable checkpoint proves nothing; LogAudit (--all) names it
+        self.proven = 0
+
+    def check(self, item: StoredEntry) -> tuple[str, str] | None:
+        leaf = leaf_hash(item.raw)
+        index = item.index
+        try:
+            cp = self.checkpoint
+            if cp is not None and index < cp.size:
+                if verify_inclusion(leaf, index, cp.size, inclusion_proof(index, cp.size, self._node), cp.root):
+                    self.proven += 1
+                    return None
+            elif self._node(0, index) == leaf:
+                return None
+        except TrussError as exc:
+            return "not_in_log", f"entry {item.seq}: the Merkle tree cannot prove it ({exc.message})"
+        return "not_in_log", f"entry {item.seq}: it is not the leaf at log index {index}"
+
+
+# -- --since ------------------------------------------------------------------------------------
+
+
+class SinceSource(Protocol):
+    origin: str
+
+    def tree_head(self) -> tuple[int, bytes]: ...
+
+    def node(self, level: int, index: int) -> bytes: ...
+
+    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
+
+    def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
+
+
+@dataclass(frozen=True)
+class SinceReport:
+    """Does the current log extend the old checkpoint? ``old_*`` and ``size``/``root`` say which."""
+
+    ok: bool
+    old_size: int | None = None
+    old_root: str | None = None
+    size: int | None = None
+    root: str | None = None
+    latest_checkpoint: str | None = None
+    reason: str | None = None
+    message: str | None = None
+    exit_code: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ok": self.ok,
+            "old": {"size": self.old_size, "root": self.old_root},
+            "current": {"size": self.size, "root": self.root},
+            "latest_checkpoint": self.latest_checkpoint,
+        }
+        if not self.ok:
+            out.update(reason=self.reason, message=self.message)
+        return out
+
+    def raise_for_failure(self) -> SinceReport:
+        """This report when the log extends the checkpoint; else raise what it found.
+
+        ``VerificationError`` (the log was rewritten, truncated or forked), or the ``InputError``
+        of a checkpoint that cannot be used (unparseable, another log's, untrusted signer).
+        """
+        if self.ok:
+            return self
+        error = InputError if self.exit_code == 2 else VerificationError
+        raise error(
+            self.message or "the log does not extend the checkpoint",
+            remedy="do not trust this log beyond the checkpoint you hold",
+            reason=self.reason,
+            size=self.size,
+            old_size=self.old_size,
+        )
+
+
+def verify_since(
+    store: SinceSource, old_checkpoint: bytes, trusted: TrustedKeys, *, recompute: bool = True
+) -> SinceReport:
+    """Prove that ``store``'s log is an append-only extension of ``old_checkpoint``.
+
+    S1 open the old checkpoint with ``trusted`` (origin = the store's log); S2 with
+    ``recompute``, rebuild the root from the stored entries' bytes and compare it with the
+    stored tree (a rewritten entry under untouched nodes is caught here); S3 a larger old size
+    than the log is a truncation; S4 the RFC 9162 consistency proof from the old size to the
+    current one must verify (a same-size checkpoint with another root is a fork).
+    """
+    facts: dict[str, Any] = {}
+    try:
+        old = open_checkpoint(old_checkpoint, list(trusted), origin=store.origin)  # S1
+    except (VerificationError, InputError) as exc:
+        return SinceReport(
+            ok=False, reason=str(exc.fields.get("reason") or exc.kind), message=exc.message, exit_code=exc.exit_code
+        )
+    size, root = store.tree_head()
+    facts.update(old_size=old.size, old_root=old.root.hex(), size=size, root=root.hex())
+    stored = sorted(store.checkpoints(), key=lambda cp: cp.size)
+    if stored:
+        facts["latest_checkpoint"] = stored[-1].note
+    if recompute:  # S2
+        frontier = Frontier()
+        for item in store.read_range(0, size):
+            if item.index != frontier.size:
+                return _since_fail(facts, "index_gap", f"the log's entry {frontier.size} is missing")
+            frontier.append(leaf_hash(item.raw))
+        if frontier.size != size or frontier.root() != root:
+            return _since_fail(facts, "tree_mismatch", "the stored entries do not hash to the stored Merkle tree")
+    if old.size > size:  # S3
+        return _since_fail(
+            facts, "log_shrank", f"the log holds {size} entries, fewer than the {old.size} of the old checkpoint"
+        )
+    proof = consistency_proof(old.size, size, store.node)  # S4
+    if not verify_consistency(old.size, size, old.root, root, proof):
+        if old.size == size or any(cp.size == old.size and cp.root != old.root for cp in stored):
+            return _since_fail(
+                facts, "fork", f"the log at size {old.size} has another root than the old checkpoint: a fork"
+            )
+        return _since_fail(
+            facts, "inconsistent", f"the log was rewritten: it does not extend the checkpoint of size {old.size}"
+        )
+    return SinceReport(ok=True, **facts)
+
+
+def _since_fail(facts: dict[str, Any], reason: str, message: str) -> SinceReport:
+    return SinceReport(ok=False, reason=reason, message=message, exit_code=1, **facts)

@@ -1,0 +1,468 @@
+"""The writer side of the SQLite store: group commit of appends, and the store's other writes.
+
+One ``SqliteWriter`` owns the writer connection of one ``SqliteStore``:
+
+- ``append`` is thread-safe; concurrent callers queue their batches and whichever thread holds
+  the writer lock commits every queued batch in one transaction (each batch in its own savepoint,
+  so one failing batch does not fail the others), sharing one fsync (leader/follower).
+- ``BEGIN IMMEDIATE`` for every write: a second process waits up to the busy timeout and then
+  gets ``StoreBusyError``; it never interleaves or corrupts.
+- ``synchronous=FULL`` on every commit except batches appended with ``durable=False``.
+- Each transaction reads the Merkle frontier (cached while no other process appended), appends
+  the new leaves and writes the completed nodes and the frontier beside the entries.
+
+What it does not do: reads (``sqlite.SqliteStore``) or the session rules (``base.seal_batch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from truss._clock import Clock
+from truss._errors import StoreBusyError, StoreConflictError, StoreError, TrussError
+from truss.ledger.canonical import canonical
+from truss.ledger.cosignature import merge_notes
+from truss.ledger.entry import Record, StoredEntry, encode_record
+from truss.ledger.keyhistory import LOG_SESSION
+from truss.ledger.keys import IdentityKey
+from truss.ledger.merkle import Frontier, leaf_hash
+from truss.ledger.stores.base import SessionHead, seal_batch, session_fields
+
+__all__ = ["SqliteWriter", "begin", "key_retired", "store_error"]
+
+
+def store_error(db: Path, busy_ms: int, what: str, exc: sqlite3.Error) -> StoreError:
+    """A sqlite3 error as the store's ``StoreError`` (``StoreBusyError`` for a lock held too long)."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StoreBusyError(
+            f"{db}: the ledger stayed locked by another writer for {busy_ms} ms",
+            remedy="another Truss process is writing; retry when it finishes",
+            retryable=True,
+            db=str(db),
+        )
+    return StoreError(
+        f"{db}: ledger {what} failed: {type(exc).__name__}: {text}",
+        remedy="check the disk and the file's permissions; the last committed state is intact",
+        db=str(db),
+    )
+
+
+def key_retired(conn: sqlite3.Connection, key_id: str) -> bool:
+    """Whether a key rotation recorded in the ledger retired ``key_id``."""
+    # Rotations live in the log's own session, so this reads a few rows of one session's index.
+    row = conn.execute(
+        "SELECT 1 FROM entries WHERE session = ? AND kind = 'key_rotated' AND keyid = ? LIMIT 1",
+        (LOG_SESSION, key_id),
+    ).fetchone()
+    return row is not None
+
+
+def begin(conn: sqlite3.Connection, db: Path, busy_ms: int) -> None:
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        raise store_error(db, busy_ms, "lock", exc) from exc
+
+
+class _Pending:
+    """One caller's batch waiting for a group commit."""
+
+    __slots__ = (
+        "bodies",
+        "done",
+        "durable",
+        "error",
+        "expect_index",
+        "expect_seq",
+        "records",
+        "result",
+        "session",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        session: str,
+        records: Sequence[Record],
+        durable: bool,
+        expect_seq: int | None,
+        expect_index: int | None = None,
+    ) -> None:
+        # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
+        self.bodies = [encode_record(record) for record in records]
+        self.session = session
+        self.records = records
+        self.durable = durable
+        self.expect_seq = expect_seq
+        self.expect_index = expect_index
+        self.result: list[StoredEntry] = []
+        self.error: TrussError | None = None
+        self.done = False
+        # Only a follower waits (its event is made when it queues); a lone writer never needs one.
+        self.wake: threading.Event | None = None
+
+
+class SqliteWriter:
+    """The writer connection of one SQLite ledger; see the module docstring."""
+
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        *,
+        db: Path,
+        key: IdentityKey | None,
+        clock: Clock,
+        origin: str,
+        busy_timeout_ms: int,
+        group_commit: bool,
+    ) -> None:
+        self._w = conn
+        self._db = db
+        self._key = key
+        self._clock = clock
+        self._origin = origin
+        self._busy_ms = busy_timeout_ms
+        self._group = group_commit
+        self.lock = threading.Lock()  # the writer: whoever holds it commits the queue
+        self._qlock = threading.Lock()
+        self._queue: list[_Pending] = []
+        self._leading = False
+        self._commits = 0
+        self._batches = 0
+        self._sync_full: bool | None = None
+        self._frontier: Frontier | None = None
+        self._rotated_here = False
+        self.closed = False
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._w
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StoreError(f"{self._db}: the store is closed", db=str(self._db))
+
+    def _set_sync(self, full: bool) -> None:
+        if self._sync_full is not full:
+            self._w.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
+            self._sync_full = full
+
+    def stats(self) -> dict[str, int]:
+        return {"commits": self._commits, "batches": self._batches}
+
+    def close(self) -> None:
+        self.closed = True
+        self._w.close()
+
+    # -- other writes ----------------------------------------------------------------------------
+
+    def write(self, sql_steps: Sequence[tuple[str, tuple[Any, ...]]]) -> list[int]:
+        """Run statements in one durable transaction; returns each one's rowcount."""
+        self._check_open()
+        with self.lock:
+            conn = self._w
+            try:
+                self._set_sync(True)
+                begin(conn, self._db, self._busy_ms)
+                counts = [conn.execute(sql, params).rowcount for sql, params in sql_steps]
+                conn.execute("COMMIT")
+                return counts
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise store_error(self._db, self._busy_ms, "write", exc) from exc
+
+    def merge_checkpoint(self, size: int, note: str) -> None:
+        """Merge ``note``'s signature lines into the checkpoint held at ``size`` (one transaction)."""
+        self._check_open()
+        with self.lock:
+            conn = self._w
+            try:
+                self._set_sync(True)
+                begin(conn, self._db, self._busy_ms)
+                row = conn.execute("SELECT note FROM checkpoints WHERE size = ?", (size,)).fetchone()
+                if row is not None:
+                    merged = merge_notes(str(row[0]), note)
+                    if merged != str(row[0]):
+                        conn.execute("UPDATE checkpoints SET note = ? WHERE size = ?", (merged, size))
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise store_error(self._db, self._busy_ms, "write", exc) from exc
+
+    # -- append (group commit) -------------------------------------------------------------------
+
+    def append(
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
+    ) -> list[StoredEntry]:
+        self._check_open()
+        if self._key is None:
+            raise StoreError(f"{self._db}: opened without an identity key, so it cannot append", db=str(self._db))
+        if not records:
+            return []
+        pending = _Pending(session, list(records), durable, expect_seq, expect_index)
+        if not self._group:
+            with self.lock:
+                self._commit_group([pending])
+        else:
+            # Leader/follower: the first caller to find no leader commits everything queued, then
+            # hands leadership to the oldest waiter, if any. Followers wait on their own event, so a
+            # finished follower returns at once instead of queueing behind the next commit.
+            with self._qlock:
+                self._queue.append(pending)
+                lead = not self._leading
+                self._leading = True
+                if not lead:
+                    pending.wake = threading.Event()
+            if pending.wake is not None:
+                pending.wake.wait()
+            if not pending.done:
+                self._lead()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _lead(self) -> None:
+        try:
+            with self._qlock:
+                group, self._queue = self._queue, []
+            with self.lock:
+                self._commit_group(group)
+        finally:
+            with self._qlock:
+                if self._queue:
+                    wake = self._queue[0].wake  # a follower's: it queued while this leader held the lead
+                    assert wake is not None
+                    wake.set()  # not done: it wakes as the next leader
+                else:
+                    self._leading = False
+
+    def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
+        """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
+
+        Each transaction commits with ``synchronous=NORMAL`` and the last with ``FULL``; a failing
+        batch raises and stops. Returns the number of entries appended.
+        """
+        self._check_open()
+        count = 0
+        chunk: list[_Pending] = []
+
+        def flush(last: bool) -> None:
+            nonlocal count
+            for p in chunk:
+                p.durable = False
+            if last and chunk:
+                chunk[-1].durable = True
+            with self.lock:
+                self._commit_group(chunk)
+            for p in chunk:
+                if p.error is not None:
+                    raise p.error
+                count += len(p.result)
+            chunk.clear()
+
+        for session, records in batches:
+            chunk.append(_Pending(session, list(records), False, None))
+            if len(chunk) >= per_txn:
+                flush(False)
+        flush(True)
+        return count
+
+    def _commit_group(self, group: list[_Pending]) -> None:
+        """Commit every batch of ``group`` in one transaction; sets each one's result or error."""
+        if not group:
+            return
+        conn = self._w
+        try:
+            self._set_sync(any(p.durable for p in group))
+            begin(conn, self._db, self._busy_ms)
+        except TrussError as exc:
+            self._fail_all(group, exc)
+            return
+        except sqlite3.Error as exc:
+            self._fail_all(group, store_error(self._db, self._busy_ms, "append", exc))
+            return
+        try:
+            row = conn.execute("SELECT MAX(idx) FROM entries").fetchone()
+            next_index = 0 if row is None or row[0] is None else int(row[0]) + 1
+            frontier = self._frontier
+            if frontier is None or frontier.size != next_index:
+                # Another process appended (or this is the first append): reload what it committed.
+                state = conn.execute("SELECT v FROM meta WHERE k = 'frontier'").fetchone()
+                frontier = Frontier.from_state(bytes(state[0]))
+                if frontier.size != next_index:
+                    raise StoreError(
+                        f"{self._db}: the Merkle frontier covers {frontier.size} entries but the log holds "
+                        f"{next_index}",
+                        remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
+                        db=str(self._db),
+                    )
+                # Another writer may have rotated this key away: its entries would not verify.
+                self._refuse_retired(conn)
+            elif self._rotated_here:
+                self._refuse_retired(conn)
+            if len(group) == 1:
+                # A lone batch needs no savepoint: if it fails, the whole transaction is rolled
+                # back (two statements and a frontier copy fewer on the common, sequential path).
+                [pending] = group
+                try:
+                    pending.result = self._apply(conn, pending, next_index, frontier)
+                except (TrussError, sqlite3.IntegrityError) as exc:
+                    self._frontier = None  # the frontier took the failed batch's leaves: reload it
+                    conn.execute("ROLLBACK")
+                    self._fail_all(group, self._batch_error(pending, exc))
+                    return
+            for pending in group if len(group) > 1 else ():
+                saved = frontier.to_state()
+                conn.execute("SAVEPOINT batch")
+                try:
+                    pending.result = self._apply(conn, pending, next_index, frontier)
+                    conn.execute("RELEASE batch")
+                    next_index += len(pending.result)
+                except (TrussError, sqlite3.IntegrityError) as exc:
+                    conn.execute("ROLLBACK TO batch")
+                    conn.execute("RELEASE batch")
+                    frontier = Frontier.from_state(saved)
+                    pending.result = []
+                    pending.error = self._batch_error(pending, exc)
+            conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('frontier', ?)", (frontier.to_state(),))
+            conn.execute("COMMIT")
+            self._frontier = frontier
+            if any(r.kind == "key_rotated" for p in group if p.result for r in p.records):
+                self._rotated_here = True
+            self._commits += 1
+            self._batches += len(group)
+        except BaseException as exc:
+            self._frontier = None
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            if isinstance(exc, TrussError):
+                self._fail_all(group, exc)
+            elif isinstance(exc, sqlite3.Error):
+                self._fail_all(group, store_error(self._db, self._busy_ms, "append", exc))
+            else:
+                self._fail_all(group, StoreError(f"{self._db}: append interrupted", db=str(self._db)))
+                raise
+            return
+        for pending in group:
+            pending.done = True
+            if pending.wake is not None:
+                pending.wake.set()
+
+    def _refuse_retired(self, conn: sqlite3.Connection) -> None:
+        assert self._key is not None
+        if key_retired(conn, self._key.key_id):
+            raise StoreError(
+                f"{self._db}: the identity key {self._key.key_id} was retired by a key rotation; "
+                "nothing more can be signed with it",
+                remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
+                db=str(self._db),
+                reason="key_retired",
+            )
+
+    @staticmethod
+    def _batch_error(pending: _Pending, exc: TrussError | sqlite3.IntegrityError) -> TrussError:
+        if isinstance(exc, TrussError):
+            return exc
+        return StoreConflictError(
+            f"session {pending.session}: another writer recorded this step ({exc})",
+            remedy="re-read the session and retry from its head",
+            session=pending.session,
+        )
+
+    @staticmethod
+    def _fail_all(group: list[_Pending], exc: TrussError) -> None:
+        for pending in group:
+            pending.result = []
+            pending.error = exc
+            pending.done = True
+            if pending.wake is not None:
+                pending.wake.set()
+
+    def _apply(self, conn: sqlite3.Connection, pending: _Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
+        key = self._key
+        assert key is not None
+        session, records = pending.session, pending.records
+        row = conn.execute("SELECT entries, head, ended FROM sessions WHERE id = ?", (session,)).fetchone()
+        head = None if row is None else SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
+        out = seal_batch(
+            key,
+            origin=self._origin,
+            session=session,
+            head=head,
+            records=records,
+            bodies=pending.bodies,
+            index=index,
+            now_ms=self._clock.now_ms,
+            expect_seq=pending.expect_seq,
+            expect_index=pending.expect_index,
+        )
+        entry_rows: list[tuple[Any, ...]] = []
+        node_rows: list[tuple[int, int, bytes]] = []
+        blob_rows: list[tuple[str, bytes]] = []
+        for record, entry in zip(records, out, strict=True):
+            entry_rows.append(
+                (
+                    entry.index,
+                    session,
+                    entry.seq,
+                    record.kind,
+                    entry.ts,
+                    bytes.fromhex(entry.hash),
+                    entry.raw,
+                    entry.sig,
+                    key.key_id,
+                )
+            )
+            node_rows.extend(frontier.append(leaf_hash(entry.raw)))
+            blob_rows.extend((ref, bytes(data)) for ref, data in record.blobs.items())
+        conn.executemany(
+            "INSERT INTO entries (idx, session, seq, kind, ts, hash, raw, sig, keyid) VALUES (?,?,?,?,?,?,?,?,?)",
+            entry_rows,
+        )
+        conn.executemany("INSERT INTO nodes (level, idx, hash) VALUES (?,?,?)", node_rows)
+        if blob_rows:
+            conn.executemany("INSERT OR IGNORE INTO blobs (ref, data) VALUES (?,?)", blob_rows)
+            conn.executemany(
+                "INSERT OR IGNORE INTO session_blobs (session, ref) VALUES (?,?)", [(session, r) for r, _ in blob_rows]
+            )
+        last = out[-1]
+        ended = last.kind == "session_ended"
+        seq, now = last.seq + 1, last.ts
+        if row is None:
+            contract, principal = session_fields(records[0])
+            conn.execute(
+                "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended)"
+                " VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    session,
+                    contract,
+                    None if principal is None else canonical(principal).decode("utf-8"),
+                    "ended" if ended else "running",
+                    seq,
+                    out[0].ts,
+                    now,
+                    bytes.fromhex(last.hash),
+                    int(ended),
+                ),
+            )
+        else:
+            conn.execute(
+                "UPDATE sessions SET entries = ?, head = ?, updated_ms = ?, ended = ?,"
+                " status = CASE WHEN ? AND status = 'running' THEN 'ended' ELSE status END WHERE id = ?",
+                (seq, bytes.fromhex(last.hash), now, int(ended), int(ended), session),
+            )
+        return out

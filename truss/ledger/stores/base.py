@@ -1,0 +1,267 @@
+"""What every ledger store is: the ``LedgerStore`` protocol, its row types, and the rules they share.
+
+A store keeps signed entries, the Merkle log over them, payload blobs, checkpoints and verdict
+envelopes. Only the entries are signed; everything else a store keeps is derived from them or
+checked against them by verification (docs/ledger-format.md). A store is the one place that
+assigns an entry's ``seq``, ``prev``, ``index`` and ``ts`` and signs it, inside its write
+transaction, so two writers can never record the same step.
+
+``seal_batch`` is that assignment as a pure function: given a session's head as the store holds
+it, the records to append and the next log index, it applies the session rules (``session_started``
+first and only first, nothing after ``session_ended``, ``expect_seq``, ``expect_index``) and returns the signed
+entries, or raises without side effects. Every backend calls it inside its own transaction, so the
+rules and their errors are the same whichever store is used.
+
+What this module does not do: I/O (backends live beside it: ``sqlite``, ``memory``), choose a
+backend (``truss.ledger.stores.open_store``) or verify (``truss.ledger.verification``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from truss._errors import StoreConflictError, StoreError
+from truss.ledger.canonical import CanonicalError
+from truss.ledger.entry import ZERO_HASH, Record, Signer, StoredEntry, seal
+
+if TYPE_CHECKING:
+    from truss._clock import Clock
+    from truss.ledger.keys import IdentityKey
+
+__all__ = [
+    "LedgerStore",
+    "SessionHead",
+    "SessionInfo",
+    "StoreOpener",
+    "StoredCheckpoint",
+    "check_status",
+    "seal_batch",
+    "session_fields",
+]
+
+_STATUS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_")
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """A row of the sessions table: derived from the chain, kept for listing (not signed)."""
+
+    id: str
+    contract: str | None
+    status: str
+    entries: int
+    started_ms: int
+    updated_ms: int
+    head: str
+    principal: Any = None
+    ended: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "contract": self.contract,
+            "status": self.status,
+            "entries": self.entries,
+            "started_ms": self.started_ms,
+            "updated_ms": self.updated_ms,
+            "head": self.head,
+            "principal": self.principal,
+            "ended": self.ended,
+        }
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A signed checkpoint the store keeps: tree ``size``, ``root`` and the signed note text."""
+
+    size: int
+    root: bytes
+    note: str
+    created_ms: int = 0
+
+
+@runtime_checkable
+class LedgerStore(Protocol):
+    """What every ledger store provides (``truss.testing.check_ledger_store`` checks it).
+
+    Thread-safe: a run appends from worker threads while serve-mcp reads from others. Every
+    method that writes is durable when it returns (``append(durable=False)`` excepted).
+    """
+
+    origin: str
+
+    def append(
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
+    ) -> list[StoredEntry]:
+        """Append ``records`` to ``session`` as consecutive signed entries (see ``seal_batch``)."""
+        ...
+
+    def set_status(self, session: str, status: str) -> None: ...
+
+    def session(self, session: str) -> SessionInfo | None: ...
+
+    def sessions(
+        self, *, status: str | None = None, limit: int | None = None, principal: Any = None
+    ) -> list[SessionInfo]:
+        """Sessions, most recently started first; filtered by status and principal (JSON equality)."""
+        ...
+
+    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
+
+    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
+
+    def blob(self, ref: str) -> bytes | None: ...
+
+    def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]: ...
+
+    def erased_refs(self, session: str) -> set[str]: ...
+
+    def erase_payloads(self, session: str) -> int: ...
+
+    def tree_size(self) -> int: ...
+
+    def tree_root(self) -> bytes: ...
+
+    def tree_head(self) -> tuple[int, bytes]: ...
+
+    def node(self, level: int, index: int) -> bytes: ...
+
+    def add_checkpoint(self, size: int, root: bytes, note: str) -> None: ...
+
+    def checkpoints(self) -> list[StoredCheckpoint]: ...
+
+    def set_envelope(self, session: str, envelope: bytes) -> None: ...
+
+    def envelope(self, session: str) -> bytes | None: ...
+
+    def close(self) -> None: ...
+
+
+class StoreOpener(Protocol):
+    """What a backend registers under its URL scheme (``truss.ledger.stores.register_store``).
+
+    ``url`` is what the operator gave (``--db``), a bare path for the SQLite default. ``key``
+    signs appended entries; without one the store opens read-only. ``create=False`` refuses a
+    ledger that does not exist yet (``NotFoundError``).
+    """
+
+    def __call__(self, url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool) -> LedgerStore: ...
+
+
+def check_status(status: str) -> None:
+    """Refuse a listing status that is not a short lower-case word (``running``, ``pass`` ...)."""
+    if not status or len(status) > 32 or not set(status) <= _STATUS_CHARS:
+        raise StoreError(f"session status {status!r} is not a lower-case word", reason="bad_status")
+
+
+def session_fields(record: Record) -> tuple[str | None, Any]:
+    """The contract name and principal a ``session_started`` body carries."""
+    contract = record.body.get("contract")
+    return (contract if isinstance(contract, str) else None), record.body.get("principal")
+
+
+@dataclass(frozen=True)
+class SessionHead:
+    """Where a session stands in a store: its next ``seq``, last entry hash, and whether it ended."""
+
+    seq: int
+    head: str
+    ended: bool
+
+
+def seal_batch(
+    signer: Signer,
+    *,
+    origin: str,
+    session: str,
+    head: SessionHead | None,
+    records: Sequence[Record],
+    bodies: Sequence[bytes],
+    index: int,
+    now_ms: Callable[[], int],
+    expect_seq: int | None = None,
+    expect_index: int | None = None,
+    copy_bodies: bool = False,
+) -> list[StoredEntry]:
+    """The signed entries ``records`` become when appended to ``session`` at log ``index``.
+
+    ``head`` is the session as the store holds it inside its transaction (None: no such
+    session); ``bodies`` are ``encode_record(record)`` of each record (encoded by the caller,
+    outside the store's lock). Raises ``StoreError`` (``reason="no_session"``: a session must
+    start with ``session_started``; ``bad_body``) or ``StoreConflictError`` (starting a session
+    twice, a stale ``expect_seq`` or ``expect_index``, appending after ``session_ended``); nothing
+    is returned half-done. ``expect_index`` is the log index the first record must get (a record
+    that names its own position, as a key rotation does). ``copy_bodies`` gives each entry a
+    private copy of its body, for stores that keep the entry objects themselves (the caller may
+    change its dict afterwards).
+    """
+    first = records[0]
+    if head is None:
+        if first.kind != "session_started":
+            raise StoreError(
+                f"session {session} does not exist: its first entry must be session_started, not {first.kind}",
+                reason="no_session",
+                session=session,
+            )
+        seq, prev, ended = 0, ZERO_HASH, False
+    else:
+        seq, prev, ended = head.seq, head.head, head.ended
+        if first.kind == "session_started":
+            raise StoreConflictError(
+                f"session {session} already exists", remedy="use a new session id", session=session, seq=seq
+            )
+    if expect_index is not None and expect_index != index:
+        raise StoreConflictError(
+            f"session {session}: expected to append at log index {expect_index} but the log is at {index}",
+            remedy="another writer appended first; re-read the log and retry",
+            session=session,
+            index=expect_index,
+            actual=index,
+        )
+    if expect_seq is not None and expect_seq != seq:
+        raise StoreConflictError(
+            f"session {session}: expected to append at seq {expect_seq} but its head is at seq {seq}",
+            remedy="another writer is recording this session; stop, re-read it and resume from its head",
+            session=session,
+            seq=expect_seq,
+            actual=seq,
+        )
+    out: list[StoredEntry] = []
+    for i, record in enumerate(records):
+        if ended:
+            raise StoreConflictError(
+                f"session {session} has ended; nothing more can be appended", session=session, seq=seq
+            )
+        if i and record.kind == "session_started":
+            raise StoreError(f"session {session}: session_started may only be its first entry", session=session)
+        body: dict[str, Any] = json.loads(bodies[i]) if copy_bodies else record.body
+        try:
+            entry = seal(
+                signer,
+                log=origin,
+                session=session,
+                seq=seq,
+                index=index,
+                ts=now_ms(),
+                kind=record.kind,
+                body=body,
+                prev=prev,
+                body_bytes=bodies[i],
+            )
+        except CanonicalError as exc:
+            raise StoreError(
+                f"the body of a {record.kind} entry is not canonical JSON: {exc}", reason="bad_body"
+            ) from exc
+        out.append(entry)
+        ended = record.kind == "session_ended"
+        prev, seq, index = entry.hash, seq + 1, index + 1
+    return out
