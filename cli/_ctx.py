@@ -1,4 +1,4 @@
-"""What every command handler receives: resolved global options and output helpers."""
+"""What every command handler receives: resolved global options, the one way to open the ledger, output helpers."""
 
 from __future__ import annotations
 
@@ -7,19 +7,26 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from truss_cli._term import safe_human, safe_json_text
 
 from truss._clock import Clock, SystemClock
 
+if TYPE_CHECKING:  # the store and key modules load only when a command opens the ledger
+    from truss.runtime import Connector, Runtime
+
 
 @dataclass
 class Ctx:
-    """Global options, resolved once. ``home`` is ``--home``, else ``$TRUSS_HOME``, else ``./.truss``."""
+    """Global options, resolved once. ``home`` is ``--home``, else ``$TRUSS_HOME``, else ``./.truss``.
+
+    ``db`` is the ledger as given: a path, or a store URL (``sqlite:///PATH``, ``memory:``, a
+    registered scheme); ``open_runtime`` is the one place a command turns it into a store.
+    """
 
     home: Path
-    db: Path
+    db: str
     key: Path
     verbose: bool = False
     json: bool = False
@@ -32,10 +39,35 @@ class Ctx:
         home_path = Path(home or os.environ.get("TRUSS_HOME") or ".truss")
         return cls(
             home=home_path,
-            db=Path(db) if db else home_path / "ledger.db",
+            db=db if db else str(home_path / "ledger.db"),
             key=Path(key) if key else home_path / "identity.key",
             verbose=verbose,
             json=json_out,
+        )
+
+    def open_runtime(
+        self,
+        *,
+        signing: bool = True,
+        create: bool = False,
+        connector: Connector | None = None,
+    ) -> Runtime:
+        """The ledger of ``--db`` (typed as the store protocol) with, when ``signing``, the key of ``--key``.
+
+        ``create`` lets a missing ledger be created (``init``, ``run``, ``serve-mcp`` and the
+        durability commands); the reading commands refuse one instead. Close it (``with``).
+        """
+        from truss.runtime import Runtime
+
+        return Runtime.open(
+            home=self.home,
+            db=self.db,
+            key=self.key,
+            signing=signing,
+            create=create,
+            clock=self.clock,
+            environ=dict(os.environ),
+            connector=connector,
         )
 
     @property

@@ -13,16 +13,17 @@ from typing import Any
 
 from truss_cli._ctx import Ctx
 
-from truss._errors import BundleFormatError, UsageError, VerificationError
+from truss._errors import BundleFormatError, UsageError
+from truss.ledger.audit import store_key_history as store_history
+from truss.ledger.audit import stored_checkpoint_signers
 from truss.ledger.bundle import MAX_BUNDLE_BYTES
-from truss.ledger.entry import StoredEntry
-from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, KeyPeriod, bundle_key_history, follow_rotations
+from truss.ledger.keyhistory import KeyHistory, KeyPeriod, bundle_key_history, follow_rotations
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import root_at
 from truss.ledger.note import MAX_NOTE_BYTES, parse_checkpoint, parse_note
+from truss.ledger.stores import LedgerStore
 from truss.ledger.tlog_policy import Policy
-from truss.ledger.verify import VerifyReport
-from truss.ledger.witnessed import PolicyReport, check_checkpoint_signers, verify_with_policy
+from truss.ledger.witnessed import PolicyReport, verify_with_policy
 
 __all__ = [
     "add_policy_args",
@@ -79,44 +80,7 @@ def read_notes(args: argparse.Namespace) -> list[tuple[bytes, str]]:
     return out
 
 
-def store_history(store: Any, trusted: TrustedKeys) -> KeyHistory | VerifyReport:
-    """The key history in the store's ``@log`` followed from ``trusted``, or a failing report."""
-    entries: list[StoredEntry] = list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
-    try:
-        return follow_rotations(entries, trusted, origin=store.origin)
-    except VerificationError as exc:
-        return VerifyReport(
-            ok=False,
-            entries=0,
-            sessions=0,
-            reason=str(exc.fields.get("reason")),
-            message=exc.message,
-            session=LOG_SESSION,
-            seq=exc.fields.get("seq"),
-            index=exc.fields.get("index"),
-        )
-
-
-def stored_checkpoint_signers(store: Any, history: KeyHistory, report: VerifyReport) -> VerifyReport:
-    """Each stored checkpoint is signed by a key allowed at its size (only matters after a rotation)."""
-    if not report.ok or not history.rotations:
-        return report
-    notes = [(cp.note.encode("utf-8"), f"the stored checkpoint of size {cp.size}") for cp in store.checkpoints()]
-    finding = check_checkpoint_signers(notes, history.checkpoint_keys, store.origin)
-    if finding is None:
-        return report
-    return VerifyReport(
-        ok=False,
-        entries=report.entries,
-        sessions=report.sessions,
-        blobs_checked=report.blobs_checked,
-        blobs_absent=report.blobs_absent,
-        reason=finding[0],
-        message=finding[1],
-    )
-
-
-def _session_head_index(store: Any, session: str) -> int | None:
+def _session_head_index(store: LedgerStore, session: str) -> int | None:
     info = store.session(session)
     if info is None or not info.entries:
         return None
@@ -125,7 +89,7 @@ def _session_head_index(store: Any, session: str) -> int | None:
 
 
 def policy_for_store(
-    store: Any, policy: Policy | None, history: KeyHistory, session: str | None, notes: list[tuple[bytes, str]]
+    store: LedgerStore, policy: Policy | None, history: KeyHistory, session: str | None, notes: list[tuple[bytes, str]]
 ) -> PolicyReport:
     """W1-W5 for a home's ledger: the latest checkpoint (or the first covering ``session`` that
     meets the quorum) must meet it; every stored checkpoint and every note is checked for forks."""

@@ -1,7 +1,8 @@
 """``truss replay``, ``truss resolve`` and ``truss signal``: durability commands between runs.
 
-Thin: parse, open the ledger, call ``truss.durable``, render. None of them connects a server or a
-model (``replay`` is the auditor's offline check), so none imports the MCP SDK. ``truss resume``
+Thin: parse, open the runtime (``Ctx.open_runtime``), call ``truss.durable``, render. None of them
+connects a server or a model (``replay`` is the auditor's offline check), so none imports the MCP
+SDK. Like ``run``, they open the home's ledger with its key and create it when it is missing. ``truss resume``
 lives with ``run`` in ``cmd_run``.
 
 Exit codes: ``replay`` 0 when the recomputed verdict matches the recorded one, 1 when it does not
@@ -12,7 +13,6 @@ and ``signal`` 0 when recorded, 2 for bad input (unknown session, call or signal
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +65,8 @@ def register(sub: Any) -> None:
 def replay(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.durable import replay_session
 
-    store, _ = open_ledger(ctx)
-    try:
-        report = anyio.run(replay_session, store, args.session)
-    finally:
-        store.close()
+    with ctx.open_runtime(create=True) as runtime:
+        report = anyio.run(replay_session, runtime, args.session)
     recorded = report.recorded.get("status")
     replayed = (report.replayed or {}).get("status", "-")
     lines = [
@@ -89,19 +86,10 @@ def resolve(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.durable import parse_payload, resolve_call
 
     result = parse_payload(args.result, what="--result") if args.result is not None else None
-    store, _ = open_ledger(ctx)
-    try:
+    with ctx.open_runtime(create=True) as runtime:
         entry = resolve_call(
-            store,
-            args.session,
-            args.call,
-            result=result,
-            failed=args.failed,
-            not_sent=bool(args.not_sent),
-            environ=dict(os.environ),
+            runtime, args.session, args.call, result=result, failed=args.failed, not_sent=bool(args.not_sent)
         )
-    finally:
-        store.close()
     resolution = entry.body.get("resolution")
     ctx.emit(
         {"session": args.session, "call": args.call, "resolution": resolution, "seq": entry.seq, "hash": entry.hash},
@@ -118,26 +106,14 @@ def signal(args: argparse.Namespace, ctx: Ctx) -> int:
     if text.startswith("@"):
         text = _read_payload_file(Path(text[1:]))
     payload = parse_payload(text, what="--payload")
-    store, _ = open_ledger(ctx)
-    try:
-        entry = deliver_signal(store, args.session, args.name, payload, environ=dict(os.environ))
-    finally:
-        store.close()
+    with ctx.open_runtime(create=True) as runtime:
+        entry = deliver_signal(runtime, args.session, args.name, payload)
     ctx.emit(
         {"session": args.session, "signal": args.name, "call": entry.body.get("call"), "seq": entry.seq},
         f"delivered signal {args.name!r} to call {entry.body.get('call')} of {args.session} (entry {entry.seq}); "
         f"continue with: truss resume {args.session}",
     )
     return 0
-
-
-def open_ledger(ctx: Ctx) -> tuple[Any, Any]:
-    from truss.ledger.keys import IdentityKey
-    from truss.ledger.store import open_store
-
-    key = IdentityKey.load(ctx.key)
-    ctx.home.mkdir(parents=True, exist_ok=True)
-    return open_store(ctx.db, key=key, clock=ctx.clock), key
 
 
 def _read_payload_file(path: Path) -> str:

@@ -9,7 +9,7 @@ from truss_cli._ctx import Ctx
 
 from truss._errors import UsageError
 from truss.ledger.keys import IdentityKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import redact_url
 
 
 def register(sub: Any) -> None:
@@ -40,11 +40,11 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
             remedy="drop --name, or use a new --home for a new log",
         )
     # An empty ledger now, so reading commands work before the first run.
-    open_store(ctx.db, key=key, clock=ctx.clock).close()
+    ctx.open_runtime(create=True).close()
     lines = [
         f"{'created' if created else 'already initialised'}: {ctx.home}",
         f"{'created identity key' if key_created else 'identity key'}: {ctx.key}",
-        f"ledger: {ctx.db}",
+        f"ledger: {redact_url(ctx.db)}",
         f"verifier key: {key.verifier.vkey}",
     ]
     ctx.emit(
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
             "created": created,
             "key": str(ctx.key),
             "key_created": key_created,
-            "db": str(ctx.db),
+            "db": redact_url(ctx.db),
             "vkey": key.verifier.vkey,
         },
         "\n".join(lines),

@@ -1,9 +1,8 @@
 """``truss ledger list|show|verify|export|verdict|checkpoint|erase``: read, check, export and prune the ledger.
 
-Thin: open the store, call ``truss.ledger``, render. ``register`` builds the ``ledger`` command and
-keeps its sub-parsers in ``LEDGER_PARSERS`` so further sub-commands and flags can be added in one
-place; ``open_ledger``/``open_ledger_readonly``/``trusted_from_args`` are the helpers other
-commands share.
+Thin: open the runtime (``Ctx.open_runtime``), call ``truss.ledger``, render. ``register`` builds
+the ``ledger`` command and keeps its sub-parsers in ``LEDGER_PARSERS`` so further sub-commands and
+flags can be added in one place; ``trusted_from_args`` is the helper other commands share.
 
 Exit codes: 0 ok / verified, 1 does not verify, 2 unusable input (no ledger, unknown session, bad
 key), 4 store failure. Reading commands never create a ledger file.
@@ -31,35 +30,19 @@ from truss_cli._witnessed import (
     read_policy,
     render_policy_failure,
     store_history,
-    stored_checkpoint_signers,
 )
 
-from truss._errors import (
-    BundleFormatError,
-    KeyFileError,
-    NotFoundError,
-    StoreError,
-    UsageError,
-    VerificationError,
-    WitnessError,
-)
+from truss._errors import BundleFormatError, KeyFileError, NotFoundError, UsageError, VerificationError, WitnessError
 from truss.keyring import trust_root
-from truss.ledger.bundle import (
-    MAX_BUNDLE_BYTES,
-    LogAudit,
-    SessionInLog,
-    export_bundle,
-    verify_bundle,
-    verify_since,
-)
+from truss.ledger import audit
+from truss.ledger.bundle import MAX_BUNDLE_BYTES, export_bundle
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict, parse_envelope
 from truss.ledger.keyhistory import is_log_session
-from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
-from truss.ledger.merkle import root_at
+from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.note import MAX_NOTE_BYTES, sign_checkpoint
-from truss.ledger.store import SessionInfo, SqliteStore, open_store
-from truss.ledger.verify import VerifyReport, verify_ledger
+from truss.ledger.stores import LedgerStore, SessionInfo
+from truss.ledger.verification import VerifyReport
 from truss.ledger.witnessed import PolicyReport
 from truss.turns import RequestFold
 
@@ -70,18 +53,6 @@ _PREVIEW_CHARS = 160
 
 
 # -- shared helpers ------------------------------------------------------------------------------
-
-
-def open_ledger(ctx: Ctx) -> tuple[SqliteStore, IdentityKey]:
-    """The home's store opened for writing (created if absent) and its identity key."""
-    key = IdentityKey.load(ctx.key)
-    ctx.home.mkdir(parents=True, exist_ok=True)
-    return open_store(ctx.db, key=key, clock=ctx.clock), key
-
-
-def open_ledger_readonly(ctx: Ctx) -> SqliteStore:
-    """The home's store for reading and verifying; needs no key; refuses a missing file."""
-    return open_store(ctx.db, key=None, clock=ctx.clock, create=False)
 
 
 def add_trusted_key_arg(parser: argparse.ArgumentParser) -> None:
@@ -139,11 +110,11 @@ def _time(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _require_session(store: SqliteStore, session: str) -> SessionInfo:
+def _require_session(store: LedgerStore, session: str) -> SessionInfo:
     info = store.session(session)
     if info is None:
         raise NotFoundError(
-            f"no session {session!r} in {store.db}",
+            f"no session {session!r} in this ledger",
             remedy="list sessions with `truss ledger list`",
             what="session",
             name=session,
@@ -217,7 +188,8 @@ def register(sub: Any) -> None:
 
 
 def list_sessions(args: argparse.Namespace, ctx: Ctx) -> int:
-    with open_ledger_readonly(ctx) as store:
+    with ctx.open_runtime(signing=False) as runtime:
+        store = runtime.store
         limit = None if args.limit == 0 else args.limit
         # The log's own session (key rotations, witness outcomes) is not a run: `ledger show @log`.
         rows = [s for s in store.sessions(status=args.status, limit=None if limit is None else limit + 1)
@@ -249,7 +221,8 @@ def _payload_view(data: bytes, *, full: bool) -> tuple[Any, str]:
 
 
 def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
-    with open_ledger_readonly(ctx) as store:
+    with ctx.open_runtime(signing=False) as runtime:
+        store = runtime.store
         info = _require_session(store, args.session)
         erased = store.erased_refs(args.session)
         entries_json: list[dict[str, Any]] = []
@@ -293,7 +266,7 @@ def _fold_request(fold: RequestFold | None, item: StoredEntry) -> tuple[Any, str
 
 
 def _render_entry(
-    store: SqliteStore, item: StoredEntry, erased: set[str], *, payloads: bool, full: bool
+    store: LedgerStore, item: StoredEntry, erased: set[str], *, payloads: bool, full: bool
 ) -> tuple[dict[str, Any], list[str]]:
     body = dict(item.body)
     summary = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
@@ -337,27 +310,19 @@ def verify(args: argparse.Namespace, ctx: Ctx) -> int:
     trusted = trusted_from_args(args, ctx)
     policy = read_policy(args)
     notes = read_notes(args)
-    with open_ledger_readonly(ctx) as store:
-        history = store_history(store, trusted)
-        if isinstance(history, VerifyReport):
-            return _render_report(ctx, history, scope=args.session or "all")
-        trusted = history.trusted
-        audit = None if args.session else LogAudit(store.checkpoints(), trusted, store.origin, node=store.node)
-        in_log = SessionInLog(store.checkpoints(), trusted, store.origin, store.node) if args.session else None
-        extra = [audit.check] if audit is not None else [in_log.check] if in_log is not None else []
-        if history.rotations:
-            extra.append(history.check)
-        report = verify_ledger(store, trusted, session=args.session, payloads=not args.no_payloads, extra=extra)
-        if audit is not None:
-            report = _audit_log(store, report, audit)
-        report = stored_checkpoint_signers(store, history, report)
+    with ctx.open_runtime(signing=False) as runtime:
+        store = runtime.store
+        # The key history in the log's own session is followed from `trusted` (audit.verify does).
+        report = audit.verify(store, trusted, session=args.session, payloads=not args.no_payloads)
         witnessed = None
         if report.ok and (policy is not None or notes):
+            history = store_history(store, trusted)
+            if isinstance(history, VerifyReport):
+                return _render_report(ctx, history, scope=args.session or "all")
             witnessed = policy_for_store(store, policy, history, args.session, notes)
     if witnessed is not None and not witnessed.ok:
         return render_policy_failure(ctx, witnessed, {"scope": args.session or "all", **report.to_json(), "ok": False})
-    code = _render_report(ctx, report, scope=args.session or "all", witnessed=witnessed)
-    return code
+    return _render_report(ctx, report, scope=args.session or "all", witnessed=witnessed)
 
 
 def _render_report(ctx: Ctx, report: VerifyReport, *, scope: str, witnessed: PolicyReport | None = None) -> int:
@@ -398,9 +363,9 @@ def erase(args: argparse.Namespace, ctx: Ctx) -> int:
             "truss ledger erase: say what to erase with --payloads",
             remedy="run `truss ledger erase SESSION --payloads`",
         )
-    with open_ledger_readonly(ctx) as store:
-        _require_session(store, args.session)
-        count = store.erase_payloads(args.session)
+    with ctx.open_runtime(signing=False) as runtime:
+        _require_session(runtime.store, args.session)
+        count = runtime.store.erase_payloads(args.session)
     ctx.emit(
         {"session": args.session, "erased": count},
         f"erased {count} payload(s) of session {args.session}; its entries and their hashes remain and still verify",
@@ -467,11 +432,6 @@ def _register_log_commands(commands: Any) -> None:
     LEDGER_PARSERS["verdict"] = p
 
 
-def _open_for_signing(ctx: Ctx) -> tuple[SqliteStore, IdentityKey]:
-    key = IdentityKey.load(ctx.key)
-    return open_store(ctx.db, key=key, clock=ctx.clock, create=False), key
-
-
 def _write_file(path: Path, data: bytes) -> None:
     # All or nothing: a reader never sees half a bundle, and a failed write leaves no file.
     tmp = path.with_name(path.name + ".tmp")
@@ -498,9 +458,11 @@ def _read_input(path_text: str, what: str, limit: int) -> bytes:
 
 
 def export_session(args: argparse.Namespace, ctx: Ctx) -> int:
-    store, key = _open_for_signing(ctx)
-    with store:
-        data = export_bundle(store, args.session, vkey=key.verifier.vkey, payloads=not args.no_payloads, signer=key)
+    with ctx.open_runtime() as runtime:
+        key = runtime.signer
+        data = export_bundle(
+            runtime.store, args.session, vkey=key.verifier.vkey, payloads=not args.no_payloads, signer=key
+        )
     if args.output is None:
         sys.stdout.buffer.write(data + b"\n")
         sys.stdout.buffer.flush()
@@ -516,9 +478,9 @@ def export_session(args: argparse.Namespace, ctx: Ctx) -> int:
 
 def checkpoint_log(args: argparse.Namespace, ctx: Ctx) -> int:
     settings = _witness_settings(ctx) if args.witness else None
-    store, key = _open_for_signing(ctx)
-    with store:
-        cp = sign_checkpoint(store, key)
+    with ctx.open_runtime() as runtime:
+        store = runtime.store
+        cp = sign_checkpoint(store, runtime.signer)
         assert cp.note is not None
         note = cp.note.decode("utf-8")
         witnessed = None
@@ -584,7 +546,7 @@ def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
         return 0
     if args.bundle:
         data = _read_input(args.bundle, "bundle", MAX_BUNDLE_BYTES)
-        report = verify_bundle(data, trusted)
+        report = audit.verify(data, trusted)
         if report.ok and (policy is not None or notes):
             witnessed = policy_for_bundle(data, trusted, policy, notes)
             if not witnessed.ok:
@@ -608,11 +570,11 @@ def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
         ctx.emit(report.to_json(), f"NOT VERIFIED at {report.step} ({report.reason}): {report.message}")
         return report.exit_code
     note = _read_input(args.since, "checkpoint", MAX_NOTE_BYTES)
-    with open_ledger_readonly(ctx) as store:
-        history = store_history(store, trusted)
+    with ctx.open_runtime(signing=False) as runtime:
+        history = store_history(runtime.store, trusted)
         if isinstance(history, VerifyReport):
             return _render_report(ctx, history, scope="all")
-        since = verify_since(store, note, history.trusted)
+        since = audit.verify_since(runtime.store, note, history.trusted)
     if since.ok:
         ctx.emit(
             since.to_json(),
@@ -624,31 +586,10 @@ def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
     return since.exit_code
 
 
-def _audit_log(store: SqliteStore, report: VerifyReport, audit: LogAudit) -> VerifyReport:
-    if not report.ok:
-        return report
-    # The tree as of the entries just verified: appends that land meanwhile are not this run's.
-    size = audit.frontier.size
-    try:
-        finding = audit.finish(size, root_at(size, store.node))
-    except StoreError as exc:
-        finding = ("tree_mismatch", exc.message)
-    if finding is None:
-        return report
-    return VerifyReport(
-        ok=False,
-        entries=report.entries,
-        sessions=report.sessions,
-        blobs_checked=report.blobs_checked,
-        blobs_absent=report.blobs_absent,
-        reason=finding[0],
-        message=finding[1],
-    )
-
-
 def show_verdict(args: argparse.Namespace, ctx: Ctx) -> int:
     trusted = trusted_from_args(args, ctx)
-    with open_ledger_readonly(ctx) as store:
+    with ctx.open_runtime(signing=False) as runtime:
+        store = runtime.store
         info = _require_session(store, args.session)
         raw = store.envelope(args.session)
         history = store_history(store, trusted)

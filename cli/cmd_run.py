@@ -1,17 +1,19 @@
 """``truss run``, ``truss resume``, ``truss approve`` and ``truss sessions``: running contracts from a terminal.
 
-Thin: parse, open the ledger, call ``truss.session``, render. Progress goes to stderr (one line per
-call), the summary or ``--json`` document to stdout. Ctrl-C and SIGTERM stop the run cleanly: the
-session is recorded as interrupted, servers are shut down, exit 3 (resumable). The MCP SDK is
-imported only inside the handlers that connect.
+Thin: parse, open the runtime (``Ctx.open_runtime``), call ``truss.session``, render. Progress goes
+to stderr (one line per call), the summary or ``--json`` document to stdout. Ctrl-C and SIGTERM
+stop the run cleanly: the session is recorded as interrupted, servers are shut down, exit 3
+(resumable). The MCP SDK is imported only inside the handlers that connect.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from truss.ledger.keyhistory import is_log_session
 
 if TYPE_CHECKING:  # the session modules load only in the handlers: other commands stay fast
     from truss.events import Event
+    from truss.runtime import Connector
     from truss.session import RunOutcome
 
 _STATUS_WORD = {
@@ -83,59 +86,32 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
 
     if args.session is not None:
         check_session_id(args.session)
-    environ = dict(os.environ)
-    contract = load_from_args(args, ctx, environ=environ)
-    store, key = _open_ledger(ctx, create=True)
-    try:
-        if args.session is not None and store.session(args.session) is not None:
-            outcome = outcome_of(store, args.session)
+    contract = load_from_args(args, ctx, environ=dict(os.environ))
+    with ctx.open_runtime(create=True, connector=_connector(ctx, no_wait=args.no_wait)) as runtime:
+        if args.session is not None and runtime.store.session(args.session) is not None:
+            outcome = outcome_of(runtime.store, args.session)
             _render(ctx, outcome, note="this session already exists; showing its outcome")
             return outcome.exit_code
         from truss.session import run_contract
 
         async def start(stop: anyio.Event, progress: Callable[[Event], None]) -> RunOutcome:
-            return await run_contract(
-                contract,
-                store=store,
-                key=key,
-                clock=ctx.clock,
-                home=ctx.home,
-                environ=environ,
-                connector=_connector(ctx, no_wait=args.no_wait),
-                session_id=args.session,
-                events=[progress],
-                stop=stop,
-            )
+            live = dataclasses.replace(runtime, events=(*runtime.events, progress))
+            return await run_contract(live, contract, session_id=args.session, stop=stop)
 
         outcome = _drive(ctx, start)
-    finally:
-        store.close()
     _render(ctx, outcome)
     return outcome.exit_code
 
 
 def resume(args: argparse.Namespace, ctx: Ctx) -> int:
-    environ = dict(os.environ)
-    store, key = _open_ledger(ctx)
-    try:
+    with ctx.open_runtime(connector=_connector(ctx, no_wait=args.no_wait)) as runtime:
         from truss.session import resume_session
 
         async def start(stop: anyio.Event, progress: Callable[[Event], None]) -> RunOutcome:
-            return await resume_session(
-                args.session,
-                store=store,
-                key=key,
-                clock=ctx.clock,
-                home=ctx.home,
-                environ=environ,
-                connector=_connector(ctx, no_wait=args.no_wait),
-                events=[progress],
-                stop=stop,
-            )
+            live = dataclasses.replace(runtime, events=(*runtime.events, progress))
+            return await resume_session(live, args.session, stop=stop)
 
         outcome = _drive(ctx, start)
-    finally:
-        store.close()
     _render(ctx, outcome)
     return outcome.exit_code
 
@@ -143,11 +119,8 @@ def resume(args: argparse.Namespace, ctx: Ctx) -> int:
 def approve(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.session import approve_call
 
-    store, _ = _open_ledger(ctx)
-    try:
-        entry = approve_call(store, args.session, args.call, approved=not args.deny, reason=args.reason)
-    finally:
-        store.close()
+    with ctx.open_runtime() as runtime:
+        entry = approve_call(runtime, args.session, args.call, approved=not args.deny, reason=args.reason)
     word = "denied" if args.deny else "approved"
     ctx.emit(
         {"session": args.session, "call": args.call, "approved": not args.deny, "seq": entry.seq, "hash": entry.hash},
@@ -157,13 +130,11 @@ def approve(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
-    store, _ = _open_ledger(ctx, signing=False)
-    try:
+    with ctx.open_runtime(signing=False) as runtime:
         limit = max(1, args.limit)
         # The log's own session (key rotations, witness outcomes) is not a run.
-        rows = [r for r in store.sessions(status=args.status, limit=limit + 1) if not is_log_session(r.id)][:limit]
-    finally:
-        store.close()
+        listed = runtime.store.sessions(status=args.status, limit=limit + 1)
+        rows = [r for r in listed if not is_log_session(r.id)][:limit]
     data = [r.to_json() for r in rows]
     human = table(
         [[r.id, r.contract or "-", r.status, str(r.entries), _when(r.started_ms)] for r in rows],
@@ -176,24 +147,16 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _open_ledger(ctx: Ctx, *, create: bool = False, signing: bool = True) -> tuple[Any, Any]:
-    """The ledger (and the identity key when the command writes). Only ``run`` may create the
-    ledger; the other commands refuse a missing one rather than leave an empty file behind."""
-    from truss.ledger.keys import IdentityKey
-    from truss.ledger.store import open_store
+def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
+    """The MCP client tier (``truss.mcp.client.connect``), imported only when a run connects."""
+    verbose = ctx.verbose
 
-    key = IdentityKey.load(ctx.key) if signing else None
-    if create:
-        ctx.db.parent.mkdir(parents=True, exist_ok=True)
-    return open_store(ctx.db, key=key, clock=ctx.clock, create=create), key
+    def connector(contract: Any, **kwargs: Any) -> AbstractAsyncContextManager[Any]:
+        from truss.mcp.client import connect
 
+        return connect(contract, verbose=verbose, no_wait=no_wait, **kwargs)
 
-def _connector(ctx: Ctx, *, no_wait: bool = False) -> Any:
-    import functools
-
-    from truss.mcp.client import connect
-
-    return functools.partial(connect, verbose=ctx.verbose, no_wait=no_wait)
+    return connector
 
 
 def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[Event], None]], Any]) -> RunOutcome:

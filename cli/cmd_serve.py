@@ -1,14 +1,13 @@
 """``truss serve-mcp``: let another harness delegate contracts to Truss over MCP (docs/serve-mcp.md).
 
-Thin: parse the options, open the home's key and ledger, and hand over to
-``truss.mcp.server`` (imported only when the command runs, so ``truss --help`` stays fast).
+Thin: parse the options, open the home's runtime (key and ledger, ``Ctx.open_runtime``), and hand
+over to ``truss.mcp`` (imported only when the command runs, so ``truss --help`` stays fast).
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
-import os
 from pathlib import Path
 from typing import Any
 
@@ -81,22 +80,23 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
     elif args.tokens or args.unsafe_no_auth:
         raise UsageError("--tokens and --unsafe-no-auth apply to --transport http", remedy="Drop them for stdio")
 
-    key = IdentityKey.load(ctx.key)
+    IdentityKey.load(ctx.key)  # a missing or unsafe key is refused before the SDK loads
 
     # Everything above checks the options without the MCP SDK, so a mistake is reported at once.
     import anyio
 
-    from truss.ledger.store import open_store
     from truss.mcp._serve_backend import LedgerBackend
-    from truss.mcp.server import ServeConfig, serve_http, serve_stdio
+    from truss.mcp._serve_http import serve_http
+    from truss.mcp._serve_stdio import serve_stdio
+    from truss.mcp.client import connect
+    from truss.mcp.server import ServeConfig
 
     logging.basicConfig(level=logging.INFO if ctx.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not ctx.verbose:
         for name in ("mcp", "uvicorn", "httpx2", "sse_starlette"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    store = open_store(ctx.db, key=key, clock=ctx.clock)
-    try:
-        backend = LedgerBackend(home=ctx.home, store=store, key=key, clock=ctx.clock, environ=dict(os.environ))
+    with ctx.open_runtime(create=True, connector=connect) as runtime:
+        backend = LedgerBackend(runtime)
         limits = ServeLimits(
             max_request_bytes=args.max_request_bytes,
             max_answer_bytes=args.max_answer_bytes,
@@ -114,8 +114,6 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
                 await serve_http(config, host=args.host, port=args.port, tokens=tokens, fixed_principal=fixed)
 
             anyio.run(main)
-    finally:
-        store.close()
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The public API is a decision: ``__all__`` of truss, truss.ledger and truss.mcp, compared to a snapshot.
+"""The public API is a decision: ``__all__`` of each public package, compared to a snapshot.
 
 Adding or removing a public name means editing the snapshot below in the same change, so the
 decision is visible in review. Every name in ``__all__`` must resolve, and every public name a
@@ -8,6 +8,7 @@ package's namespace holds must be listed (or made private).
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import types
@@ -16,9 +17,26 @@ import pytest
 
 SNAPSHOT: dict[str, list[str]] = {
     "truss": [
-        "BundleFormatError",
-        "Clock",
+        # the verbs of a run, the one object they take, and what they return
+        "Runtime",
+        "run_contract",
+        "resume_session",
+        "replay_session",
+        "approve_call",
+        "resolve_call",
+        "deliver_signal",
+        "RunOutcome",
+        "ReplayReport",
         "Contract",
+        "load_contract",
+        "Clock",
+        "SystemClock",
+        # the protocols a user implements
+        "LedgerStore",
+        "Provider",
+        "ToolTransport",
+        # the error tree
+        "BundleFormatError",
         "ContractError",
         "InDoubtError",
         "InputError",
@@ -36,7 +54,6 @@ SNAPSHOT: dict[str, list[str]] = {
         "StoreBusyError",
         "StoreConflictError",
         "StoreError",
-        "SystemClock",
         "ToolCallError",
         "ToolNotAdvertisedError",
         "TrussError",
@@ -44,67 +61,58 @@ SNAPSHOT: dict[str, list[str]] = {
         "VerificationError",
         "WitnessError",
         "__version__",
-        "contract_hash",
-        "load_contract",
-        "narrow_budget",
-        "render_arguments",
-        "render_intent",
     ],
     "truss.ledger": [
-        "BundleReport",
-        "BundleSource",
-        "CanonicalError",
-        "Checkpoint",
-        "Envelope",
-        "Finding",
-        "IdentityKey",
-        "KINDS",
-        "LedgerStore",
-        "Note",
-        "PAYLOAD_TYPE",
-        "REASONS",
-        "Record",
-        "SessionInfo",
-        "SinceReport",
-        "SqliteStore",
-        "StoredCheckpoint",
-        "StoredEntry",
-        "TlogProof",
-        "TrustedKeys",
-        "VERDICT_PREDICATE_TYPE",
-        "VerdictStatement",
-        "VerifierKey",
-        "VerifyReport",
-        "ZERO_HASH",
-        "canonical",
-        "check_bundle",
-        "check_entries",
-        "entry_bytes",
-        "export_bundle",
-        "format_tlog_proof",
-        "key_id_of",
-        "leaf_hash",
-        "open_checkpoint",
-        "open_note",
-        "open_store",
-        "open_verdict",
-        "parse_checkpoint",
-        "parse_envelope",
-        "parse_note",
-        "parse_tlog_proof",
-        "sha256_ref",
-        "sign_verdict",
-        "value_ref",
-        "verdict_statement",
-        "verify_bundle",
-        "verify_consistency",
-        "verify_entries",
-        "verify_envelope",
-        "verify_inclusion",
-        "verify_ledger",
+        # verify: one form, a report with raise_for_failure()
+        "verify",
         "verify_since",
+        "VerifyReport",
+        "BundleReport",
+        "SinceReport",
+        # keys and trust
+        "IdentityKey",
+        "TrustedKeys",
+        "VerifierKey",
+        # the store and what it holds
+        "open_store",
+        "LedgerStore",
+        "SessionInfo",
+        "StoredCheckpoint",
+        "Record",
+        "StoredEntry",
+        # the evidence a run leaves
+        "export_bundle",
+        "open_checkpoint",
+        "Checkpoint",
+        "open_verdict",
+        "VerdictStatement",
+        # the one canonical encoder
+        "canonical",
+        "CanonicalError",
+    ],
+    "truss.ledger.stores": [
+        "LedgerStore",
+        "SessionInfo",
+        "StoreOpener",
+        "StoredCheckpoint",
+        "open_store",
+        "redact_url",
+        "register_store",
+        "store_scheme",
+        "store_schemes",
+        "unregister_store",
     ],
     "truss.mcp": ["Mounts", "ServerStatus", "ToolStatus", "connect"],
+    "truss.testing": [
+        "FakeCall",
+        "FakeTransport",
+        "ManualClock",
+        "MemoryStore",
+        "check_ledger_store",
+        "mounted_tool",
+        "mounted_tools",
+        "text_result",
+    ],
 }
 
 
@@ -150,28 +158,45 @@ def test_every_error_class_is_exported_from_the_top_level() -> None:
     assert set(_errors.__all__) <= set(truss.__all__)
 
 
+def _loaded_after(statement: str, modules: tuple[str, ...]) -> list[str]:
+    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(m for m in {modules!r} if m in sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(done.stdout)
+
+
 def test_importing_the_ledger_package_loads_neither_pynacl_nor_sqlite3() -> None:
     # `truss --help` and sans-IO callers import truss.ledger; the heavy modules wait for a name.
-    code = (
-        "import sys, truss.ledger\n"
-        "print(sorted(m for m in ('nacl', 'sqlite3', 'truss.ledger.keys', 'truss.ledger.store') if m in sys.modules))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert done.stdout.strip() == "[]"
+    heavy = ("nacl", "sqlite3", "truss.ledger.keys", "truss.ledger.stores.sqlite")
+    assert _loaded_after("import truss.ledger, truss.ledger.stores", heavy) == []
 
 
-def test_a_lazily_exported_ledger_name_is_the_object_its_module_defines() -> None:
+def test_importing_truss_loads_no_run_machinery() -> None:
+    # The CLI imports truss (for its errors) before every command, `truss --help` included.
+    heavy = ("nacl", "sqlite3", "pydantic", "anyio", "truss.session", "truss.runtime", "truss.ledger.stores")
+    assert _loaded_after("import truss", heavy) == []
+
+
+def test_a_lazily_exported_name_is_the_object_its_module_defines() -> None:
+    import truss
     import truss.ledger
-    from truss.ledger import bundle, keys, store, verify
+    from truss import durable, runtime, session
+    from truss.ledger import audit, bundle, keys, stores, verification
 
-    assert truss.ledger.verify_bundle is bundle.verify_bundle
+    assert truss.ledger.verify is audit.verify
+    assert truss.ledger.BundleReport is bundle.BundleReport
     assert truss.ledger.TrustedKeys is keys.TrustedKeys
-    assert truss.ledger.SqliteStore is store.SqliteStore
-    assert truss.ledger.VerifyReport is verify.VerifyReport
+    assert truss.ledger.open_store is stores.open_store
+    assert truss.ledger.VerifyReport is verification.VerifyReport
+    assert truss.Runtime is runtime.Runtime
+    assert truss.run_contract is session.run_contract
+    assert truss.replay_session is durable.replay_session
 
 
-def test_an_unknown_ledger_name_is_an_attribute_error() -> None:
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    import truss
     import truss.ledger
 
     with pytest.raises(AttributeError):
         _ = truss.ledger.no_such_name  # pyright: ignore[reportAttributeAccessIssue]
+    with pytest.raises(AttributeError):
+        _ = truss.no_such_name  # pyright: ignore[reportAttributeAccessIssue]

@@ -21,16 +21,15 @@ opt in and only for calls whose arguments held no redacted secret), charge budge
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, cast
 
 from truss.contract import Contract
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import StoredEntry
-from truss.ledger.stores.base import LedgerStore
 from truss.tools import MountedTool
 
-__all__ = ["MemoIndex", "server_identity"]
+__all__ = ["MemoIndex", "MemoSource", "server_identity"]
 
 # The credential *names* count too: a result one account received must not answer another's call.
 # So does the elicitation policy: a result the server gave after an accepted form must not answer a
@@ -48,10 +47,22 @@ def server_identity(server: Mapping[str, Any] | None, reached: Mapping[str, Any]
     return canonical(identity)
 
 
+class MemoSource(Protocol):
+    """The reads the memo makes of a store (every ``LedgerStore`` has them)."""
+
+    def tree_size(self) -> int: ...
+
+    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
+
+    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
+
+    def blob(self, ref: str) -> bytes | None: ...
+
+
 class MemoIndex:
     """Looks up memo hits in one store for one contract (the gate keeps one per run)."""
 
-    def __init__(self, store: LedgerStore, contract: Contract, *, session: str | None = None) -> None:
+    def __init__(self, store: MemoSource, contract: Contract, *, session: str | None = None) -> None:
         self._store = store
         self._contract = contract
         self._session = session  # the asking session: only results of its principal may answer it

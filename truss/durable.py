@@ -20,7 +20,7 @@ frozen at the session's first entry (a deadline cannot be re-derived offline; se
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -38,8 +38,10 @@ from truss.contract import Contract, ProviderCapabilities, render_intent
 from truss.gate import Gate, Journal, Redactor
 from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.stores.base import LedgerStore, SessionInfo, StoredCheckpoint
 from truss.loop import run_loop
 from truss.providers.base import TurnRequest, TurnResponse
+from truss.runtime import Runtime
 from truss.tools import MountedTool, ProgressFn, ToolResult, error_result, split_namespaced
 from truss.turns import rebuild_request
 from truss.verdict import RunError, evaluate
@@ -125,18 +127,19 @@ def in_doubt_calls(entries: list[StoredEntry]) -> dict[str, StoredEntry]:
 
 
 def resolve_call(
-    store: Any,
+    runtime: Runtime,
     session: str,
     call: str,
     *,
     result: Any = None,
     failed: str | None = None,
     not_sent: bool = False,
-    environ: Mapping[str, str] | None = None,
     by: str | None = None,
 ) -> StoredEntry:
     """Record the operator's answer for an in-doubt call (``in_doubt_resolved``); exactly one of
-    ``result`` (a JSON value, see ``as_tool_result``), ``failed`` (a reason) or ``not_sent``."""
+    ``result`` (a JSON value, see ``as_tool_result``), ``failed`` (a reason) or ``not_sent``.
+    Secret values of ``runtime.environ`` are redacted from a given result before it is recorded."""
+    store = runtime.store
     given = [result is not None, failed is not None, not_sent]
     if sum(given) != 1:
         raise UsageError("give exactly one of --result JSON, --failed REASON or --not-sent",
@@ -167,7 +170,7 @@ def resolve_call(
         else:
             tool_result = as_tool_result(result)
             body["resolution"] = "result"
-        data = _result_blob(tool_result, contract, environ or {}, "the result")
+        data = _result_blob(tool_result, contract, runtime.environ, "the result")
         ref = sha256_ref(data)
         body["result"] = ref
         body["is_error"] = tool_result.is_error
@@ -182,10 +185,9 @@ def resolve_call(
 # -- signal -------------------------------------------------------------------------------------------
 
 
-def deliver_signal(
-    store: Any, session: str, name: str, payload: Any, *, environ: Mapping[str, str] | None = None
-) -> StoredEntry:
+def deliver_signal(runtime: Runtime, session: str, name: str, payload: Any) -> StoredEntry:
     """Record ``payload`` as the result of the call waiting for signal ``name`` (``signal_received``)."""
+    store = runtime.store
     entries = _entries(store, session)
     received = {str(e.body.get("call")) for e in entries if e.kind in ("signal_received", "mcp_tool_call")}
     waiting = {
@@ -203,7 +205,7 @@ def deliver_signal(
         )
     contract = recorded_contract(session, entries[0].body)
     tool_result = as_tool_result(payload)
-    data = _result_blob(tool_result, contract, environ or {}, "the payload")
+    data = _result_blob(tool_result, contract, runtime.environ, "the payload")
     ref = sha256_ref(data)
     body = {
         "call": pending.body.get("call"),
@@ -293,32 +295,88 @@ class _NoServers:
 class _ReadOnlyStore:
     """The store as replay sees it: reads pass through; any write means the record was incomplete."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: LedgerStore) -> None:
         self._store = store
+        self.origin = store.origin
 
-    def append(self, session: str, records: Sequence[Record], **_: Any) -> list[StoredEntry]:
-        kinds = ", ".join(r.kind for r in records)
-        raise ReplayDivergenceError(
-            f"replaying session {session} needed a step the record does not hold ({kinds})",
+    def _refuse(self, what: str, session: str | None = None) -> ReplayDivergenceError:
+        return ReplayDivergenceError(
+            f"replaying session {session or '-'} needed a step the record does not hold ({what})",
             expected="a recorded step",
-            actual=f"a new {kinds} entry",
+            actual=f"a new {what}",
             session=session,
         )
 
+    def append(
+        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+    ) -> list[StoredEntry]:
+        raise self._refuse(", ".join(r.kind for r in records) + " entry", session)
+
+    def set_status(self, session: str, status: str) -> None:
+        raise self._refuse(f"status {status!r}", session)
+
+    def erase_payloads(self, session: str) -> int:
+        raise self._refuse("erasure", session)
+
+    def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
+        raise self._refuse("checkpoint")
+
+    def set_envelope(self, session: str, envelope: bytes) -> None:
+        raise self._refuse("verdict envelope", session)
+
+    def session(self, session: str) -> SessionInfo | None:
+        return self._store.session(session)
+
+    def sessions(
+        self, *, status: str | None = None, limit: int | None = None, principal: Any = None
+    ) -> list[SessionInfo]:
+        return self._store.sessions(status=status, limit=limit, principal=principal)
+
+    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]:
+        return self._store.read_session(session, from_seq=from_seq)
+
+    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]:
+        return self._store.read_range(start, stop)
+
     def blob(self, ref: str) -> bytes | None:
-        data: bytes | None = self._store.blob(ref)
-        return data
+        return self._store.blob(ref)
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
+    def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]:
+        return self._store.blobs_for(refs)
+
+    def erased_refs(self, session: str) -> set[str]:
+        return self._store.erased_refs(session)
+
+    def tree_size(self) -> int:
+        return self._store.tree_size()
+
+    def tree_root(self) -> bytes:
+        return self._store.tree_root()
+
+    def tree_head(self) -> tuple[int, bytes]:
+        return self._store.tree_head()
+
+    def node(self, level: int, index: int) -> bytes:
+        return self._store.node(level, index)
+
+    def checkpoints(self) -> list[StoredCheckpoint]:
+        return self._store.checkpoints()
+
+    def envelope(self, session: str) -> bytes | None:
+        return self._store.envelope(session)
+
+    def close(self) -> None:
+        return None
 
 
-async def replay_session(store: Any, session: str) -> ReplayReport:
+async def replay_session(runtime: Runtime, session: str) -> ReplayReport:
     """Re-derive finished ``session`` from its ledger alone and compare verdicts (module docstring).
 
-    Raises ``NotFoundError`` for an unknown session and ``UsageError`` for one without a verdict.
-    A record that does not follow from itself is reported (``matches`` False, ``reason``), not raised.
+    Only ``runtime.store`` is used: no server, no model, no key, no clock. Raises ``NotFoundError``
+    for an unknown session and ``UsageError`` for one without a verdict. A record that does not
+    follow from itself is reported (``matches`` False, ``reason``), not raised.
     """
+    store = runtime.store
     entries = _entries(store, session)
     verdict_at = next((i for i in range(len(entries) - 1, -1, -1) if entries[i].kind == "verdict"), None)
     if verdict_at is None:
@@ -342,7 +400,7 @@ async def replay_session(store: Any, session: str) -> ReplayReport:
 
 
 async def _rederive(
-    store: Any, session: str, contract: Contract, before: list[StoredEntry], recorded: Mapping[str, Any]
+    store: LedgerStore, session: str, contract: Contract, before: list[StoredEntry], recorded: Mapping[str, Any]
 ) -> dict[str, Any]:
     started = before[0].body
     failure: Any = started.get("start_failure")
@@ -394,7 +452,7 @@ async def _rederive(
 
 
 def _recorded_tools(
-    session: str, contract: Contract, started: Mapping[str, Any], before: list[StoredEntry], store: Any
+    session: str, contract: Contract, started: Mapping[str, Any], before: list[StoredEntry], store: LedgerStore
 ) -> dict[str, MountedTool]:
     """The mounted tools as the model saw them: names and pins from ``session_started``, descriptions and
     schemas from the first recorded model request."""
@@ -426,7 +484,7 @@ def _recorded_tools(
     return tools
 
 
-def _recorded_intent(before: list[StoredEntry], store: Any) -> str:
+def _recorded_intent(before: list[StoredEntry], store: LedgerStore) -> str:
     first = next((e for e in before if e.kind == "model_turn"), None)
     request = rebuild_request(str(first.body.get("request")), store.blob) if first is not None else None
     messages: Any = request.get("messages") if request is not None else None
@@ -449,7 +507,7 @@ def _difference(recorded: Mapping[str, Any], replayed: Mapping[str, Any]) -> str
 # -- shared -------------------------------------------------------------------------------------------
 
 
-def _entries(store: Any, session: str) -> list[StoredEntry]:
+def _entries(store: LedgerStore, session: str) -> list[StoredEntry]:
     if store.session(session) is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
                             remedy="List sessions with 'truss sessions'")  # fmt: skip

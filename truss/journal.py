@@ -16,7 +16,7 @@ What this module does not do: decide anything about a call (the gate does) or re
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,14 +32,21 @@ __all__ = ["IN_FLIGHT", "Journal", "JournalStore", "RecordedCall"]
 
 
 class JournalStore(Protocol):
-    """What the journal needs of a store: appending, and reading payloads back (every
-    ``truss.ledger.store.LedgerStore`` is one; replay's read-only view is one too)."""
+    """What the journal needs of a store: appending, reading payloads back, and the reads the
+    gate's cross-run memo makes through it (every ``truss.ledger.stores.LedgerStore`` is one;
+    replay's read-only view is one too)."""
 
     def append(
         self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
     ) -> list[StoredEntry]: ...
 
     def blob(self, ref: str) -> bytes | None: ...
+
+    def tree_size(self) -> int: ...
+
+    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
+
+    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
 
 
 @dataclass

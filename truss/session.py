@@ -36,37 +36,39 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import AsyncGenerator, Callable, Iterable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
 
-import truss
 from truss import _faults
-from truss._clock import Clock
 from truss._errors import (
     InDoubtError,
     InputError,
+    McpError,
     NotFoundError,
     ReplayDivergenceError,
     RunSuspended,
     TrussError,
     UsageError,
 )
+from truss._version import __version__
 from truss.budget import BudgetState
 from truss.contract import Contract, render_intent
-from truss.events import EventBus, ProgressEvent, RunEvents, Subscriber, progress_subscriber
+from truss.events import EventBus, RunEvents
 from truss.gate import Gate, Journal, Redactor
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import is_log_session
+from truss.ledger.keys import IdentityKey
 from truss.ledger.note import sign_checkpoint
+from truss.ledger.stores.base import LedgerStore
 from truss.loop import LoopResult, run_loop
 from truss.providers.base import Provider
+from truss.runtime import Connector, ProviderFactory, Runtime
 from truss.tools import MountedTool, ToolTransport
 from truss.verdict import RunError, Verdict, evaluate
 
@@ -74,6 +76,7 @@ __all__ = [
     "TERMINAL",
     "Connector",
     "MountSet",
+    "ProviderFactory",
     "RunOutcome",
     "approve_call",
     "check_session_id",
@@ -99,10 +102,6 @@ class MountSet(ToolTransport, Protocol):
     def servers(self) -> Mapping[str, Any]: ...
 
     def pins(self) -> Mapping[str, str]: ...
-
-
-Connector = Callable[..., AbstractAsyncContextManager[Any]]
-ProviderFactory = Callable[[Contract], Provider]
 
 
 @dataclass(frozen=True)
@@ -141,52 +140,34 @@ class RunOutcome:
 
 
 async def run_contract(
+    runtime: Runtime,
     contract: Contract,
     *,
-    store: Any,
-    key: Any,
-    clock: Clock,
-    home: Path,
-    environ: Mapping[str, str],
-    connector: Connector,
     session_id: str | None = None,
     principal: dict[str, Any] | None = None,
-    on_progress: Callable[[ProgressEvent], None] | None = None,
-    provider: ProviderFactory | None = None,
     stop: anyio.Event | None = None,
-    events: Iterable[Subscriber] = (),
 ) -> RunOutcome:
     """Run ``contract`` as a new session and return its outcome (see the module docstring).
 
-    ``events`` subscribe to the run's typed events (``truss.events``); ``on_progress`` receives
-    their flat ``ProgressEvent`` view.
+    ``runtime`` gives the store, key, clock, home, environment, connector, provider and the
+    subscribers to the run's events (``truss.events``); ``stop`` set by the caller (Ctrl-C, a
+    server shutting down) interrupts the run, which records itself as ``interrupted`` and stays
+    resumable.
     """
+    store = runtime.store
     if session_id is not None:
         check_session_id(session_id)
         if store.session(session_id) is not None:
             return outcome_of(store, session_id)
-    session = session_id or clock.new_id("s")
+    session = session_id or runtime.clock.new_id("s")
     journal = Journal(store, session)
-    sinks = _subscribers(events, on_progress)
-    run = _Run(contract, store, key, clock, home, environ, connector, journal, sinks, provider, stop)
+    run = _Run(runtime, contract, journal, stop)
     return await run.drive(principal=principal, resumed_from=None)
 
 
-async def resume_session(
-    session: str,
-    *,
-    store: Any,
-    key: Any,
-    clock: Clock,
-    home: Path,
-    environ: Mapping[str, str],
-    connector: Connector,
-    on_progress: Callable[[ProgressEvent], None] | None = None,
-    provider: ProviderFactory | None = None,
-    stop: anyio.Event | None = None,
-    events: Iterable[Subscriber] = (),
-) -> RunOutcome:
+async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | None = None) -> RunOutcome:
     """Continue a suspended or interrupted session from its record (see the module docstring)."""
+    store = runtime.store
     info = None if is_log_session(session) else store.session(session)  # the log's own session is no run
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
@@ -215,13 +196,8 @@ async def resume_session(
     started = entries[0].body
     contract = _recorded_contract(session, started)
     journal = Journal(store, session, recorded=entries)
-    sinks = _subscribers(events, on_progress)
-    run = _Run(contract, store, key, clock, home, environ, connector, journal, sinks, provider, stop)
+    run = _Run(runtime, contract, journal, stop)
     return await run.drive(principal=started.get("principal"), resumed_from=started)
-
-
-def _subscribers(events: Iterable[Subscriber], on_progress: Callable[[ProgressEvent], None] | None) -> list[Subscriber]:
-    return [*events, *([progress_subscriber(on_progress)] if on_progress is not None else [])]
 
 
 def check_session_id(session_id: str) -> None:
@@ -234,9 +210,10 @@ def check_session_id(session_id: str) -> None:
 
 
 def approve_call(
-    store: Any, session: str, call: str, *, approved: bool, reason: str | None = None, by: str | None = None
+    runtime: Runtime, session: str, call: str, *, approved: bool, reason: str | None = None, by: str | None = None
 ) -> StoredEntry:
     """Record a person's decision on a call waiting for approval (``approval_decided``)."""
+    store = runtime.store
     info = store.session(session)
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
@@ -285,7 +262,7 @@ def pending_signals(entries: list[StoredEntry]) -> dict[str, str]:
     }
 
 
-def outcome_of(store: Any, session: str) -> RunOutcome:
+def outcome_of(store: LedgerStore, session: str) -> RunOutcome:
     """The outcome of a session as recorded (for a repeated session id, a finished resume, status)."""
     info = store.session(session)
     if info is None:
@@ -306,33 +283,21 @@ def outcome_of(store: Any, session: str) -> RunOutcome:
 
 
 class _Run:
-    def __init__(  # noqa: PLR0917 - built in two places, both in this module
-        self,
-        contract: Contract,
-        store: Any,
-        key: Any,
-        clock: Clock,
-        home: Path,
-        environ: Mapping[str, str],
-        connector: Connector,
-        journal: Journal,
-        subscribers: list[Subscriber],
-        provider: ProviderFactory | None,
-        stop: anyio.Event | None,
-    ) -> None:
+    def __init__(self, runtime: Runtime, contract: Contract, journal: Journal, stop: anyio.Event | None) -> None:
         self.contract = contract
-        self.store = store
-        self.key = key
-        self.clock = clock
-        self.home = home
-        self.environ = environ
-        self.connector = connector
+        self.store = runtime.store
+        self.key = runtime.signer
+        self.clock = runtime.clock
+        self.home = runtime.home
+        self.environ = runtime.environ
+        self.connector = runtime.connect()
         self.journal = journal
-        self.events = RunEvents(EventBus(subscribers), clock, journal.session, start_seq=journal.next_seq)
-        self.provider_factory = provider
+        bus = EventBus(list(runtime.events))
+        self.events = RunEvents(bus, runtime.clock, journal.session, start_seq=journal.next_seq)
+        self.provider_factory = runtime.provider
         self.stop = stop
         self.session = journal.session
-        self.redactor = Redactor(contract, environ)
+        self.redactor = Redactor(contract, runtime.environ)
 
     async def drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
         """The run leg as one span of events: ``SessionStarted`` first, ``SessionEnded`` on every way out."""
@@ -356,7 +321,7 @@ class _Run:
         intent = render_intent(self.contract, self.environ)
         provider = self._make_provider()
         entered = False
-        result: LoopResult | None = None
+        results: list[LoopResult] = []  # stays empty when the stop event cancelled the loop
         try:
             # A stop request (Ctrl-C, SIGTERM) cancels connecting as well as the loop; the servers'
             # shutdown in the connector's exit is shielded, so they are ended either way.
@@ -394,6 +359,7 @@ class _Run:
                     redactor=self.redactor,
                     events=self.events,
                 )
+                results.append(result)
         except InDoubtError as exc:
             return await self._suspend("in_doubt", (str(exc.fields.get("call")),), exc.message)
         except ReplayDivergenceError as exc:
@@ -406,14 +372,14 @@ class _Run:
             self.store.set_status(self.session, "diverged")
             return RunOutcome(self.session, "diverged", None, self._head(), None, 4, exc.message)
         except TrussError as exc:
-            if entered or not isinstance(exc, truss.McpError | InputError):
+            if entered or not isinstance(exc, McpError | InputError):
                 raise
             return await self._start_failed(exc, principal)
         finally:
             await provider.aclose()
-        # None when the stop event cancelled the loop (pyright cannot see the scope swallow it).
-        if result is None:  # pyright: ignore[reportUnnecessaryComparison]
+        if not results:
             return await self._suspend("interrupted", (), "the run was interrupted (Ctrl-C or SIGTERM)")
+        result = results[0]
         if result.stop == "suspended":
             return await self._suspend(result.waiting_on, result.waiting, result.reason)
         return await self._finish(result)
@@ -425,7 +391,7 @@ class _Run:
 
         return make_provider(self.contract, environ=self.environ, clock=self.clock)
 
-    async def _started(self, mounts: Any, principal: Any) -> None:
+    async def _started(self, mounts: MountSet, principal: Any) -> None:
         servers: dict[str, Any] = {}
         for name, status in dict(getattr(mounts, "servers", None) or {}).items():
             servers[str(name)] = _server_json(status)
@@ -435,7 +401,7 @@ class _Run:
             "effective": self.contract.to_json(),
             "pins": dict(sorted(dict(mounts.pins()).items())),
             "servers": servers,
-            "truss_version": truss.__version__,
+            "truss_version": __version__,
             "provider": self.contract.agent.provider,
         }
         if principal is not None:
@@ -443,7 +409,7 @@ class _Run:
         await self.journal.append(Record("session_started", body), durable=True, expect_seq=0)
         self.store.set_status(self.session, "running")
 
-    async def _resumed(self, mounts: Any, started: Mapping[str, Any]) -> None:
+    async def _resumed(self, mounts: MountSet, started: Mapping[str, Any]) -> None:
         recorded: Mapping[str, Any] = started.get("pins") or {}
         live = dict(mounts.pins())
         changed = sorted(name for name, pin in recorded.items() if live.get(name) != pin)
@@ -473,13 +439,13 @@ class _Run:
             "pins": {},
             "servers": {},
             "start_failure": self.redactor.scrub(exc.to_json()),
-            "truss_version": truss.__version__,
+            "truss_version": __version__,
             "provider": self.contract.agent.provider,
         }
         if principal is not None:
             body["principal"] = principal
         await self.journal.append(Record("session_started", body), durable=True, expect_seq=0)
-        cause = "server" if isinstance(exc, truss.McpError) else "input"
+        cause = "server" if isinstance(exc, McpError) else "input"
         error = RunError(cause, self.redactor.scrub_text(exc.message))
         verdict = evaluate(self.contract, self.journal.entries, self.store.blob, final_text=None, error=error)
         return await self._seal(verdict)
@@ -640,12 +606,12 @@ def _recorded_contract(session: str, started: Mapping[str, Any]) -> Contract:
     return contract
 
 
-def _sign_checkpoint(store: Any, key: Any) -> str:
+def _sign_checkpoint(store: LedgerStore, key: IdentityKey) -> str:
     checkpoint = sign_checkpoint(store, key)
     return checkpoint.note.decode("utf-8") if checkpoint.note is not None else checkpoint.text()
 
 
-def _verdict_envelope(session: str, head: str, predicate: dict[str, Any], key: Any) -> bytes:
+def _verdict_envelope(session: str, head: str, predicate: dict[str, Any], key: IdentityKey) -> bytes:
     statement = verdict_statement(
         session=session,
         head=head,

@@ -13,6 +13,7 @@ from tests.gate.support import contract_from, fake_connector, new_store, scripte
 from truss._errors import NotFoundError, ServerStartError, UsageError
 from truss.durable import deliver_signal, replay_session, resolve_call
 from truss.ledger.entry import Record
+from truss.runtime import Runtime
 from truss.session import run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -51,8 +52,19 @@ async def _run(tmp_path: Path, text: str, session: str = "s1") -> tuple[Any, Fak
     transport = FakeTransport(handler, tools=[mounted_tool("kv", "get")])
     store, key = new_store(tmp_path)
     contract = contract_from(text)
-    await run_contract(contract, store=store, key=key, clock=ManualClock(), home=tmp_path, environ={},
-                       connector=fake_connector(transport), session_id=session, provider=scripted())  # fmt: skip
+    await run_contract(
+        Runtime(
+            store=store,
+            key=key,
+            clock=ManualClock(),
+            home=tmp_path,
+            environ={},
+            connector=fake_connector(transport),
+            provider=scripted(),
+        ),
+        contract,
+        session_id=session,
+    )
     return store, transport
 
 
@@ -62,7 +74,7 @@ async def test_a_second_identical_call_within_the_memo_ttl_is_answered_from_the_
     results = [e for e in store.read_session("s1") if e.kind == "mcp_tool_call"]
     assert "replayed_from" not in results[0].body
     assert results[1].body["replayed_from"] == {"session": "s1", "seq": results[0].seq, "hash": results[0].hash}
-    report = await replay_session(store, "s1")
+    report = await replay_session(Runtime(store), "s1")
     assert report.matches, report.reason
 
 
@@ -86,7 +98,7 @@ async def test_replay_reports_a_record_whose_model_turn_does_not_follow_from_the
         blobs = {ref: data for ref in entry.refs() if (data := store.blob(ref)) is not None}
         copied.append(Record(entry.kind, body, blobs))
     store.append("forged", copied)
-    report = await replay_session(store, "forged")
+    report = await replay_session(Runtime(store), "forged")
     assert not report.matches and report.replayed is None
     assert report.reason is not None and "model turn 2" in report.reason
 
@@ -95,13 +107,13 @@ async def test_resolve_and_signal_refuse_unknown_sessions_calls_and_signals_and_
     store, _ = await _run(tmp_path, _contract(secret=""))
     before = store.session("s1").entries
     with pytest.raises(NotFoundError):
-        resolve_call(store, "nope", "c1.0", not_sent=True)
+        resolve_call(Runtime(store), "nope", "c1.0", not_sent=True)
     with pytest.raises(NotFoundError):
-        resolve_call(store, "s1", "c1.0", not_sent=True)
+        resolve_call(Runtime(store), "s1", "c1.0", not_sent=True)
     with pytest.raises(UsageError):
-        resolve_call(store, "s1", "c1.0", not_sent=True, failed="both")
+        resolve_call(Runtime(store), "s1", "c1.0", not_sent=True, failed="both")
     with pytest.raises(NotFoundError):
-        deliver_signal(store, "s1", "job-1", {"status": "done"})
+        deliver_signal(Runtime(store), "s1", "job-1", {"status": "done"})
     assert store.session("s1").entries == before
 
 
@@ -112,9 +124,13 @@ async def test_replay_of_a_session_whose_server_never_started_reaches_its_error_
         yield  # pragma: no cover - never reached
 
     store, key = new_store(tmp_path)
-    outcome = await run_contract(contract_from(_contract("")), store=store, key=key, clock=ManualClock(),
-                                 home=tmp_path, environ={}, connector=broken, session_id="s1",
-                                 provider=scripted())  # fmt: skip
+    outcome = await run_contract(
+        Runtime(
+            store=store, key=key, clock=ManualClock(), home=tmp_path, environ={}, connector=broken, provider=scripted()
+        ),
+        contract_from(_contract("")),
+        session_id="s1",
+    )
     assert outcome.status == "error"
-    report = await replay_session(store, "s1")
+    report = await replay_session(Runtime(store), "s1")
     assert report.matches and report.replayed is not None and report.replayed["status"] == "error"

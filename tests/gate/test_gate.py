@@ -311,7 +311,7 @@ async def test_durability_mode_decides_whether_intents_are_fsynced_and_results_a
     store, _ = new_store(tmp_path)
     spy = DurabilitySpy(store)
     gate = make_gate(contract_from(contract_text(f'[ledger]\ndurability = "{mode}"')), store, transport())
-    gate.journal.store = cast(LedgerStore, spy)  # a wrapper with the two methods the journal uses
+    gate.journal.store = cast(LedgerStore, spy)  # a wrapper with the methods this test reaches
     await gate.call(req("c1.0"))
     assert spy.durable == [("mcp_tool_intent", intent_durable), ("mcp_tool_call", True)]
 

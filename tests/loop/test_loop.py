@@ -16,8 +16,9 @@ from truss._errors import ProviderError, ServerStartError
 from truss.contract import Contract
 from truss.ledger.envelope import open_verdict
 from truss.ledger.keys import TrustedKeys
-from truss.ledger.verify import verify_entries
+from truss.ledger.verification import verify_entries
 from truss.providers.base import Provider, ToolCall, TurnResponse, Usage
+from truss.runtime import Runtime
 from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -97,15 +98,17 @@ class Harness:
     async def run(self, c: Contract, fake: FakeTransport, provider: Any, **kw: Any) -> RunOutcome:
         with anyio.fail_after(20):
             return await run_contract(
+                Runtime(
+                    store=self.store,
+                    key=self.key,
+                    clock=self.clock,
+                    home=self.home,
+                    environ=kw.pop("environ", {}),
+                    connector=kw.pop("connector", fake_connector(fake)),
+                    provider=_factory(provider),
+                    on_progress=self.events.append,
+                ),
                 c,
-                store=self.store,
-                key=self.key,
-                clock=self.clock,
-                home=self.home,
-                environ=kw.pop("environ", {}),
-                connector=kw.pop("connector", fake_connector(fake)),
-                provider=_factory(provider),
-                on_progress=self.events.append,
                 **kw,
             )
 

@@ -18,9 +18,10 @@ from tests.gate.support import contract_from, fake_connector, files_containing, 
 from tests.providers._support import LoopbackServer, RecordingSleep, Reply, wire
 from truss.contract import Contract
 from truss.ledger.keys import TrustedKeys
-from truss.ledger.verify import verify_entries
+from truss.ledger.verification import verify_entries
 from truss.providers import make_provider
 from truss.providers.base import Provider
+from truss.runtime import Runtime
 from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -105,14 +106,16 @@ async def run(tmp_path: Path, c: Contract, fake: FakeTransport, sleep: Recording
 
     with anyio.fail_after(30):
         outcome = await run_contract(
+            Runtime(
+                store=store,
+                key=key,
+                clock=clock,
+                home=tmp_path / "home",
+                environ=environ,
+                connector=fake_connector(fake),
+                provider=provider,
+            ),
             c,
-            store=store,
-            key=key,
-            clock=clock,
-            home=tmp_path / "home",
-            environ=environ,
-            connector=fake_connector(fake),
-            provider=provider,
         )
     report = verify_entries(store.read_session(outcome.session), TrustedKeys([key.verifier]), blobs=store.blob)
     assert report.ok, report

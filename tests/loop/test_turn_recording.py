@@ -15,9 +15,10 @@ from truss._errors import VerificationError
 from truss.contract import Contract
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.keys import IdentityKey, TrustedKeys
-from truss.ledger.store import SqliteStore
-from truss.ledger.verify import verify_entries
+from truss.ledger.stores.sqlite import SqliteStore
+from truss.ledger.verification import verify_entries
 from truss.providers.base import Provider, TurnResponse
+from truss.runtime import Runtime
 from truss.session import RunOutcome, approve_call, resume_session, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -74,16 +75,32 @@ class World:
     async def run(self, provider: Any) -> RunOutcome:
         with anyio.fail_after(30):
             return await run_contract(
-                self.contract, store=self.store, key=self.key, clock=self.clock, home=self.home, environ={},
-                connector=fake_connector(self.transport), provider=provider,
-            )  # fmt: skip
+                Runtime(
+                    store=self.store,
+                    key=self.key,
+                    clock=self.clock,
+                    home=self.home,
+                    environ={},
+                    connector=fake_connector(self.transport),
+                    provider=provider,
+                ),
+                self.contract,
+            )
 
     async def resume(self, session: str, provider: Any) -> RunOutcome:
         with anyio.fail_after(30):
             return await resume_session(
-                session, store=self.store, key=self.key, clock=self.clock, home=self.home, environ={},
-                connector=fake_connector(self.transport), provider=provider,
-            )  # fmt: skip
+                Runtime(
+                    store=self.store,
+                    key=self.key,
+                    clock=self.clock,
+                    home=self.home,
+                    environ={},
+                    connector=fake_connector(self.transport),
+                    provider=provider,
+                ),
+                session,
+            )
 
     def turns(self, session: str) -> list[Mapping[str, Any]]:
         return [e.body for e in self.store.read_session(session) if e.kind == "model_turn"]
@@ -145,7 +162,7 @@ async def test_after_resume_the_new_turns_request_rebuilds_to_what_the_provider_
     )
     first = await world.run(fixed(model))
     assert first.status == "suspended"
-    approve_call(world.store, first.session, "c2.1", approved=True)
+    approve_call(Runtime(world.store), first.session, "c2.1", approved=True)
     second = await world.resume(first.session, fixed(model))
     assert second.status == "pass"
     turns = world.turns(first.session)

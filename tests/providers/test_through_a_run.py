@@ -19,6 +19,7 @@ from tests.gate.support import fake_connector, files_containing, kinds_of, new_s
 from tests.providers._support import LoopbackServer, RecordingSleep, Reply
 from truss.contract import Contract, load_contract_text
 from truss.providers import Provider, make_provider
+from truss.runtime import Runtime
 from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -138,14 +139,16 @@ class Run:
 
         with anyio.fail_after(30):
             return await run_contract(
+                Runtime(
+                    store=self.store,
+                    key=self.key,
+                    clock=self.clock,
+                    home=self.tmp_path / "home",
+                    environ=environ,
+                    connector=fake_connector(self.fake),
+                    provider=factory,
+                ),
                 contract,
-                store=self.store,
-                key=self.key,
-                clock=self.clock,
-                home=self.tmp_path / "home",
-                environ=environ,
-                connector=fake_connector(self.fake),
-                provider=factory,
             )
 
 

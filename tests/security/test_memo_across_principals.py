@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.gate.support import contract_from, fake_connector, new_store, scripted
+from truss.runtime import Runtime
 from truss.session import run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -49,9 +50,20 @@ async def test_a_memoized_result_is_not_replayed_to_another_principal(tmp_path: 
     clock = ManualClock()
 
     async def run(session: str, principal: dict[str, str] | None) -> None:
-        await run_contract(contract_from(CONTRACT), store=store, key=key, clock=clock, home=tmp_path, environ={},
-                           connector=fake_connector(transport), session_id=session, provider=scripted(),
-                           principal=principal)  # fmt: skip
+        await run_contract(
+            Runtime(
+                store=store,
+                key=key,
+                clock=clock,
+                home=tmp_path,
+                environ={},
+                connector=fake_connector(transport),
+                provider=scripted(),
+            ),
+            contract_from(CONTRACT),
+            session_id=session,
+            principal=principal,
+        )
 
     await run("a1", TENANT_A)
     await run("b1", TENANT_B)

@@ -22,8 +22,9 @@ from tests.providers._support import LoopbackServer, RecordingSleep, Reply
 from tests.security._support import DATA, HOSTILE, hostile_contract, truss
 from truss.contract import Contract, load_contract_text
 from truss.ledger.keys import IdentityKey, TrustedKeys
-from truss.ledger.verify import verify_ledger
+from truss.ledger.verification import verify_ledger
 from truss.providers import Provider, make_provider
+from truss.runtime import Runtime
 from truss.session import run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -66,9 +67,18 @@ async def test_model_arguments_without_a_canonical_form_are_denied_and_the_run_f
             return make_provider(c, environ={"MODEL_KEY": "sk-k"}, clock=clock, sleep=RecordingSleep())
 
         with anyio.fail_after(30):
-            outcome = await run_contract(contract, store=store, key=key, clock=clock, home=tmp_path / "h",
-                                         environ={"MODEL_KEY": "sk-k"}, connector=fake_connector(fake),
-                                         provider=factory)  # fmt: skip
+            outcome = await run_contract(
+                Runtime(
+                    store=store,
+                    key=key,
+                    clock=clock,
+                    home=tmp_path / "h",
+                    environ={"MODEL_KEY": "sk-k"},
+                    connector=fake_connector(fake),
+                    provider=factory,
+                ),
+                contract,
+            )
     finally:
         model.close()
     assert (outcome.status, outcome.exit_code) == ("pass", 0)
@@ -101,15 +111,27 @@ async def _echo(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
 def _anthropic_tool_use(arguments_text: str) -> dict[str, Any]:
     value = json.loads(arguments_text)  # Python's parser takes NaN, Infinity, huge integers, depth 300
     block = {"type": "tool_use", "id": "toolu_0", "name": "mcp__hostile__echo", "input": value}
-    return {"id": "msg_0", "type": "message", "role": "assistant", "content": [block], "stop_reason": "tool_use",
-            "usage": {"input_tokens": 10, "output_tokens": 5}}  # fmt: skip
+    return {
+        "id": "msg_0",
+        "type": "message",
+        "role": "assistant",
+        "content": [block],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
 
 
 def _final(provider: str) -> dict[str, Any]:
     if provider == "openai":
         return {"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}]}
-    return {"id": "msg_1", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "done"}],
-            "stop_reason": "end_turn", "usage": {"input_tokens": 10, "output_tokens": 1}}  # fmt: skip
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": "done"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 10, "output_tokens": 1},
+    }
 
 
 @pytest.mark.parametrize("tool", ["u64", "deep"])
@@ -165,9 +187,18 @@ async def test_lone_surrogates_in_a_model_reply_become_replacement_characters_an
             return make_provider(c, environ={"MODEL_KEY": "sk-k"}, clock=clock, sleep=RecordingSleep())
 
         with anyio.fail_after(30):
-            outcome = await run_contract(contract, store=store, key=key, clock=clock, home=tmp_path / "h",
-                                         environ={"MODEL_KEY": "sk-k"}, connector=fake_connector(fake),
-                                         provider=factory)  # fmt: skip
+            outcome = await run_contract(
+                Runtime(
+                    store=store,
+                    key=key,
+                    clock=clock,
+                    home=tmp_path / "h",
+                    environ={"MODEL_KEY": "sk-k"},
+                    connector=fake_connector(fake),
+                    provider=factory,
+                ),
+                contract,
+            )
     finally:
         model.close()
     assert (outcome.status, outcome.exit_code) == ("pass", 0)

@@ -18,10 +18,11 @@ from tests.conftest import truss_cmd
 from tests.serve.conftest import HERE, Site, error_of, structured, text_of
 from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import open_store
 from truss.mcp._serve_backend import LedgerBackend
 from truss.mcp._serve_core import Principal, TokenTable, json_depth, resolve_contract
 from truss.mcp.server import ServeConfig, ServeLimits, serve_app
+from truss.runtime import Runtime
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +39,7 @@ async def apps(site: Site, *principals: Principal, limits: ServeLimits | None = 
     key = IdentityKey.load(site.home / "identity.key")
     clock = SystemClock()
     store = open_store(site.home / "ledger.db", key=key, clock=clock)
-    backend = LedgerBackend(home=site.home, store=store, key=key, clock=clock, environ=site.env)
+    backend = LedgerBackend(Runtime(store=store, key=key, clock=clock, home=site.home, environ=site.env))
     config = ServeConfig(
         contracts_dir=site.contracts, home=site.home, backend=backend, clock=clock, limits=limits or ServeLimits()
     )

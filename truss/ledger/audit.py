@@ -25,6 +25,7 @@ from typing import Any, Protocol, overload
 from truss._errors import InputError, StoreError, TrussError, UsageError, VerificationError
 from truss.ledger.bundle import BundleReport, verify_bundle
 from truss.ledger.entry import StoredEntry
+from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     Frontier,
@@ -37,6 +38,7 @@ from truss.ledger.merkle import (
 )
 from truss.ledger.note import Checkpoint, StoredCheckpointLike, open_checkpoint
 from truss.ledger.verification import EntryCheck, LedgerReader, VerifyReport, verify_ledger
+from truss.ledger.witnessed import check_checkpoint_signers
 
 __all__ = [
     "AuditSource",
@@ -44,6 +46,8 @@ __all__ = [
     "SessionInLog",
     "SinceReport",
     "SinceSource",
+    "store_key_history",
+    "stored_checkpoint_signers",
     "verify",
     "verify_since",
     "verify_store",
@@ -100,7 +104,15 @@ def verify(
 def verify_store(
     store: AuditSource, trusted: TrustedKeys, *, session: str | None = None, payloads: bool = True
 ) -> VerifyReport:
-    """V1-V13 over the stored entries with L1-L5 (whole log) or L6 (``session``) plugged in as V12."""
+    """V1-V13 over the stored entries with L1-L5 (whole log) or L6 (``session``) plugged in as V12.
+
+    The key history in the log's own session (key rotations) is followed from ``trusted`` first:
+    entries and checkpoints signed by a later key verify, each within the span its key was current.
+    """
+    history = store_key_history(store, trusted)
+    if isinstance(history, VerifyReport):
+        return history
+    trusted = history.trusted
     checkpoints = store.checkpoints()
     extra: list[EntryCheck] = []
     audit: LogAudit | None = None
@@ -109,9 +121,11 @@ def verify_store(
         extra.append(audit.check)
     else:
         extra.append(SessionInLog(checkpoints, trusted, store.origin, store.node).check)
+    if history.rotations:
+        extra.append(history.check)
     report = verify_ledger(store, trusted, session=session, payloads=payloads, extra=extra)
     if audit is None or not report.ok:
-        return report
+        return stored_checkpoint_signers(store, history, report)
     # The tree as of the entries just verified: appends that land meanwhile are not this run's.
     size = audit.frontier.size
     try:
@@ -119,7 +133,11 @@ def verify_store(
     except StoreError as exc:
         finding = ("tree_mismatch", exc.message)
     if finding is None:
-        return report
+        return stored_checkpoint_signers(store, history, report)
+    return _failed(report, finding)
+
+
+def _failed(report: VerifyReport, finding: tuple[str, str]) -> VerifyReport:
     return VerifyReport(
         ok=False,
         entries=report.entries,
@@ -129,6 +147,33 @@ def verify_store(
         reason=finding[0],
         message=finding[1],
     )
+
+
+def store_key_history(store: LedgerReader, trusted: TrustedKeys) -> KeyHistory | VerifyReport:
+    """The key history in the store's ``@log`` session followed from ``trusted``, or a failing report."""
+    entries = list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
+    try:
+        return follow_rotations(entries, trusted, origin=store.origin)
+    except VerificationError as exc:
+        return VerifyReport(
+            ok=False,
+            entries=0,
+            sessions=0,
+            reason=str(exc.fields.get("reason")),
+            message=exc.message,
+            session=LOG_SESSION,
+            seq=exc.fields.get("seq"),
+            index=exc.fields.get("index"),
+        )
+
+
+def stored_checkpoint_signers(store: AuditSource, history: KeyHistory, report: VerifyReport) -> VerifyReport:
+    """Each stored checkpoint is signed by a key allowed at its size (only matters after a rotation)."""
+    if not report.ok or not history.rotations:
+        return report
+    notes = [(cp.note.encode("utf-8"), f"the stored checkpoint of size {cp.size}") for cp in store.checkpoints()]
+    finding = check_checkpoint_signers(notes, history.checkpoint_keys, store.origin)
+    return report if finding is None else _failed(report, finding)
 
 
 # -- the log checks of a whole-ledger verification ---------------------------------------------

@@ -1,13 +1,15 @@
-"""The ``ServeBackend`` serve-mcp uses in production: sessions, the SQLite ledger and bundles.
+"""The ``ServeBackend`` serve-mcp uses in production: sessions, the ledger store and bundles.
 
 It loads contracts with the operator's layers (``truss.contract``), runs them with
-``truss.session.run_contract`` over the real MCP client tier, and reads answers, status,
-verification, verdict envelopes and bundles from the store. It holds one store and one identity
-key for the whole server process; the store is safe to share between runs and threads.
+``truss.session.run_contract`` over the runtime's connector (the real MCP client tier), and reads
+answers, status, verification, verdict envelopes and bundles from the runtime's store. One
+``Runtime`` serves the whole server process; its store is safe to share between runs and threads.
+Each run gets a copy of the runtime whose progress subscriber is that run's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -17,48 +19,50 @@ from typing import Any, cast
 
 import anyio
 
-from truss._clock import Clock
 from truss._errors import BundleFormatError, RunSuspended
+from truss._json import as_mapping
 from truss.contract import Contract, load_contract, narrow_budget
-from truss.ledger.keys import IdentityKey, TrustedKeys
-from truss.ledger.verify import verify_ledger
+from truss.events import ProgressEvent, progress_subscriber
+from truss.ledger.verification import verify_ledger
 from truss.mcp._serve_core import Principal
 from truss.mcp.server import RunAnswer, SessionView
+from truss.runtime import Runtime
 from truss.session import RunOutcome, outcome_of, resume_session, run_contract
 
 __all__ = ["LedgerBackend"]
 
 
 class LedgerBackend:
-    """Runs and reads sessions of one Truss home (``store`` and ``key`` opened by the caller)."""
+    """Runs and reads sessions of one Truss home through ``runtime`` (opened by the caller).
 
-    def __init__(
-        self,
-        *,
-        home: Path,
-        store: Any,
-        key: IdentityKey,
-        clock: Clock,
-        environ: Mapping[str, str],
-        connector: Callable[..., Any] | None = None,
-    ) -> None:
-        if connector is None:
+    ``runtime.connector`` defaults to ``truss.mcp.client.connect`` when the runtime has none.
+    """
+
+    def __init__(self, runtime: Runtime) -> None:
+        if runtime.connector is None:
             from truss.mcp.client import connect
 
-            connector = connect
-        self.home = home
-        self.store = store
-        self.key = key
-        self.clock = clock
-        self.environ = dict(environ)
-        self.connector = connector
-        self.trusted = TrustedKeys([key.verifier])
+            runtime = dataclasses.replace(runtime, connector=connect)
+        self.runtime = runtime
+        self.home = runtime.home
+        self.store = runtime.store
+        self.environ = dict(runtime.environ)
+        self.trusted = runtime.trusted
 
     def load(self, path: Path, params: Mapping[str, Any], budget: Mapping[str, Any]) -> Contract:
         contract = load_contract(path, home=self.home, params=dict(params), environ=self.environ)
         if budget:
             contract = narrow_budget(contract, budget)
         return contract
+
+    def _with_progress(self, on_progress: Callable[[Mapping[str, Any]], None]) -> Runtime:
+        """This runtime with one more subscriber: the flat progress view of the run, for its caller."""
+
+        def progress(event: ProgressEvent) -> None:
+            on_progress(_event_json(event))
+
+        events = (*self.runtime.events, progress_subscriber(progress))
+        return dataclasses.replace(self.runtime, events=events)
 
     async def run(
         self,
@@ -69,22 +73,8 @@ class LedgerBackend:
         on_progress: Callable[[Mapping[str, Any]], None],
         stop: anyio.Event | None = None,
     ) -> RunAnswer:
-        def progress(event: Any) -> None:
-            on_progress(_event_json(event))
-
-        outcome = await run_contract(
-            contract,
-            store=self.store,
-            key=self.key,
-            clock=self.clock,
-            home=self.home,
-            environ=self.environ,
-            connector=self.connector,
-            session_id=session_id,
-            principal=principal.to_json(),
-            on_progress=progress,
-            stop=stop,
-        )
+        runtime = self._with_progress(on_progress)
+        outcome = await run_contract(runtime, contract, session_id=session_id, principal=principal.to_json(), stop=stop)
         return _answer(outcome)
 
     async def resume(
@@ -94,21 +84,8 @@ class LedgerBackend:
         on_progress: Callable[[Mapping[str, Any]], None],
         stop: anyio.Event | None = None,
     ) -> RunAnswer:
-        def progress(event: Any) -> None:
-            on_progress(_event_json(event))
-
         try:
-            outcome = await resume_session(
-                session_id,
-                store=self.store,
-                key=self.key,
-                clock=self.clock,
-                home=self.home,
-                environ=self.environ,
-                connector=self.connector,
-                on_progress=progress,
-                stop=stop,
-            )
+            outcome = await resume_session(self._with_progress(on_progress), session_id, stop=stop)
         except RunSuspended:
             # Still waiting (an approval nobody gave yet): the answer is the session as recorded.
             outcome = outcome_of(self.store, session_id)
@@ -130,13 +107,11 @@ class LedgerBackend:
         for entry in self.store.read_session(session_id):
             kinds[entry.kind] += 1
             if entry.kind == "model_turn":
-                usage = entry.body.get("usage")
-                if isinstance(usage, Mapping):
-                    typed: Mapping[str, Any] = usage  # pyright: ignore[reportUnknownVariableType]
-                    for part in ("input_tokens", "output_tokens"):
-                        value = typed.get(part)
-                        if isinstance(value, int):
-                            tokens += value
+                usage = as_mapping(entry.body.get("usage")) or {}
+                for part in ("input_tokens", "output_tokens"):
+                    value = usage.get(part)
+                    if isinstance(value, int):
+                        tokens += value
         report = verify_ledger(self.store, self.trusted, session=session_id)
         verification: dict[str, Any] = {"ok": report.ok, "entries": report.entries}
         if not report.ok:
@@ -170,13 +145,14 @@ class LedgerBackend:
                 f"session {session_id}: the stored verdict envelope is not JSON",
                 remedy="Verify the ledger with 'truss ledger verify'",
             ) from None
-        return value if isinstance(value, dict) else None  # pyright: ignore[reportUnknownVariableType]
+        return as_mapping(value)
 
     def export(self, session_id: str) -> bytes:
         from truss.ledger.bundle import export_bundle
 
         # The key may sign a checkpoint now when none covers the session yet (a suspended run).
-        return export_bundle(self.store, session_id, vkey=self.key.verifier.vkey, payloads=True, signer=self.key)
+        key = self.runtime.signer
+        return export_bundle(self.store, session_id, vkey=key.verifier.vkey, payloads=True, signer=key)
 
 
 def _answer(outcome: RunOutcome) -> RunAnswer:
@@ -191,7 +167,7 @@ def _answer(outcome: RunOutcome) -> RunAnswer:
     )
 
 
-def _event_json(event: Any) -> dict[str, Any]:
+def _event_json(event: object) -> dict[str, Any]:
     raw: dict[str, Any]
     if is_dataclass(event) and not isinstance(event, type):
         raw = {f.name: getattr(event, f.name) for f in fields(event)}
@@ -201,9 +177,9 @@ def _event_json(event: Any) -> dict[str, Any]:
         raw = {"detail": str(event)}
     out: dict[str, Any] = {}
     for name, value in raw.items():
+        nested = as_mapping(value)
         if isinstance(value, str | int | float | bool) or value is None:
             out[name] = value
-        elif isinstance(value, Mapping):
-            typed: Mapping[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
-            out[name] = {k: v for k, v in typed.items() if isinstance(v, str | int | float | bool) or v is None}
+        elif nested is not None:
+            out[name] = {k: v for k, v in nested.items() if isinstance(v, str | int | float | bool) or v is None}
     return out

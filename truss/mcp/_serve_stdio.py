@@ -1,4 +1,6 @@
-"""The stdio wire of serve-mcp: only protocol messages on stdout, and bounded requests on stdin.
+"""serve-mcp over stdio, and its wire: only protocol messages on stdout, bounded requests on stdin.
+
+``serve_stdio`` serves one client on this process's stdin/stdout (the principal is the process's).
 
 At start the process's fd 1 is pointed at stderr and fd 0 at the null device for good; the wire
 keeps private duplicates. Anything a run prints (a library, a stray ``print``) therefore lands on
@@ -23,9 +25,10 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from truss.mcp._serve_core import ServeLimits, json_depth
+from truss.mcp._serve_core import Principal, ServeLimits, json_depth
+from truss.mcp.server import ServeApp, ServeConfig, say, serve_app
 
-__all__ = ["claim_stdio"]
+__all__ = ["claim_stdio", "serve_stdio"]
 
 _ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,200}"|-?\d{1,20})')
 
@@ -139,3 +142,32 @@ def claim_stdio(limits: ServeLimits) -> tuple[_BoundedLines, _Wire]:
     raw_out = os.fdopen(wire_out, "wb")
     wire = _Wire(raw_out)
     return _BoundedLines(raw_in, wire, limits), wire
+
+
+async def serve_stdio(config: ServeConfig, principal: Principal) -> None:
+    """Serve one client on this process's stdin/stdout until it disconnects, then finish the runs.
+
+    Runs the client started keep going after it disconnects (the process waits for them, each
+    bounded by its deadline). SIGINT/SIGTERM interrupt them instead (recorded as interrupted).
+    """
+    from mcp.server.stdio import stdio_server
+
+    lines, wire = claim_stdio(config.limits)
+    async with serve_app(config, lambda ctx: principal) as app, anyio.create_task_group() as serving:
+        serving.start_soon(_shutdown_on_signal, app)
+        async with stdio_server(stdin=lines, stdout=wire) as (read, write):  # pyright: ignore[reportArgumentType]
+            await app.server.run(read, write, app.server.create_initialization_options())
+        if app.active_runs:
+            say(f"truss serve-mcp: client disconnected; finishing {app.active_runs} run(s)")
+        await app.wait_idle()
+        serving.cancel_scope.cancel()
+
+
+async def _shutdown_on_signal(app: ServeApp) -> None:
+    import signal
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            say("truss serve-mcp: interrupted; stopping runs (they are recorded as interrupted)")
+            await app.shutdown()
+            return

@@ -1,7 +1,8 @@
 """``truss serve-mcp``: other harnesses delegate contracts to Truss over MCP (DESIGN section 8).
 
 The server advertises exactly four tools (``truss/mcp/_serve_tools.py``) on the SDK's low-level
-``Server``, over stdio or Streamable HTTP, in both protocol eras. This module owns:
+``Server``, in both protocol eras, over stdio (``_serve_stdio.serve_stdio``) or Streamable HTTP
+(``_serve_http.serve_http``). This module owns the app both transports run:
 
 * **principals**: one per process on stdio, one per bearer token on HTTP (``TokenTable``); every
   session lookup is filtered by the caller's principal, and a session of another principal
@@ -35,7 +36,6 @@ import anyio.abc
 from mcp import types
 from mcp.server import Server, ServerRequestContext
 from mcp.server.context import CallNext, HandlerResult
-from mcp.server.streamable_http import EventMessage, EventStore
 from mcp.shared.exceptions import MCPError
 
 from truss._clock import Clock
@@ -55,8 +55,6 @@ __all__ = [
     "TokenTable",
     "resolve_contract",
     "serve_app",
-    "serve_http",
-    "serve_stdio",
 ]
 
 _log = logging.getLogger("truss.serve")
@@ -615,176 +613,7 @@ async def serve_app(config: ServeConfig, principal_of: PrincipalOf) -> AsyncGene
         await app.wait_idle()
 
 
-async def serve_stdio(config: ServeConfig, principal: Principal) -> None:
-    """Serve one client on this process's stdin/stdout until it disconnects, then finish the runs.
-
-    Runs the client started keep going after it disconnects (the process waits for them, each
-    bounded by its deadline). SIGINT/SIGTERM interrupt them instead (recorded as interrupted).
-    """
-    from mcp.server.stdio import stdio_server
-
-    from truss.mcp._serve_stdio import claim_stdio
-
-    lines, wire = claim_stdio(config.limits)
-    async with serve_app(config, lambda ctx: principal) as app, anyio.create_task_group() as serving:
-        serving.start_soon(_shutdown_on_signal, app)
-        async with stdio_server(stdin=lines, stdout=wire) as (read, write):  # pyright: ignore[reportArgumentType]
-            await app.server.run(read, write, app.server.create_initialization_options())
-        if app.active_runs:
-            _stderr(f"truss serve-mcp: client disconnected; finishing {app.active_runs} run(s)")
-        await app.wait_idle()
-        serving.cancel_scope.cancel()
-
-
-async def serve_http(
-    config: ServeConfig,
-    *,
-    host: str,
-    port: int,
-    tokens: TokenTable | None,
-    fixed_principal: Principal | None = None,
-    path: str = "/mcp",
-) -> None:
-    """Serve Streamable HTTP on ``host:port`` (``port`` 0 picks a free one, printed on stderr).
-
-    Every request needs ``Authorization: Bearer <token>`` whose hash is in ``tokens``; without
-    one the answer is 401 and nothing reaches the MCP layer. ``fixed_principal`` without tokens
-    is the ``--unsafe-no-auth`` mode for loopback testing (everyone is that one principal).
-    """
-    import socket
-
-    import uvicorn
-
-    if tokens is None and fixed_principal is None:
-        raise InputError("HTTP needs --tokens FILE", remedy="See docs/serve-mcp.md", what="tokens")
-
-    def principal_of(ctx: ServerRequestContext[Any, Any]) -> Principal | None:
-        if tokens is None:
-            return fixed_principal
-        headers: Any = getattr(ctx.request, "headers", None)
-        return tokens.principal_for_header(headers.get("authorization") if headers is not None else None)
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise InputError(
-            f"cannot listen on {host}:{port}: {exc.strerror}", remedy="Choose another --port", what="port"
-        ) from None
-    sock.listen(128)
-    sock.setblocking(False)
-    bound = sock.getsockname()[1]
-
-    async with serve_app(config, principal_of) as app:
-        starlette = app.server.streamable_http_app(
-            streamable_http_path=path,
-            host=host,
-            max_request_body_size=config.limits.max_request_bytes,
-            event_store=_RecentEvents(config.clock),
-            retry_interval=1000,
-        )
-        asgi: Any = _BearerGate(starlette, tokens) if tokens is not None else starlette
-        server = uvicorn.Server(
-            uvicorn.Config(
-                asgi,
-                log_level="warning",
-                lifespan="on",
-                timeout_graceful_shutdown=5,
-                access_log=False,
-            )
-        )
-        _stderr(f"truss serve-mcp: listening on http://{_url_host(host)}:{bound}{path}")
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            sock.close()
-        # Stopped by a signal: interrupt what is still running (it is recorded, and resumable).
-        if app.active_runs:
-            _stderr(f"truss serve-mcp: stopping; interrupting {app.active_runs} run(s)")
-        await app.shutdown()
-
-
-class _RecentEvents(EventStore):
-    """The last SSE events in memory, so a legacy-era client that loses its stream mid-run can
-    resume it (``Last-Event-ID``). Event ids are random (from the clock), so one caller cannot
-    guess its way into another's stream; the buffer is bounded."""
-
-    def __init__(self, clock: Clock, limit: int = 10_000) -> None:
-        self._clock = clock
-        self._limit = limit
-        self._events: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
-
-    async def store_event(self, stream_id: Any, message: Any) -> str:
-        event_id = self._clock.new_id("e")
-        self._events[event_id] = (stream_id, message)
-        while len(self._events) > self._limit:
-            self._events.popitem(last=False)
-        return event_id
-
-    async def replay_events_after(self, last_event_id: str, send_callback: Any) -> Any:
-        if last_event_id not in self._events:
-            return None
-        stream_id = self._events[last_event_id][0]
-        after = False
-        for event_id, (stream, message) in list(self._events.items()):
-            if after and stream == stream_id and message is not None:
-                await send_callback(EventMessage(message, event_id))
-            after = after or event_id == last_event_id
-        return stream_id
-
-
-class _BearerGate:
-    """ASGI wrapper: 401 unless the bearer token maps to a principal (constant-time comparison)."""
-
-    def __init__(self, inner: Any, tokens: TokenTable) -> None:
-        self._inner = inner
-        self._tokens = tokens
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            auth: bytes | None = None
-            for key, value in scope.get("headers", []):
-                if key == b"authorization":
-                    auth = value
-                    break
-            principal = self._tokens.principal_for_header(auth.decode("latin-1") if auth is not None else None)
-            if principal is None:
-                body = json.dumps(
-                    {"error": "unauthorized", "error_description": "a valid bearer token is required"}
-                ).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b'Bearer error="invalid_token"'),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self._inner(scope, receive, send)
-
-
-async def _shutdown_on_signal(app: ServeApp) -> None:
-    import signal
-
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for _ in signals:
-            _stderr("truss serve-mcp: interrupted; stopping runs (they are recorded as interrupted)")
-            await app.shutdown()
-            return
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _stderr(text: str) -> None:
+def say(text: str) -> None:
+    """One line on the operator's stderr (never stdout: on stdio that is the protocol channel)."""
     sys.stderr.write(text + "\n")
     sys.stderr.flush()

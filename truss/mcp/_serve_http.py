@@ -1,0 +1,163 @@
+"""serve-mcp over Streamable HTTP: the listening socket, bearer tokens, the SSE replay buffer.
+
+``serve_http`` runs a ``ServeApp`` (``truss.mcp.server``) behind uvicorn on ``host:port``. Every
+request needs ``Authorization: Bearer <token>`` whose hash is in the tokens table (``_BearerGate``
+answers 401 before anything reaches the MCP layer), unless the loopback-only ``--unsafe-no-auth``
+mode gives every caller one fixed principal. A stop signal ends the server and interrupts the runs
+still in progress (recorded as interrupted, resumable by handle).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from mcp.server import ServerRequestContext
+from mcp.server.streamable_http import EventMessage, EventStore
+
+from truss._clock import Clock
+from truss._errors import InputError
+from truss.mcp._serve_core import Principal, TokenTable
+from truss.mcp.server import ServeConfig, say, serve_app
+
+__all__ = ["serve_http"]
+
+
+async def serve_http(
+    config: ServeConfig,
+    *,
+    host: str,
+    port: int,
+    tokens: TokenTable | None,
+    fixed_principal: Principal | None = None,
+    path: str = "/mcp",
+) -> None:
+    """Serve Streamable HTTP on ``host:port`` (``port`` 0 picks a free one, printed on stderr).
+
+    Every request needs ``Authorization: Bearer <token>`` whose hash is in ``tokens``; without
+    one the answer is 401 and nothing reaches the MCP layer. ``fixed_principal`` without tokens
+    is the ``--unsafe-no-auth`` mode for loopback testing (everyone is that one principal).
+    """
+    import socket
+
+    import uvicorn
+
+    if tokens is None and fixed_principal is None:
+        raise InputError("HTTP needs --tokens FILE", remedy="See docs/serve-mcp.md", what="tokens")
+
+    def principal_of(ctx: ServerRequestContext[Any, Any]) -> Principal | None:
+        if tokens is None:
+            return fixed_principal
+        headers: Any = getattr(ctx.request, "headers", None)
+        return tokens.principal_for_header(headers.get("authorization") if headers is not None else None)
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InputError(
+            f"cannot listen on {host}:{port}: {exc.strerror}", remedy="Choose another --port", what="port"
+        ) from None
+    sock.listen(128)
+    sock.setblocking(False)
+    bound = sock.getsockname()[1]
+
+    async with serve_app(config, principal_of) as app:
+        starlette = app.server.streamable_http_app(
+            streamable_http_path=path,
+            host=host,
+            max_request_body_size=config.limits.max_request_bytes,
+            event_store=_RecentEvents(config.clock),
+            retry_interval=1000,
+        )
+        asgi: Any = _BearerGate(starlette, tokens) if tokens is not None else starlette
+        server = uvicorn.Server(
+            uvicorn.Config(
+                asgi,
+                log_level="warning",
+                lifespan="on",
+                timeout_graceful_shutdown=5,
+                access_log=False,
+            )
+        )
+        say(f"truss serve-mcp: listening on http://{_url_host(host)}:{bound}{path}")
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            sock.close()
+        # Stopped by a signal: interrupt what is still running (it is recorded, and resumable).
+        if app.active_runs:
+            say(f"truss serve-mcp: stopping; interrupting {app.active_runs} run(s)")
+        await app.shutdown()
+
+
+class _RecentEvents(EventStore):
+    """The last SSE events in memory, so a legacy-era client that loses its stream mid-run can
+    resume it (``Last-Event-ID``). Event ids are random (from the clock), so one caller cannot
+    guess its way into another's stream; the buffer is bounded."""
+
+    def __init__(self, clock: Clock, limit: int = 10_000) -> None:
+        self._clock = clock
+        self._limit = limit
+        self._events: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+
+    async def store_event(self, stream_id: Any, message: Any) -> str:
+        event_id = self._clock.new_id("e")
+        self._events[event_id] = (stream_id, message)
+        while len(self._events) > self._limit:
+            self._events.popitem(last=False)
+        return event_id
+
+    async def replay_events_after(self, last_event_id: str, send_callback: Any) -> Any:
+        if last_event_id not in self._events:
+            return None
+        stream_id = self._events[last_event_id][0]
+        after = False
+        for event_id, (stream, message) in list(self._events.items()):
+            if after and stream == stream_id and message is not None:
+                await send_callback(EventMessage(message, event_id))
+            after = after or event_id == last_event_id
+        return stream_id
+
+
+class _BearerGate:
+    """ASGI wrapper: 401 unless the bearer token maps to a principal (constant-time comparison)."""
+
+    def __init__(self, inner: Any, tokens: TokenTable) -> None:
+        self._inner = inner
+        self._tokens = tokens
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            auth: bytes | None = None
+            for key, value in scope.get("headers", []):
+                if key == b"authorization":
+                    auth = value
+                    break
+            principal = self._tokens.principal_for_header(auth.decode("latin-1") if auth is not None else None)
+            if principal is None:
+                body = json.dumps(
+                    {"error": "unauthorized", "error_description": "a valid bearer token is required"}
+                ).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b'Bearer error="invalid_token"'),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self._inner(scope, receive, send)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

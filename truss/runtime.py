@@ -1,0 +1,143 @@
+"""The ``Runtime``: everything a run takes from its surroundings, built once at the edge.
+
+``run_contract``, ``resume_session``, ``replay_session``, ``approve_call``, ``resolve_call``,
+``deliver_signal`` and serve-mcp take one ``Runtime`` instead of a dozen keyword arguments:
+
+- ``store``: the ledger, typed as the ``LedgerStore`` protocol (any registered backend);
+- ``key``: the identity key that signs checkpoints and verdict envelopes (the store signs entries
+  with the key it was opened with); ``trusted``: the verifier keys reads are checked against
+  (default: the key's own verifier);
+- ``clock``: the only source of time and ids (``truss._clock``; default the system clock);
+- ``home``: where logs and exports go (default ``./.truss``); ``environ``: where ``${env.X}`` and
+  ``secret_env`` values come from (default empty; never recorded);
+- ``connector``: how a run reaches its MCP servers (``truss.mcp.connect``; the core never
+  imports the MCP tier, so the edge passes it);
+- ``provider``: a factory for the model provider (default: the contract's ``agent.provider``
+  from ``truss.providers.PROVIDERS``); ``events``: the subscribers to the run's typed events
+  (``truss.events``; ``progress_subscriber`` adapts a callback of the flat ``ProgressEvent``).
+
+It is a frozen value: a caller that wants another subscriber for one run makes a copy
+(``dataclasses.replace(runtime, events=(*runtime.events, mine))``). Later capabilities add fields
+here (a session lease's owner id, registries) rather than parameters to every entry point.
+
+``Runtime.open(home=...)`` builds one the way ``truss`` does (the CLI calls it once per command):
+the store from ``--db`` (a path or URL, default ``HOME/ledger.db``), the key from ``--key``
+(default ``HOME/identity.key``). What it does not do: connect servers or start runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from truss._clock import Clock, SystemClock
+from truss._errors import KeyFileError, UsageError
+
+if TYPE_CHECKING:
+    from truss.contract import Contract
+    from truss.events import Subscriber
+    from truss.ledger.keys import IdentityKey, TrustedKeys
+    from truss.ledger.stores import LedgerStore
+    from truss.providers.base import Provider
+
+__all__ = ["Connector", "ProviderFactory", "Runtime"]
+
+Connector = Callable[..., AbstractAsyncContextManager[Any]]
+"""``connector(contract, log_dir=, environ=, clock=, on_event=)``: an async context yielding the mount set."""
+ProviderFactory = Callable[["Contract"], "Provider"]
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What a run needs from its surroundings (see the module docstring)."""
+
+    store: LedgerStore
+    clock: Clock = field(default_factory=SystemClock)
+    home: Path = field(default_factory=lambda: Path(".truss"))
+    key: IdentityKey | None = None
+    environ: Mapping[str, str] = field(default_factory=dict[str, str], repr=False)
+    connector: Connector | None = None
+    provider: ProviderFactory | None = None
+    events: Sequence[Subscriber] = ()
+    trusted_keys: TrustedKeys | None = None
+
+    @classmethod
+    def open(
+        cls,
+        *,
+        home: str | os.PathLike[str],
+        db: str | os.PathLike[str] | None = None,
+        key: str | os.PathLike[str] | None = None,
+        signing: bool = True,
+        create: bool = False,
+        clock: Clock | None = None,
+        environ: Mapping[str, str] | None = None,
+        connector: Connector | None = None,
+        provider: ProviderFactory | None = None,
+        events: Sequence[Subscriber] = (),
+    ) -> Runtime:
+        """The runtime of a Truss home: its ledger (``db``, default ``HOME/ledger.db``, a path or a
+        store URL) and, with ``signing``, its identity key (``key``, default ``HOME/identity.key``).
+
+        ``create`` lets the store create a missing ledger; otherwise a missing one is a
+        ``NotFoundError``. ``environ`` defaults to a copy of this process's environment.
+        """
+        from truss.ledger.keys import IdentityKey
+        from truss.ledger.stores import open_store
+
+        home_path = Path(home)
+        clock = clock or SystemClock()
+        identity = IdentityKey.load(Path(key) if key is not None else home_path / "identity.key") if signing else None
+        store = open_store(db if db is not None else home_path / "ledger.db", key=identity, clock=clock, create=create)
+        return cls(
+            store=store,
+            clock=clock,
+            home=home_path,
+            key=identity,
+            environ=dict(os.environ if environ is None else environ),
+            connector=connector,
+            provider=provider,
+            events=tuple(events),
+        )
+
+    @property
+    def signer(self) -> IdentityKey:
+        """The identity key; ``KeyFileError`` when this runtime was opened without one."""
+        if self.key is None:
+            raise KeyFileError(
+                "this command opened the ledger without the identity key, so it cannot sign",
+                remedy="give the key (--key FILE, or HOME/identity.key from `truss init`)",
+            )
+        return self.key
+
+    @property
+    def trusted(self) -> TrustedKeys:
+        """The verifier keys reads are checked against: ``trusted_keys``, else the key's own."""
+        if self.trusted_keys is not None:
+            return self.trusted_keys
+        from truss.ledger.keys import TrustedKeys
+
+        return TrustedKeys([self.signer.verifier])
+
+    def connect(self) -> Connector:
+        """The connector; ``UsageError`` for a runtime built without one (replay and approvals need none)."""
+        if self.connector is None:
+            raise UsageError(
+                "this runtime has no connector, so it cannot reach MCP servers",
+                remedy="build the Runtime with connector=truss.mcp.connect",
+            )
+        return self.connector
+
+    def close(self) -> None:
+        """Close the store (a runtime from ``open`` owns it)."""
+        self.store.close()
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
