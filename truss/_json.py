@@ -11,12 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-__all__ = ["as_dict", "as_list", "as_mapping", "str_list"]
+__all__ = ["as_dict", "as_list", "as_loose_mapping", "as_mapping", "str_list"]
 
 
 def as_mapping(value: object) -> Mapping[str, Any] | None:
     """``value`` as a mapping when it is one (a parsed JSON object), else ``None``."""
     return cast("Mapping[str, Any]", value) if isinstance(value, Mapping) else None
+
+
+def as_loose_mapping(value: object) -> Mapping[object, Any] | None:
+    """``value`` as a mapping whose keys are not known to be strings (a caller's own object)."""
+    return cast("Mapping[object, Any]", value) if isinstance(value, Mapping) else None
 
 
 def as_dict(value: object) -> dict[str, Any] | None:

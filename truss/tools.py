@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from truss._json import as_mapping
 from truss.ledger.canonical import canonical, sha256_ref
 
 __all__ = [
@@ -99,7 +100,7 @@ class MountedTool:
     @property
     def annotations(self) -> Mapping[str, Any]:
         value = self.definition.get("annotations")
-        return value if isinstance(value, Mapping) else {}  # pyright: ignore[reportUnknownVariableType]
+        return as_mapping(value) or {}
 
     @property
     def read_only(self) -> bool:
@@ -114,7 +115,7 @@ class MountedTool:
     @property
     def input_schema(self) -> Mapping[str, Any]:
         value = self.definition.get("inputSchema")
-        return value if isinstance(value, Mapping) else {"type": "object"}  # pyright: ignore[reportUnknownVariableType]
+        return as_mapping(value) or {"type": "object"}
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,8 @@ class ToolResult:
         parts: list[str] = []
         content: Any = self.wire.get("content") or []
         for block in content:
-            if isinstance(block, Mapping):
-                typed: Mapping[str, Any] = block  # pyright: ignore[reportUnknownVariableType]
+            typed = as_mapping(block)
+            if typed is not None:
                 text: Any = typed.get("text") if typed.get("type") == "text" else None
                 if isinstance(text, str):
                     parts.append(text)

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from truss._errors import BundleFormatError, NotFoundError, VerificationError
+from truss._json import as_dict, as_list
 from truss.ledger.audit import verify_since
 from truss.ledger.bundle import (
     TlogProof,
@@ -520,15 +521,13 @@ def test_a_bundle_with_any_byte_changed_never_crashes_the_verifier(data: st.Data
 
 
 def _same_but_vkey_or_spelling(a: Any, b: Any, path: str) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        left: dict[str, Any] = a  # pyright: ignore[reportUnknownVariableType]
-        right: dict[str, Any] = b  # pyright: ignore[reportUnknownVariableType]
+    left, right = as_dict(a), as_dict(b)
+    if left is not None and right is not None:
         return left.keys() == right.keys() and all(
             _same_but_vkey_or_spelling(left[k], right[k], f"{path}/{k}") for k in left
         )
-    if isinstance(a, list) and isinstance(b, list):
-        first: list[Any] = a  # pyright: ignore[reportUnknownVariableType]
-        second: list[Any] = b  # pyright: ignore[reportUnknownVariableType]
+    first, second = as_list(a), as_list(b)
+    if first is not None and second is not None:
         return len(first) == len(second) and all(
             _same_but_vkey_or_spelling(x, y, f"{path}/{i}") for i, (x, y) in enumerate(zip(first, second, strict=True))
         )

@@ -27,6 +27,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from tests.conftest import REPO, peers_path_env, python_peer, truss_cmd
+from truss._json import as_dict
 from truss.ledger.keys import IdentityKey
 from truss.mcp.server import ERROR_META
 
@@ -175,9 +176,9 @@ class RawStdio:
         self.proc.stdin.flush()
 
     def reply(self, timeout: float = 90) -> dict[str, Any]:
-        value = json.loads(self.replies.get(timeout=timeout))  # every stdout line is a JSON-RPC message
-        assert isinstance(value, dict)
-        return value  # pyright: ignore[reportUnknownVariableType]
+        value = as_dict(json.loads(self.replies.get(timeout=timeout)))  # every stdout line is a JSON-RPC message
+        assert value is not None
+        return value
 
     def initialize(self) -> None:
         client = {"name": "t", "version": "1"}
@@ -212,12 +213,12 @@ def error_of(result: Any) -> dict[str, Any]:
     assert result.is_error, result
     assert result.structured_content is None
     meta: dict[str, Any] = result.meta or {}
-    value = meta.get(ERROR_META)
-    assert isinstance(value, dict), result
-    return value  # pyright: ignore[reportUnknownVariableType]
+    value = as_dict(meta.get(ERROR_META))
+    assert value is not None, result
+    return value
 
 
 def structured(result: Any) -> dict[str, Any]:
-    value = result.structured_content
-    assert isinstance(value, dict), result
-    return value  # pyright: ignore[reportUnknownVariableType]
+    value = as_dict(result.structured_content)
+    assert value is not None, result
+    return value

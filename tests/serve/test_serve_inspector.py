@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import PEERS, _missing  # pyright: ignore[reportPrivateUsage]
 from tests.serve.conftest import Site
+from truss._json import as_dict
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +42,9 @@ def _inspector(site: Site, *method: str) -> subprocess.CompletedProcess[str]:
 
 def _json(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     assert done.returncode == 0, done.stdout + done.stderr
-    value = json.loads(done.stdout)
-    assert isinstance(value, dict)
-    return value  # pyright: ignore[reportUnknownVariableType]
+    value = as_dict(json.loads(done.stdout))
+    assert value is not None
+    return value
 
 
 def test_the_inspector_lists_exactly_the_four_tools(serve_site: Site) -> None:

@@ -39,9 +39,10 @@ async def test_a_delegated_run_returns_the_signed_verdict_and_its_evidence(serve
                 assert tool.output_schema is not None
                 assert tool.input_schema.get("additionalProperties") is False
                 assert tool.annotations is not None
-            assert tools["truss_run_contract"].annotations.read_only_hint is False  # pyright: ignore[reportOptionalMemberAccess]
-            assert tools["truss_run_contract"].annotations.destructive_hint is True  # pyright: ignore[reportOptionalMemberAccess]
-            assert tools["truss_ledger_export"].annotations.read_only_hint is True  # pyright: ignore[reportOptionalMemberAccess]
+            run_hints, export_hints = tools["truss_run_contract"].annotations, tools["truss_ledger_export"].annotations
+            assert run_hints is not None and export_hints is not None
+            assert run_hints.read_only_hint is False and run_hints.destructive_hint is True
+            assert export_hints.read_only_hint is True
 
             result = await client.call_tool("truss_run_contract", {"contract": "hello"}, progress_callback=on_progress)
             answer = structured(result)

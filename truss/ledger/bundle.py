@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from truss._errors import BundleFormatError, InputError, NotFoundError, TrussError, VerificationError
+from truss._json import as_dict, as_list
 from truss.ledger.cosignature import witnessed_checkpoint
 from truss.ledger.entry import StoredEntry, entry_bytes, iter_refs
 from truss.ledger.envelope import VerdictStatement, open_verdict, parse_envelope
@@ -493,9 +494,9 @@ def _parse_bundle(data: bytes) -> dict[str, Any]:
         raise _format("a bundle nests too deeply to be read", "too_deep") from None
     except ValueError:
         raise _format("a bundle is one JSON object", "not_json") from None
-    if not isinstance(value, dict):
+    doc = as_dict(value)
+    if doc is None:
         raise _format("a bundle is one JSON object", "not_json")
-    doc: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
     if doc.get("format") != BUNDLE_FORMAT:
         raise _format(f"not a Truss bundle (format is not {BUNDLE_FORMAT!r})", "wrong_format")
     if doc.get("version") != BUNDLE_VERSION:
@@ -509,8 +510,8 @@ def _parse_bundle(data: bytes) -> dict[str, Any]:
             raise _format(f"a bundle's {name} is a non-empty string", "bad_fields")
     if not isinstance(doc["payloads"], bool):
         raise _format("a bundle's payloads flag is true or false", "bad_fields")
-    entries: Any = doc["entries"]
-    if not isinstance(entries, list) or len(entries) > MAX_BUNDLE_ENTRIES:  # pyright: ignore[reportUnknownArgumentType]
+    entries = as_list(doc["entries"])
+    if entries is None or len(entries) > MAX_BUNDLE_ENTRIES:
         raise _format(f"a bundle's entries are a list of at most {MAX_BUNDLE_ENTRIES}", "bad_fields")
     if doc["envelope"] is not None and not isinstance(doc["envelope"], dict):
         raise _format("a bundle's envelope is an object or null", "bad_fields")
@@ -522,21 +523,21 @@ def _parse_bundle(data: bytes) -> dict[str, Any]:
 
 
 def _decode_blobs(value: Any) -> dict[str, bytes]:
-    if not isinstance(value, dict):
+    items = as_dict(value)
+    if items is None:
         raise _format("a bundle's blobs are an object of ref -> base64", "bad_fields")
     out: dict[str, bytes] = {}
-    items: dict[Any, Any] = value  # pyright: ignore[reportUnknownVariableType]
     for ref, data in items.items():
-        if not isinstance(ref, str) or not isinstance(data, str):
+        if not isinstance(data, str):  # the refs are JSON object keys: strings
             raise _format("a bundle's blobs are an object of ref -> base64", "bad_fields")
         out[ref] = _b64(data, "bad_fields")
     return out
 
 
 def _decode_hashes(value: Any) -> list[bytes]:
-    if not isinstance(value, list) or len(value) > 64:  # pyright: ignore[reportUnknownArgumentType]
+    items = as_list(value)
+    if items is None or len(items) > 64:
         raise _format("a proof is a list of at most 64 base64 hashes", "bad_proof")
-    items: list[Any] = value  # pyright: ignore[reportUnknownVariableType]
     hashes = [_b64(h, "bad_proof") if isinstance(h, str) else b"" for h in items]
     if any(len(h) != HASH_SIZE for h in hashes):
         raise _format("a proof holds base64 SHA-256 hashes", "bad_proof")
@@ -544,9 +545,9 @@ def _decode_hashes(value: Any) -> list[bytes]:
 
 
 def _decode_proofs(value: Any) -> list[list[bytes]]:
-    if not isinstance(value, list):
+    items = as_list(value)
+    if items is None:
         raise _format("a bundle's inclusion proofs are a list, one per entry", "bad_proof")
-    items: list[Any] = value  # pyright: ignore[reportUnknownVariableType]
     return [_decode_hashes(p) for p in items]
 
 

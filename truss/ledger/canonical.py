@@ -21,12 +21,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable, Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["CanonicalError", "canonical", "is_plain", "sha256_ref", "value_ref"]
 
 _MAX_SAFE_INT = 2**53
+# ``type`` itself, typed for values of unknown type: the fast path compares exact types.
+_type_of: Callable[[object], type[object]] = type
 _MAX_DEPTH = 128
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -64,7 +67,7 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     """True when ``canonical`` may take the fast path for ``value`` (see there)."""
     # Exact types only (a str or int subclass takes the reference path); scalars inline, since this
     # runs for every entry written and verified and every model turn recorded.
-    kind: object = type(value)  # pyright: ignore[reportUnknownVariableType]
+    kind = _type_of(value)
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
@@ -72,10 +75,10 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     if depth > _MAX_DEPTH:
         return False
     if kind is dict:
-        for key, item in value.items():  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
-            if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):  # pyright: ignore[reportUnknownArgumentType]
+        for key, item in value.items():
+            if type(key) is not str or (not key.isascii() and max(key) > "\uffff"):
                 return False
-            item_kind: object = type(item)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+            item_kind = _type_of(item)
             if item_kind is str or item_kind is bool or item is None:
                 continue
             if item_kind is int:
@@ -85,7 +88,7 @@ def is_plain(value: Any, depth: int = 0) -> bool:
                 return False
         return True
     if kind is list:
-        return all(is_plain(item, depth + 1) for item in value)  # pyright: ignore[reportUnknownVariableType]
+        return all(is_plain(item, depth + 1) for item in value)
     return False
 
 
@@ -130,10 +133,10 @@ def _encode(value: Any, out: list[str], pointer: str, depth: int) -> None:
         out.append(_number(value, pointer))
     elif isinstance(value, dict):
         items: list[tuple[str, Any]] = []
-        for key, item in value.items():  # pyright: ignore[reportUnknownVariableType, reportUnknownMemberType]
+        for key, item in cast("dict[Any, Any]", value).items():
             if not isinstance(key, str):
                 raise CanonicalError(f"object key {key!r} is not a string", pointer)
-            items.append((key, item))  # pyright: ignore[reportUnknownArgumentType]
+            items.append((key, item))
         items.sort(key=lambda kv: kv[0].encode("utf-16-be", "surrogatepass"))
         out.append("{")
         for i, (key, item) in enumerate(items):
@@ -146,7 +149,7 @@ def _encode(value: Any, out: list[str], pointer: str, depth: int) -> None:
         out.append("}")
     elif isinstance(value, list | tuple):
         out.append("[")
-        for i, item in enumerate(value):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        for i, item in enumerate(cast("Sequence[Any]", value)):
             if i:
                 out.append(",")
             _encode(item, out, f"{pointer}/{i}", depth + 1)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from truss._errors import BundleFormatError, StoreError
+from truss._json import as_dict, as_list
 from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 
 __all__ = [
@@ -138,7 +139,7 @@ def encode_record(record: Record) -> bytes:
             remedy="use one of the kinds listed in docs/ledger-format.md",
             reason="unknown_kind",
         )
-    if not isinstance(record.body, dict):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if as_dict(record.body) is None:  # typed a dict, but callers build records from data
         raise StoreError(f"the body of a {record.kind} entry must be a JSON object", reason="bad_body")
     try:
         body_bytes = canonical(record.body)
@@ -156,7 +157,7 @@ def encode_record(record: Record) -> bytes:
                 remedy="put the blob's ref in the body; only what the body names is kept",
                 reason="unreferenced_blob",
             )
-        if not isinstance(data, bytes | bytearray) or sha256_ref(bytes(data)) != ref:  # pyright: ignore[reportUnnecessaryIsInstance]
+        if not _is_bytes(data) or sha256_ref(bytes(data)) != ref:
             raise StoreError(
                 f"blob {ref[:23]}... of a {record.kind} entry does not hash to its ref",
                 remedy="key blobs by sha256_ref(data)",
@@ -308,11 +309,11 @@ class StoredEntry:
     @classmethod
     def from_json(cls, data: Any) -> StoredEntry:
         """Parse the portable form. Raises ``BundleFormatError`` (``reason="malformed_entry"``)."""
-        if not isinstance(data, dict):
+        obj = as_dict(data)
+        if obj is None:
             raise _malformed("a stored entry is a JSON object with entry, hash, sig and keyid")
-        obj = cast(dict[str, Any], data)
-        entry, hash_hex, sig, keyid = obj.get("entry"), obj.get("hash"), obj.get("sig"), obj.get("keyid")
-        if not isinstance(entry, dict) or not isinstance(hash_hex, str) or not isinstance(keyid, str):
+        entry, hash_hex, sig, keyid = as_dict(obj.get("entry")), obj.get("hash"), obj.get("sig"), obj.get("keyid")
+        if entry is None or not isinstance(hash_hex, str) or not isinstance(keyid, str):
             raise _malformed("a stored entry needs an 'entry' object and 'hash' and 'keyid' strings")
         if not isinstance(sig, str):
             raise _malformed("a stored entry's 'sig' is a base64 string")
@@ -321,10 +322,13 @@ class StoredEntry:
         except (binascii.Error, ValueError) as exc:
             raise _malformed("a stored entry's 'sig' is not valid base64") from exc
         try:
-            typed: dict[str, Any] = entry  # pyright: ignore[reportUnknownVariableType]
-            return cls(entry=typed, hash=hash_hex, sig=sig_bytes, keyid=keyid)
+            return cls(entry=entry, hash=hash_hex, sig=sig_bytes, keyid=keyid)
         except CanonicalError as exc:
             raise _malformed(f"a stored entry is not canonical JSON: {exc}") from exc
+
+
+def _is_bytes(value: object) -> bool:
+    return isinstance(value, bytes | bytearray)
 
 
 def _malformed(message: str) -> BundleFormatError:
@@ -337,11 +341,9 @@ def iter_refs(value: Any) -> Iterator[str]:
         if len(value) == 71 and REF_RE.fullmatch(value):
             yield value
         return
-    if isinstance(value, dict):
-        items = cast(Iterable[Any], value.values())  # pyright: ignore[reportUnknownMemberType]
-    elif isinstance(value, list):
-        items = cast(Iterable[Any], value)
-    else:
+    obj = as_dict(value)
+    items: Iterable[Any] | None = obj.values() if obj is not None else as_list(value)
+    if items is None:
         return
     for item in items:
         if type(item) is str:  # the common case, without a generator per string

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from truss._errors import BundleFormatError, VerificationError
+from truss._json import as_dict, as_list
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import pae
 
@@ -116,9 +117,9 @@ def parse_envelope(data: bytes | Mapping[str, Any]) -> Envelope:
             raise _bad("an envelope is a JSON object") from None
     else:
         value = data
-    if not isinstance(value, dict):
+    obj = as_dict(value)
+    if obj is None:
         raise _bad("an envelope is a JSON object")
-    obj: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
     if set(obj) - {"payloadType", "payload", "signatures"}:
         raise _bad("an envelope holds only payloadType, payload and signatures")
     payload_type, payload, signatures = obj.get("payloadType"), obj.get("payload"), obj.get("signatures")
@@ -126,13 +127,14 @@ def parse_envelope(data: bytes | Mapping[str, Any]) -> Envelope:
         raise _bad("an envelope's payloadType is a non-empty string")
     if not isinstance(payload, str):
         raise _bad("an envelope's payload is a base64 string")
-    if not isinstance(signatures, list) or not signatures or len(signatures) > _MAX_SIGNATURES:  # pyright: ignore[reportUnknownArgumentType]
+    items = as_list(signatures)
+    if items is None or not items or len(items) > _MAX_SIGNATURES:
         raise _bad(f"an envelope carries 1 to {_MAX_SIGNATURES} signatures")
     pairs: list[tuple[str, bytes]] = []
-    for item in signatures:  # pyright: ignore[reportUnknownVariableType]
-        if not isinstance(item, dict):
+    for item in items:
+        sig_obj = as_dict(item)
+        if sig_obj is None:
             raise _bad("each envelope signature is an object with keyid and sig")
-        sig_obj: dict[str, Any] = item  # pyright: ignore[reportUnknownVariableType]
         keyid, sig = sig_obj.get("keyid", ""), sig_obj.get("sig")
         if not isinstance(keyid, str) or not isinstance(sig, str):
             raise _bad("each envelope signature has a string keyid and a base64 sig")
@@ -237,26 +239,25 @@ def open_verdict(
         value: Any = json.loads(payload)
     except (ValueError, RecursionError):
         raise _bad_statement("the verdict payload is not JSON") from None
-    if not isinstance(value, dict):
+    st = as_dict(value)
+    if st is None:
         raise _bad_statement("the verdict payload is not a JSON object")
-    st: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
     if st.get("_type") != STATEMENT_TYPE or st.get("predicateType") != VERDICT_PREDICATE_TYPE:
         raise _bad_statement("the payload is not an in-toto Statement v1 with the Truss verdict predicate")
-    subjects, predicate = st.get("subject"), st.get("predicate")
-    if not isinstance(subjects, list) or len(subjects) != 1 or not isinstance(predicate, dict):  # pyright: ignore[reportUnknownArgumentType]
+    subjects, pred = as_list(st.get("subject")), as_dict(st.get("predicate"))
+    if subjects is None or len(subjects) != 1 or pred is None:
         raise _bad_statement("a verdict statement has exactly one subject and a predicate object")
-    subject: Any = _member(subjects, 0)  # pyright: ignore[reportUnknownArgumentType]
-    pred: dict[str, Any] = predicate  # pyright: ignore[reportUnknownVariableType]
+    subject: Any = subjects[0]
     name: Any = _member(subject, "name")
     sha: Any = _member(_member(subject, "digest"), "sha256")
     if not isinstance(name, str) or not name.startswith(SUBJECT_PREFIX) or not isinstance(sha, str):
         raise _bad_statement("the verdict subject is truss-session:<id> with a sha256 digest")
     subject_session = name[len(SUBJECT_PREFIX) :]
-    status, checks = pred.get("status"), pred.get("checks")
+    status, checks = pred.get("status"), as_list(pred.get("checks"))
     contract_hash, pred_head, checkpoint = pred.get("contract_hash"), pred.get("head"), pred.get("checkpoint")
     if (
         status not in VERDICT_STATUSES
-        or not isinstance(checks, list)
+        or checks is None
         or not isinstance(contract_hash, str)
         or not isinstance(pred_head, str)
         or not (checkpoint is None or isinstance(checkpoint, str))
@@ -287,7 +288,7 @@ def open_verdict(
         session=subject_session,
         head=sha,
         status=str(status),
-        checks=list(checks),  # pyright: ignore[reportUnknownArgumentType]
+        checks=list(checks),
         contract_hash=contract_hash,
         checkpoint=checkpoint,
         statement=st,
@@ -296,11 +297,10 @@ def open_verdict(
 
 def _member(value: Any, key: str | int) -> Any:
     """``value[key]`` when ``value`` is an object with that key or a list with that index, else None."""
-    if isinstance(value, dict) and isinstance(key, str):
-        obj: dict[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
+    obj, items = as_dict(value), as_list(value)
+    if obj is not None and isinstance(key, str):
         return obj.get(key)
-    if isinstance(value, list) and isinstance(key, int):
-        items: list[Any] = value  # pyright: ignore[reportUnknownVariableType]
+    if items is not None and isinstance(key, int):
         return items[key] if 0 <= key < len(items) else None
     return None
 

@@ -226,7 +226,11 @@ def _well_formed(proof: Sequence[bytes], *hashes: bytes) -> bool:
     if len(proof) > _MAX_PROOF_LEN:
         return False
     # Callers may hand over values decoded from untrusted JSON; anything but 32 bytes fails.
-    return all(isinstance(h, bytes) and len(h) == HASH_SIZE for h in (*proof, *hashes))  # pyright: ignore[reportUnnecessaryIsInstance]
+    return all(_is_hash(h) for h in (*proof, *hashes))
+
+
+def _is_hash(value: object) -> bool:
+    return isinstance(value, bytes) and len(value) == HASH_SIZE
 
 
 def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes) -> bool:

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from truss._errors import NotFoundError, VerificationError
+from truss._json import as_dict
 from truss.ledger.canonical import CanonicalError, sha256_ref
 from truss.ledger.entry import (
     ENTRY_FIELDS,
@@ -186,9 +187,9 @@ def _where(entry: dict[str, Any]) -> str:
 
 def _parse(item: StoredEntry) -> None:
     """V1: the entry has exactly the fields of section 1, each of the right type."""
-    entry = item.entry
-    if not isinstance(entry, dict) or entry.keys() != ENTRY_FIELDS:  # pyright: ignore[reportUnnecessaryIsInstance]
-        fields = sorted(entry) if isinstance(entry, dict) else []  # pyright: ignore[reportUnnecessaryIsInstance]
+    entry = as_dict(item.entry)  # typed a dict, but read from a store or a bundle: anything
+    if entry is None or entry.keys() != ENTRY_FIELDS:
+        fields = sorted(entry) if entry is not None else []
         raise _Failed("malformed", f"an entry has fields {fields}, expected {sorted(ENTRY_FIELDS)}")
     problems: list[str] = []
     version: object = entry["v"]

@@ -21,11 +21,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import tomli_w
 
 from truss._errors import ContractError
+from truss._json import as_mapping, str_list
 
 __all__ = ["ImportedServer", "ProbedTool", "convert", "render_toml"]
 
@@ -92,23 +93,24 @@ def _has_var(value: str) -> bool:
 
 def convert(data: Any, *, source: str) -> list[ImportedServer]:
     """The servers of a parsed Claude-style config; raises ``ContractError`` naming every problem."""
-    if not isinstance(data, Mapping) or not isinstance(data.get("mcpServers"), Mapping):  # pyright: ignore[reportUnknownMemberType]
+    top = as_mapping(data)
+    servers = as_mapping(top.get("mcpServers")) if top is not None else None
+    if servers is None:
         raise ContractError(
             'expected a JSON object with an "mcpServers" object',
             remedy='The file should look like {"mcpServers": {"name": {"command": ...}}}',
             file=source,
             path="mcpServers",
         )
-    servers = cast("Mapping[str, Any]", cast("Mapping[str, Any]", data)["mcpServers"])
     problems: list[str] = []
     out: list[ImportedServer] = []
     taken: set[str] = set()
     for raw_name, spec in servers.items():
         where = f"mcpServers.{raw_name}"
-        if not isinstance(spec, Mapping):
+        entry = as_mapping(spec)
+        if entry is None:
             problems.append(f"{where}: expected an object")
             continue
-        entry: Mapping[str, Any] = spec  # pyright: ignore[reportUnknownVariableType]
         name = _server_name(str(raw_name), taken)
         taken.add(name)
         server = ImportedServer(source_name=str(raw_name), table={"name": name})
@@ -142,11 +144,10 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
         problems.append(f"{where}.command: ${{...}} is not substituted into commands")
     server.table["transport"] = "stdio"
     server.table["command"] = command
-    args: Any = entry.get("args") or []
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):  # pyright: ignore[reportUnknownVariableType]
+    arg_list = str_list(entry.get("args") or [])
+    if arg_list is None:
         problems.append(f"{where}.args: expected a list of strings")
-        args = []
-    arg_list: list[str] = list(args)  # pyright: ignore[reportUnknownArgumentType]
+        arg_list = []
     for i, arg in enumerate(arg_list):
         if _has_var(arg):
             problems.append(f"{where}.args[{i}]: ${{...}} is not substituted into arguments")
@@ -156,13 +157,13 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
         server.table["args"] = arg_list
     if isinstance(entry.get("cwd"), str):
         server.table["cwd"] = entry["cwd"]
-    env: Any = entry.get("env") or {}
+    env: Mapping[str, Any] | None = as_mapping(entry.get("env") or {})
     literal: dict[str, str] = {}
     secret: list[str] = []
-    if not isinstance(env, Mapping):
+    if env is None:
         problems.append(f"{where}.env: expected an object")
         env = {}
-    for key, value in env.items():  # pyright: ignore[reportUnknownVariableType]
+    for key, value in env.items():
         path = f"{where}.env.{key}"
         if not isinstance(value, str):
             problems.append(f"{path}: expected a string")
@@ -175,13 +176,13 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
                     f"name, so export {key} instead"
                 )
             else:
-                secret.append(str(key))  # pyright: ignore[reportUnknownArgumentType]
+                secret.append(key)
         elif _has_var(value):
             problems.append(f"{path}: only a whole value ${{VAR}} can become secret_env")
-        elif _looks_secret(str(key), value):  # pyright: ignore[reportUnknownArgumentType]
+        elif _looks_secret(key, value):
             problems.append(f"{path}: a literal secret; write it as ${{{key}}} and export it")
         else:
-            literal[str(key)] = value  # pyright: ignore[reportUnknownArgumentType]
+            literal[key] = value
     if literal:
         server.table["env"] = literal
     if secret:
@@ -199,12 +200,12 @@ def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems
         problems.append(f"{where}.url: holds credentials; send them in a header from an environment variable")
     server.table["transport"] = "http"
     server.table["url"] = url
-    headers: Any = entry.get("headers") or {}
-    if not isinstance(headers, Mapping):
+    headers: Mapping[str, Any] | None = as_mapping(entry.get("headers") or {})
+    if headers is None:
         problems.append(f"{where}.headers: expected an object")
         headers = {}
     out: dict[str, Any] = {}
-    for key, value in headers.items():  # pyright: ignore[reportUnknownVariableType]
+    for key, value in headers.items():
         path = f"{where}.headers.{key}"
         if not isinstance(value, str):
             problems.append(f"{path}: expected a string")
@@ -215,21 +216,21 @@ def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems
             spec: dict[str, str] = {"secret_env": embedded.group(2)}
             if fmt != "{}":
                 spec["format"] = fmt
-            out[str(key)] = spec  # pyright: ignore[reportUnknownArgumentType]
+            out[key] = spec
         elif _has_var(value):
             problems.append(f"{path}: only one ${{VAR}} per header value can become secret_env")
-        elif str(key).lower() in _SECRET_HEADERS or _looks_secret(str(key), value):  # pyright: ignore[reportUnknownArgumentType]
+        elif key.lower() in _SECRET_HEADERS or _looks_secret(key, value):
             problems.append(f"{path}: a literal secret; write it as ${{VAR}} and export VAR")
         else:
-            out[str(key)] = value  # pyright: ignore[reportUnknownArgumentType]
+            out[key] = value
     if out:
         server.table["headers"] = out
 
 
 def _value(value: Any) -> str:
     """One TOML value; tables are written inline so that a server stays one block."""
-    if isinstance(value, Mapping):
-        items: Mapping[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
+    items = as_mapping(value)
+    if items is not None:
         if not items:
             return "{}"
         return "{ " + ", ".join(f"{_key(k)} = {_value(v)}" for k, v in items.items()) + " }"

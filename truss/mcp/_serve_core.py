@@ -11,12 +11,12 @@ import hmac
 import os
 import re
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from truss._errors import InputError, NotFoundError, UsageError
+from truss._json import as_dict, as_list, as_loose_mapping, as_mapping
 
 __all__ = [
     "Principal",
@@ -55,7 +55,8 @@ class Principal:
 
     def owns(self, recorded: Any) -> bool:
         """True when a session's recorded principal is this one (a session without one is nobody's)."""
-        return isinstance(recorded, Mapping) and dict(recorded) == self.to_json()  # pyright: ignore[reportUnknownArgumentType]
+        given = as_mapping(recorded)
+        return given is not None and dict(given) == self.to_json()
 
 
 @dataclass(frozen=True)
@@ -105,19 +106,20 @@ class TokenTable:
                 f"tokens file {path} is writable by group or others",
                 remedy=f"chmod go-w {path}",
             )
-        raw = data.get("tokens")
-        if set(data) - {"tokens"} or not isinstance(raw, list) or not raw:
+        raw = as_list(data.get("tokens"))
+        if set(data) - {"tokens"} or not raw:
             raise UsageError(
                 f"tokens file {path} must hold only [[tokens]] tables (hash, tenant, user)",
                 remedy="See docs/serve-mcp.md",
             )
         entries: list[tuple[bytes, Principal]] = []
         seen: set[str] = set()
-        for i, item in enumerate(raw):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        for i, entry in enumerate(raw):
             where = f"tokens file {path}, entry {i + 1}"
-            if not isinstance(item, dict) or set(item) != {"hash", "tenant", "user"}:  # pyright: ignore[reportUnknownArgumentType]
+            item = as_dict(entry)
+            if item is None or set(item) != {"hash", "tenant", "user"}:
                 raise UsageError(f"{where}: needs exactly hash, tenant and user", remedy="See docs/serve-mcp.md")
-            hashed, tenant, user = item["hash"], item["tenant"], item["user"]  # pyright: ignore[reportUnknownVariableType]
+            hashed, tenant, user = item["hash"], item["tenant"], item["user"]
             if not isinstance(hashed, str) or not _HASH_RE.match(hashed):
                 raise UsageError(
                     f"{where}: hash must be 'sha256:' and 64 lower-case hex digits (never the token itself)",
@@ -229,11 +231,12 @@ def json_depth(value: Any, limit: int) -> int:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, Mapping | list):
+        mapping = as_loose_mapping(item)
+        children = list(mapping.values()) if mapping is not None else as_list(item)
+        if children is not None:
             if depth > deepest:
                 deepest = depth
                 if deepest > limit:
                     return deepest
-            children: list[Any] = list(item.values()) if isinstance(item, Mapping) else list(item)  # pyright: ignore[reportUnknownArgumentType, reportUnknownMemberType]
             stack.extend((child, depth + 1) for child in children)
     return deepest

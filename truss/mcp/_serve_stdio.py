@@ -155,7 +155,9 @@ async def serve_stdio(config: ServeConfig, principal: Principal) -> None:
     lines, wire = claim_stdio(config.limits)
     async with serve_app(config, lambda ctx: principal) as app, anyio.create_task_group() as serving:
         serving.start_soon(_shutdown_on_signal, app)
-        async with stdio_server(stdin=lines, stdout=wire) as (read, write):  # pyright: ignore[reportArgumentType]
+        # The SDK reads and writes them as the text files it would have opened (readline/write/flush).
+        stdin, stdout = cast("anyio.AsyncFile[str]", lines), cast("anyio.AsyncFile[str]", wire)
+        async with stdio_server(stdin=stdin, stdout=stdout) as (read, write):
             await app.server.run(read, write, app.server.create_initialization_options())
         if app.active_runs:
             say(f"truss serve-mcp: client disconnected; finishing {app.active_runs} run(s)")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from truss._errors import InputError
+from truss._json import as_loose_mapping
 
 __all__ = [
     "BUDGET_KEYS",
@@ -287,9 +288,9 @@ def parse_run(arguments: Mapping[str, Any]) -> RunRequest:
     params: dict[str, str | int | float | bool] = {}
     raw_params = arguments.get("params")
     if raw_params is not None:
-        if not isinstance(raw_params, Mapping):
+        typed = as_loose_mapping(raw_params)
+        if typed is None:
             raise _refuse("params", "must be an object", reason="bad_type")
-        typed: Mapping[Any, Any] = raw_params  # pyright: ignore[reportUnknownVariableType]
         if len(typed) > _MAX_PARAMS:
             raise _refuse("params", f"has more than {_MAX_PARAMS} entries", reason="too_many")
         for key, value in typed.items():
@@ -314,12 +315,12 @@ def parse_run(arguments: Mapping[str, Any]) -> RunRequest:
     budget: dict[str, int | str] = {}
     raw_budget = arguments.get("budget")
     if raw_budget is not None:
-        if not isinstance(raw_budget, Mapping):
+        typed_budget = as_loose_mapping(raw_budget)
+        if typed_budget is None:
             raise _refuse("budget", "must be an object", reason="bad_type")
-        typed_budget: Mapping[Any, Any] = raw_budget  # pyright: ignore[reportUnknownVariableType]
         for key, value in typed_budget.items():
             kind = BUDGET_KEYS.get(key) if isinstance(key, str) else None
-            if kind is None:
+            if kind is None or not isinstance(key, str):
                 raise _refuse(
                     "budget",
                     f"{_printable(str(key), 64)!r} is not a limit a caller may set (one of {', '.join(BUDGET_KEYS)})",

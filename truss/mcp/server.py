@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 import anyio.abc
@@ -40,6 +40,7 @@ from mcp.shared.exceptions import MCPError
 
 from truss._clock import Clock
 from truss._errors import InputError, NotFoundError, RuntimeFailure, TrussError
+from truss._json import as_mapping
 from truss.mcp._serve_core import Principal, ServeLimits, TokenTable, derive_session_id, json_depth, resolve_contract
 from truss.mcp._serve_tools import EXPORT, RUN, STATUS, TOOL_NAMES, VERDICT, parse_run, parse_session, tool_definitions
 
@@ -192,7 +193,7 @@ def _first_truss_error(group: BaseExceptionGroup[Any]) -> TrussError | None:
         if isinstance(exc, TrussError):
             return exc
         if isinstance(exc, BaseExceptionGroup):
-            found = _first_truss_error(exc)  # pyright: ignore[reportUnknownArgumentType]
+            found = _first_truss_error(cast("BaseExceptionGroup[Any]", exc))
             if found is not None:
                 return found
     return None
@@ -550,10 +551,9 @@ def _progress_text(event: Mapping[str, Any]) -> str:
     duration = event.get("duration_ms")
     if isinstance(duration, int | float):
         parts.append(f"{duration:.0f}ms")
-    left = event.get("budget_left")
-    if isinstance(left, Mapping):
-        typed: Mapping[str, Any] = left  # pyright: ignore[reportUnknownVariableType]
-        parts.append("left: " + ", ".join(f"{k}={v}" for k, v in typed.items()))
+    left = as_mapping(event.get("budget_left"))
+    if left is not None:
+        parts.append("left: " + ", ".join(f"{k}={v}" for k, v in left.items()))
     return " ".join(parts)[:300]
 
 
