@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_globals(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--home", help="Truss home (default: $TRUSS_HOME, else ./.truss)")
-    parser.add_argument("--db", help="ledger database (default: HOME/ledger.db)")
+    parser.add_argument("--db", help="ledger: a path or a URL: sqlite:///PATH, memory: (default: HOME/ledger.db)")
     parser.add_argument("--key", help="identity key (default: HOME/identity.key)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and server stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")

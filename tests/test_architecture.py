@@ -107,6 +107,33 @@ def test_the_ledger_core_does_no_io_and_reads_no_clock() -> None:
     assert not bad, _show(bad)
 
 
+_RUN_LAYER = ("truss.runtime", "truss.session", "truss.durable", "truss.gate", "truss.loop", "truss.providers")
+
+
+def test_the_ledger_never_imports_the_run_layer_or_the_contract() -> None:
+    # The ledger (core and stores) is what an auditor installs and reads; it knows entries, not runs.
+    bad = [
+        i
+        for i in _hits((*_RUN_LAYER, "truss.contract", "truss.policy", "truss.verdict"))
+        if i.file.startswith("truss/ledger/")
+    ]
+    assert not bad, _show(bad)
+
+
+def test_the_runtime_loads_the_store_and_key_modules_only_when_it_opens_them() -> None:
+    # `import truss` (the CLI's first import) must not load sqlite3 or PyNaCl through the Runtime.
+    heavy = ("truss.ledger.keys", "truss.ledger.stores", "truss.ledger.stores.sqlite", "sqlite3", "nacl")
+    bad = [i for i in _hits(heavy) if i.file == "truss/runtime.py" and i.top_level]
+    bad = [i for i in bad if not _under_type_checking(ROOT / i.file, i.line)]
+    assert not bad, _show(bad)
+
+
+def _under_type_checking(path: Path, line: int) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    blocks = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    return any(n.lineno <= line <= (n.end_lineno or n.lineno) for n in blocks)
+
+
 def test_only_the_stores_package_imports_sqlite3() -> None:
     bad = [
         i for i in _hits(("sqlite3",)) if i.file.startswith(("truss/", "cli/")) and not i.file.startswith(_STORE_FILES)

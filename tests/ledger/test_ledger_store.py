@@ -1,4 +1,4 @@
-"""The stores: conformance (memory and SQLite), durability settings, concurrency, two processes, tampering."""
+"""The SQLite store: durability settings, concurrency, two processes, tampering (conformance: test_store_registry)."""
 
 from __future__ import annotations
 
@@ -18,22 +18,13 @@ from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree
 from truss.ledger.stores.sqlite import SqliteStore, open_sqlite
 from truss.ledger.verification import verify_ledger
-from truss.testing import ManualClock, MemoryStore, check_ledger_store
+from truss.testing import ManualClock
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _key() -> IdentityKey:
     return IdentityKey.from_seed(bytes(range(32)), "store.truss.test")
-
-
-def test_memory_store_passes_the_conformance_check() -> None:
-    check_ledger_store(lambda key, clock: MemoryStore(key=key, clock=clock))
-
-
-def test_sqlite_store_passes_the_conformance_check(tmp_path: Path) -> None:
-    counter = iter(range(1000))
-    check_ledger_store(lambda key, clock: open_sqlite(tmp_path / f"l{next(counter)}.db", key=key, clock=clock))
 
 
 def test_sqlite_store_uses_wal_and_full_sync_on_every_connection(tmp_path: Path) -> None:
