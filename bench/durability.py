@@ -38,8 +38,9 @@ from truss.contract import Contract  # noqa: E402
 from truss.gate import CallRequest, Gate, Journal, Redactor  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
 from truss.ledger.keys import IdentityKey  # noqa: E402
-from truss.ledger.stores import open_store  # noqa: E402
+from truss.ledger.stores import LedgerStore, open_store  # noqa: E402
 from truss.mcp.client import connect  # noqa: E402
+from truss.runtime import Runtime  # noqa: E402
 from truss.session import approve_call, pending_approvals, resume_session, run_contract  # noqa: E402
 
 SERVER = REPO / "tests" / "durability" / "servers" / "counting.py"
@@ -80,7 +81,7 @@ def median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000.0
 
 
-async def replayed_vs_live(tmp: Path, store: Any, calls: int, rounds: int) -> None:
+async def replayed_vs_live(tmp: Path, store: LedgerStore, calls: int, rounds: int) -> None:
     c = contract(tmp)
     live_times: list[float] = []
     replay_times: list[float] = []
@@ -114,20 +115,19 @@ async def replayed_vs_live(tmp: Path, store: Any, calls: int, rounds: int) -> No
     print(f"   ratio replayed/live                                        {replay_ms / live_ms:8.3f}x")
 
 
-async def resume_long_session(tmp: Path, store: Any, key: Any, steps: int) -> None:
+async def resume_long_session(tmp: Path, store: LedgerStore, key: IdentityKey, steps: int) -> None:
     c = contract(tmp, steps)
     connector = functools.partial(connect, verbose=False)
-    common: dict[str, Any] = {"store": store, "key": key, "clock": CLOCK, "home": tmp, "environ": {},
-                              "connector": connector}  # fmt: skip
+    runtime = Runtime(store=store, key=key, clock=CLOCK, home=tmp, environ={}, connector=connector)
     start = time.perf_counter()
-    first = await run_contract(c, session_id=f"long-{steps}", **common)
+    first = await run_contract(runtime, c, session_id=f"long-{steps}")
     original = time.perf_counter() - start
     assert first.status == "suspended", first
     session = first.session
     [waiting] = pending_approvals(list(store.read_session(session)))
-    approve_call(store, session, waiting, approved=True)
+    approve_call(runtime, session, waiting, approved=True)
     start = time.perf_counter()
-    done = await resume_session(session, **common)
+    done = await resume_session(runtime, session)
     resumed = time.perf_counter() - start
     assert done.status == "pass", done
     per_original, per_replayed = original / steps * 1000.0, resumed / steps * 1000.0

@@ -130,9 +130,10 @@ def test_runtime_open_reads_the_home_layout_and_refuses_a_missing_ledger_unless_
     home = _home(tmp_path)
     with pytest.raises(truss.NotFoundError):
         truss.Runtime.open(home=home)
-    with truss.Runtime.open(home=home, create=True, environ={"A": "1"}) as runtime:
+    with truss.Runtime.open(home=home, create=True, environ={"A": "1", "TOKEN": "s3cr3t-value"}) as runtime:
         assert isinstance(runtime.store, truss.LedgerStore)
-        assert runtime.signer.name == "embedded.truss.test" and dict(runtime.environ) == {"A": "1"}
+        assert runtime.signer.name == "embedded.truss.test" and runtime.environ["A"] == "1"
+        assert "s3cr3t-value" not in repr(runtime), "a runtime in a log line shows no secret"
         assert list(runtime.trusted) == [runtime.signer.verifier]
     assert (home / "ledger.db").is_file()
     with truss.Runtime.open(home=home, db=f"sqlite://{home / 'ledger.db'}", signing=False) as reader:

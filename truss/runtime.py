@@ -51,9 +51,13 @@ Connector = Callable[..., AbstractAsyncContextManager[Any]]
 ProviderFactory = Callable[["Contract"], "Provider"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Runtime:
-    """What a run needs from its surroundings (see the module docstring)."""
+    """What a run needs from its surroundings (see the module docstring).
+
+    Compared by identity; its ``repr`` leaves out ``environ`` (it holds secrets) and shows the key
+    only by name and id.
+    """
 
     store: LedgerStore
     clock: Clock = field(default_factory=SystemClock)
