@@ -23,6 +23,7 @@ from tests.gate.support import fake_connector, new_store
 from truss import ContractError
 from truss._pointer import resolve_pointer
 from truss.contract import Contract, load_contract_text
+from truss.runtime import Runtime
 from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -53,13 +54,10 @@ async def run(contract: Contract, document: Any, tmp_path: Path) -> tuple[RunOut
     store, key = new_store(tmp_path, clock)
     with anyio.fail_after(30):
         outcome = await run_contract(
+            Runtime(
+                store=store, key=key, clock=clock, home=tmp_path / "home", environ={}, connector=fake_connector(fake)
+            ),
             contract,
-            store=store,
-            key=key,
-            clock=clock,
-            home=tmp_path / "home",
-            environ={},
-            connector=fake_connector(fake),
         )
     return outcome, fake
 

@@ -32,6 +32,7 @@ from truss.contract import (
 )
 from truss.providers import PROVIDERS, Provider, ProviderEnv, ProviderRegistry, TurnRequest, TurnResponse, make_provider
 from truss.providers.base import ToolCall
+from truss.runtime import Runtime
 from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -84,13 +85,10 @@ async def run(contract: Contract, tmp_path: Path) -> tuple[RunOutcome, FakeTrans
     store, key = new_store(tmp_path, clock)
     with anyio.fail_after(30):
         outcome = await run_contract(
+            Runtime(
+                store=store, key=key, clock=clock, home=tmp_path / "home", environ={}, connector=fake_connector(fake)
+            ),
             contract,
-            store=store,
-            key=key,
-            clock=clock,
-            home=tmp_path / "home",
-            environ={},
-            connector=fake_connector(fake),
         )
     return outcome, fake
 

@@ -18,6 +18,7 @@ import pytest
 from tests.gate.support import calls, contract_from, fake_connector, new_store
 from truss.contract import ProviderCapabilities
 from truss.providers.base import TurnRequest, TurnResponse
+from truss.runtime import Runtime
 from truss.session import RunOutcome, approve_call, resume_session, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -71,33 +72,37 @@ class World:
     async def run(self, provider: Planner) -> RunOutcome:
         with anyio.fail_after(20):
             return await run_contract(
+                Runtime(
+                    store=self.store,
+                    key=self.key,
+                    clock=self.clock,
+                    home=self.home,
+                    environ={},
+                    connector=fake_connector(self.transport),
+                    provider=lambda _contract: provider,
+                ),
                 contract_from(TEXT),
-                store=self.store,
-                key=self.key,
-                clock=self.clock,
-                home=self.home,
-                environ={},
-                connector=fake_connector(self.transport),
-                provider=lambda _contract: provider,
             )
 
     async def resume(self, session: str, provider: Planner) -> RunOutcome:
         with anyio.fail_after(20):
             return await resume_session(
+                Runtime(
+                    store=self.store,
+                    key=self.key,
+                    clock=self.clock,
+                    home=self.home,
+                    environ={},
+                    connector=fake_connector(self.transport),
+                    provider=lambda _contract: provider,
+                ),
                 session,
-                store=self.store,
-                key=self.key,
-                clock=self.clock,
-                home=self.home,
-                environ={},
-                connector=fake_connector(self.transport),
-                provider=lambda _contract: provider,
             )
 
     async def suspended(self, provider: Planner) -> str:
         first = await self.run(provider)
         assert first.status == "suspended" and first.waiting == ("c1.0",)
-        approve_call(self.store, first.session, "c1.0", approved=True)
+        approve_call(Runtime(self.store), first.session, "c1.0", approved=True)
         return first.session
 
 
