@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     from truss.session import RunOutcome, approve_call, resume_session, run_contract
     from truss.tools import ToolTransport
 
-__version__ = "0.1.0"
+from truss._version import __version__
 
 # Public name -> the module that defines it (loaded by ``__getattr__`` on first use).
 _LAZY: dict[str, str] = {
