@@ -16,7 +16,7 @@ import pytest
 import truss
 import truss.ledger
 from tests.gate.support import contract_from
-from truss.gate import ProgressEvent
+from truss.events import ProgressEvent, progress_subscriber
 from truss.ledger.keys import IdentityKey
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -80,7 +80,7 @@ async def test_one_runtime_runs_approves_resumes_and_replays_a_session_through_t
         clock=ManualClock(),
         environ={},
         connector=_connector(transport),
-        on_progress=events.append,
+        events=[progress_subscriber(events.append)],
     ) as runtime:
         contract = contract_from(CONTRACT)
         with anyio.fail_after(30):

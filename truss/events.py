@@ -28,8 +28,8 @@ raises is counted (``EventBus.failures``) and logged at debug level on the ``tru
 logger, and never breaks the run or the other subscribers. Events never carry arguments, results
 or secret values: only names, ids, outcomes, counts and the (scrubbed) reasons the ledger holds.
 
-``ProgressEvent`` is the older, flat view that serve-mcp's progress notifications and callers of
-``on_progress`` receive; ``progress_subscriber`` derives it from the typed events.
+``ProgressEvent`` is the older, flat view that serve-mcp's progress notifications use;
+``progress_subscriber(sink)`` derives it from the typed events for a callback that wants it.
 
 This module is a leaf: no I/O, no clock of its own, nothing above it imported.
 """
@@ -457,7 +457,7 @@ def _checkpoint_size(note: str | None) -> int | None:
 
 @dataclass(frozen=True)
 class ProgressEvent:
-    """What serve-mcp turns into progress notifications (and ``on_progress`` callers receive).
+    """What serve-mcp turns into progress notifications (and ``progress_subscriber`` sinks receive).
 
     ``kind``: ``call`` (a gate outcome), ``turn`` (a model turn), ``tool_progress`` (a server's
     progress notification), ``suspended``, ``verdict``, ``witness`` (what the witnesses did with the

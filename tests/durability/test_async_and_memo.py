@@ -17,6 +17,7 @@ from tests.gate.support import contract_from, new_store
 from truss.contract import Server
 from truss.mcp.client import connect
 from truss.mcp.launch import Launch, Report
+from truss.runtime import Runtime
 from truss.session import run_contract
 from truss.testing import ManualClock
 
@@ -127,8 +128,11 @@ async def test_a_memo_hit_needs_the_server_reached_the_same_way_not_only_declare
     async def run(session: str, launcher: Any = None) -> None:
         connector = functools.partial(connect, launcher=launcher)
         with anyio.fail_after(60):
-            outcome = await run_contract(contract, store=store, key=key, clock=clock, home=tmp_path, environ={},
-                                         connector=connector, session_id=session)  # fmt: skip
+            outcome = await run_contract(
+                Runtime(store=store, key=key, clock=clock, home=tmp_path, environ={}, connector=connector),
+                contract,
+                session_id=session,
+            )
         assert outcome.status == "pass", outcome
 
     await run("plain")

@@ -19,6 +19,7 @@ from truss._clock import SystemClock
 from truss._errors import ToolCallError
 from truss.contract import Contract
 from truss.mcp.client import Mounts, connect
+from truss.runtime import Runtime
 
 TASKS_SERVER = Path(__file__).resolve().parent / "servers" / "tasks.py"
 ATTACKS = Path(__file__).resolve().parent / "attacks"
@@ -322,7 +323,7 @@ async def test_a_serve_mcp_run_calls_a_task_tool_as_a_task(tmp_path: Path) -> No
 
     (tmp_path / "done").touch()
     store, key = new_store(tmp_path)
-    backend = LedgerBackend(home=tmp_path, store=store, key=key, clock=CLOCK, environ={})
+    backend = LedgerBackend(Runtime(home=tmp_path, store=store, key=key, clock=CLOCK, environ={}))
     contract = backend.load(_tasks_contract(tmp_path), {}, {})
     with anyio.fail_after(60):
         answer = await backend.run(contract, session_id="s1", principal=Principal("t", "u"), on_progress=lambda _: None)

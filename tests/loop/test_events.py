@@ -3,6 +3,7 @@ seen alike by every subscriber, and a subscriber that raises never breaks the ru
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,10 @@ from truss.events import (
     TurnEnded,
     TurnStarted,
     VerdictReached,
+    progress_subscriber,
 )
 from truss.providers.base import Provider, TurnResponse
+from truss.runtime import Runtime
 from truss.session import approve_call, resume_session, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
@@ -98,10 +101,11 @@ async def test_a_subscriber_sees_the_tree_of_a_run_with_two_turns_a_denial_and_a
     first: list[Event] = []
     second: list[Event] = []
     transport = _transport()
-    common: dict[str, Any] = {"store": store, "key": key, "clock": clock, "home": tmp_path / "home", "environ": {},
-                              "connector": fake_connector(transport), "provider": provider}  # fmt: skip
+    runtime = Runtime(store=store, key=key, clock=clock, home=tmp_path / "home", environ={},
+                      connector=fake_connector(transport), provider=provider)  # fmt: skip
     with anyio.fail_after(20):
-        outcome = await run_contract(contract, session_id="s1", events=[first.append, _boom, second.append], **common)
+        live = dataclasses.replace(runtime, events=[first.append, _boom, second.append])
+        outcome = await run_contract(live, contract, session_id="s1")
     assert (outcome.status, outcome.waiting) == ("suspended", ("c2.0",))
     assert first == second  # every subscriber sees the same stream, a failing one in between or not
 
@@ -147,10 +151,10 @@ async def test_a_subscriber_sees_the_tree_of_a_run_with_two_turns_a_denial_and_a
     assert not any(isinstance(e, VerdictReached) for e in first)
 
     # The resumed leg is a new session span; the recorded turns come back replayed, c2.0 now runs.
-    approve_call(store, "s1", "c2.0", approved=True)
+    approve_call(runtime, "s1", "c2.0", approved=True)
     resumed: list[Event] = []
     with anyio.fail_after(20):
-        finished = await resume_session("s1", events=[resumed.append], **common)
+        finished = await resume_session(dataclasses.replace(runtime, events=[resumed.append]), "s1")
     assert finished.status == "pass"
     leg = _spans(resumed)
     root = next(span for span, (start, _) in leg.items() if start.parent is None)
@@ -174,9 +178,20 @@ async def test_progress_callers_get_the_flat_view_of_the_same_stream(tmp_path: P
     model = ListProvider([calls(("mcp__srv__read", {"path": "a"})), TurnResponse("done")])
     progress: list[Any] = []
     with anyio.fail_after(20):
-        await run_contract(contract_from(TEXT), store=store, key=key, clock=clock, home=tmp_path / "home", environ={},
-                           connector=fake_connector(_transport()), provider=lambda _c: model, session_id="s1",
-                           on_progress=progress.append)  # fmt: skip
+        await run_contract(
+            Runtime(
+                store=store,
+                key=key,
+                clock=clock,
+                home=tmp_path / "home",
+                environ={},
+                connector=fake_connector(_transport()),
+                provider=lambda _c: model,
+                events=(progress_subscriber(progress.append),),
+            ),
+            contract_from(TEXT),
+            session_id="s1",
+        )
     assert [(p.kind, p.call, p.outcome) for p in progress] == [
         ("turn", None, None),
         ("call", "c1.0", "ok"),

@@ -14,6 +14,7 @@ import pytest
 from tests.gate.support import ListProvider, calls, contract_from, fake_connector, kinds_of, new_store, scripted
 from truss._errors import ProviderError, ServerStartError
 from truss.contract import Contract
+from truss.events import progress_subscriber
 from truss.ledger.envelope import open_verdict
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.verification import verify_entries
@@ -106,7 +107,7 @@ class Harness:
                     environ=kw.pop("environ", {}),
                     connector=kw.pop("connector", fake_connector(fake)),
                     provider=_factory(provider),
-                    on_progress=self.events.append,
+                    events=(progress_subscriber(self.events.append),),
                 ),
                 c,
                 **kw,

@@ -26,6 +26,7 @@ from truss.events import Event, ServerEvent
 from truss.mcp import _procs
 from truss.mcp.client import connect
 from truss.mcp.launch import Launch, Report
+from truss.runtime import Runtime
 from truss.session import run_contract
 
 pytestmark = pytest.mark.anyio
@@ -83,9 +84,12 @@ async def test_a_launcher_that_prefixes_the_command_runs_a_real_server_and_is_re
     connector = functools.partial(connect, launcher=launcher)
     with anyio.fail_after(60):
         outcome = await run_contract(
-            contract_from(_env_contract()), store=store, key=key, clock=CLOCK, home=tmp_path, environ={},
-            connector=connector, session_id="s1", events=[seen.append],
-        )  # fmt: skip
+            Runtime(
+                store=store, key=key, clock=CLOCK, home=tmp_path, environ={}, connector=connector, events=[seen.append]
+            ),
+            contract_from(_env_contract()),
+            session_id="s1",
+        )
     assert outcome.status == "pass", outcome
     started = next(iter(store.read_session("s1")))
     assert started.body["servers"]["srv"]["launcher"] == {"kind": "prefix", "argv": ["env", "TRUSS_LAUNCHED_BY=prefix"]}

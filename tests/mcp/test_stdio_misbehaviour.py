@@ -17,6 +17,7 @@ from truss._clock import SystemClock
 from truss._errors import PinMismatchError, ServerStartError, ToolCallError
 from truss.mcp import _stderr
 from truss.mcp.client import connect
+from truss.runtime import Runtime
 from truss.session import run_contract
 
 pytestmark = pytest.mark.anyio
@@ -154,8 +155,11 @@ args = [{json.dumps(RAW)}, "big_result"]
 allow_tools = ["big"]
 """)
     with anyio.fail_after(60):
-        await run_contract(contract, store=store, key=key, clock=CLOCK, home=tmp_path, environ={}, connector=connect,
-                           session_id="s1")  # fmt: skip
+        await run_contract(
+            Runtime(store=store, key=key, clock=CLOCK, home=tmp_path, environ={}, connector=connect),
+            contract,
+            session_id="s1",
+        )
     [result] = [e for e in store.read_session("s1") if e.kind == "mcp_tool_call"]
     assert result.body["failure"] == {"cause": "result_too_large", "retryable": False}
     assert result.body["is_error"] is True
