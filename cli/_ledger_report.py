@@ -1,7 +1,7 @@
 """``truss ledger report`` and ``truss ledger why``: the auditor's page, and one call's decision path.
 
 ``cmd_ledger`` registers both under ``ledger`` (``register(commands, helpers)``), handing over the
-helpers it shares (trusted keys, the read-only store) so this module never imports it back. Thin:
+helpers it shares (trusted keys, the read-only runtime) so this module never imports it back. Thin:
 read the session or
 the bundle, call ``truss.report``, write or print. The report is always built from a bundle: for a
 SESSION, the bundle ``truss ledger export`` would write is made in memory first, so the page checks
@@ -27,10 +27,11 @@ import truss
 from truss._errors import BundleFormatError, NotFoundError, UsageError
 from truss.ledger.bundle import MAX_BUNDLE_BYTES, export_bundle, verify_bundle
 from truss.ledger.entry import StoredEntry, iter_refs
-from truss.ledger.keys import IdentityKey, TrustedKeys
-from truss.ledger.store import open_store
+from truss.ledger.keys import TrustedKeys
+from truss.ledger.stores import redact_url
 from truss.report.page import build_report
 from truss.report.why import call_ids, explain_call
+from truss.runtime import Runtime
 
 __all__ = ["LedgerHelpers", "register"]
 
@@ -41,7 +42,7 @@ class LedgerHelpers:
 
     add_trusted_key_arg: Callable[[argparse.ArgumentParser], None]
     trusted_from_args: Callable[[argparse.Namespace, Ctx], TrustedKeys]
-    open_readonly: Callable[[Ctx], Any]
+    open_readonly: Callable[[Ctx], Runtime]
 
 
 def register(commands: Any, helpers: LedgerHelpers) -> dict[str, argparse.ArgumentParser]:
@@ -79,10 +80,11 @@ def register(commands: Any, helpers: LedgerHelpers) -> dict[str, argparse.Argume
 
 def _read_session(ctx: Ctx, session: str, helpers: LedgerHelpers) -> tuple[list[StoredEntry], dict[str, bytes]]:
     """A session's entries and the payloads it still holds: the one place ``why`` reads the store."""
-    with helpers.open_readonly(ctx) as store:
+    with helpers.open_readonly(ctx) as runtime:
+        store = runtime.store
         if store.session(session) is None:
             raise NotFoundError(
-                f"no session {session!r} in {ctx.db}",
+                f"no session {session!r} in {redact_url(ctx.db)}",
                 remedy="list sessions with `truss ledger list`",
                 what="session",
                 name=session,
@@ -106,10 +108,10 @@ def _read_bundle(path_text: str) -> bytes:
 
 
 def _export(ctx: Ctx, session: str, *, payloads: bool) -> bytes:
-    key = IdentityKey.load(ctx.key)
-    with open_store(ctx.db, key=key, clock=ctx.clock, create=False) as store:
+    with ctx.open_runtime() as runtime:
+        key = runtime.signer
         # As `truss ledger export` does: a session no checkpoint covers yet gets one signed now.
-        return export_bundle(store, session, vkey=key.verifier.vkey, payloads=payloads, signer=key)
+        return export_bundle(runtime.store, session, vkey=key.verifier.vkey, payloads=payloads, signer=key)
 
 
 def _write(path: Path, data: bytes) -> None:

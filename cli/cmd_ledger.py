@@ -44,6 +44,7 @@ from truss.ledger.note import MAX_NOTE_BYTES, sign_checkpoint
 from truss.ledger.stores import LedgerStore, SessionInfo
 from truss.ledger.verification import VerifyReport
 from truss.ledger.witnessed import PolicyReport
+from truss.runtime import Runtime
 from truss.turns import RequestFold
 
 LEDGER_PARSERS: dict[str, argparse.ArgumentParser] = {}
@@ -53,6 +54,11 @@ _PREVIEW_CHARS = 160
 
 
 # -- shared helpers ------------------------------------------------------------------------------
+
+
+def _open_readonly(ctx: Ctx) -> Runtime:
+    """The home's ledger for reading and verifying: no key, and a missing ledger is refused."""
+    return ctx.open_runtime(signing=False)
 
 
 def add_trusted_key_arg(parser: argparse.ArgumentParser) -> None:
@@ -180,7 +186,7 @@ def register(sub: Any) -> None:
     _register_log_commands(commands)
     from truss_cli import _ledger_report  # report and why (docs/report.md), kept in their own module
 
-    shared = _ledger_report.LedgerHelpers(add_trusted_key_arg, trusted_from_args, open_ledger_readonly)
+    shared = _ledger_report.LedgerHelpers(add_trusted_key_arg, trusted_from_args, _open_readonly)
     LEDGER_PARSERS.update(_ledger_report.register(commands, shared))
 
 

@@ -318,7 +318,7 @@ def test_an_entry_kind_the_page_has_no_view_for_is_shown_as_recorded_not_dropped
 ) -> None:
     """A later Truss records kinds this page has no view for (``sandbox_egress``): they verify and show."""
     later = frozenset({*KINDS, "sandbox_egress", "future_kind"})
-    for module in ("truss.ledger.entry", "truss.ledger.verify", "truss.report.page"):
+    for module in ("truss.ledger.entry", "truss.ledger.verification", "truss.report.page"):
         monkeypatch.setattr(f"{module}.KINDS", later)
     egress = {"host": "exfil.example", "port": 443, "decision": "denied", "rule": "no egress by default"}
     bundle, vkey = _memory_bundle([Record("sandbox_egress", egress), Record("future_kind", {"what": "<b>new</b>"})])

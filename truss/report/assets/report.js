@@ -443,7 +443,7 @@
     return Object.assign(cp, { note });
   }
 
-  // ---------------------------------------------------------------------------- entries (truss/ledger/entry.py, verify.py)
+  // ---------------------------------------------------------------------------- entries (truss/ledger/entry.py, verification.py)
 
   const PAYLOAD_TYPE = "application/vnd.truss.ledger-entry.v1+json";
   const ENTRY_FIELDS = ["body", "index", "kind", "log", "prev", "seq", "session", "ts", "v"];
