@@ -43,7 +43,7 @@ from truss._clock import SystemClock  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
 from truss.ledger.keys import CosignerKey, IdentityKey  # noqa: E402
 from truss.ledger.note import sign_checkpoint  # noqa: E402
-from truss.ledger.store import open_store  # noqa: E402
+from truss.ledger.stores import open_store  # noqa: E402
 from truss.ledger.tlog_policy import parse_policy  # noqa: E402
 from truss.witness.config import WitnessSettings  # noqa: E402
 from truss.witness.submit import WitnessReport, witness_checkpoint  # noqa: E402

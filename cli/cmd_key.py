@@ -13,10 +13,11 @@ from typing import Any
 
 from truss_cli._ctx import Ctx, table
 
+from truss._errors import NotFoundError
 from truss.keyring import rotate_identity_key, trust_root
 from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import LedgerStore, open_store
 
 
 def register(sub: Any) -> None:
@@ -59,9 +60,12 @@ def register(sub: Any) -> None:
 
 def _history(ctx: Ctx, start: list[VerifierKey]) -> KeyHistory:
     trusted = TrustedKeys(start)
-    if not ctx.db.exists():
+    try:
+        runtime = ctx.open_runtime(signing=False)
+    except NotFoundError:  # no ledger yet: the key has no rotations
         return follow_rotations((), trusted, origin=start[0].name)
-    with open_store(ctx.db, key=None, clock=ctx.clock, create=False) as store:
+    with runtime:
+        store = runtime.store
         entries = list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
         return follow_rotations(entries, trusted, origin=store.origin)
 
@@ -95,7 +99,8 @@ def show_key(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def rotate_key(args: argparse.Namespace, ctx: Ctx) -> int:
-    def opener(key: IdentityKey | None) -> Any:
+    def opener(key: IdentityKey | None) -> LedgerStore:
+        # The rotation opens the ledger with the old key, then read-only: keys loaded here, not from --key.
         return open_store(ctx.db, key=key, clock=ctx.clock, create=False)
 
     result = rotate_identity_key(ctx.key, opener)

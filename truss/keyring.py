@@ -25,61 +25,25 @@ ledger's ``keyhistory.follow_rotations`` does).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from truss._errors import KeyFileError, StoreConflictError, UsageError
-from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.entry import StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION, ensure_log_session, rotation_record
 from truss.ledger.keys import IdentityKey, VerifierKey, write_identity_key
 from truss.ledger.note import sign_checkpoint
+from truss.ledger.stores.base import LedgerStore
 
 __all__ = ["RotationResult", "history_path", "next_key_path", "read_history", "rotate_identity_key", "trust_root"]
 
 _ATTEMPTS = 50
 
 
-class RotationStore(Protocol):
-    """What a rotation needs from a ledger store."""
-
-    origin: str
-
-    def __enter__(self) -> Any: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-    def session(self, session: str) -> Any: ...
-
-    def append(
-        self,
-        session: str,
-        records: Sequence[Record],
-        *,
-        durable: bool = True,
-        expect_seq: int | None = None,
-        expect_index: int | None = None,
-    ) -> list[StoredEntry]: ...
-
-    def set_status(self, session: str, status: str) -> None: ...
-
-    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
-
-    def tree_size(self) -> int: ...
-
-    def tree_head(self) -> tuple[int, bytes]: ...
-
-    def node(self, level: int, index: int) -> bytes: ...
-
-    def checkpoints(self) -> Any: ...
-
-    def add_checkpoint(self, size: int, root: bytes, note: str) -> None: ...
-
-    def close(self) -> None: ...
-
-
-StoreOpener = Callable[[IdentityKey | None], RotationStore]
+StoreOpener = Callable[[IdentityKey | None], LedgerStore]
 """Opens the home's ledger: for writing with the key given, read-only with ``None``."""
 
 
@@ -149,7 +113,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _statement_for(store: RotationStore, old: IdentityKey) -> StoredEntry | None:
+def _statement_for(store: LedgerStore, old: IdentityKey) -> StoredEntry | None:
     found = None
     if store.session(LOG_SESSION) is None:
         return None
@@ -182,7 +146,7 @@ def rotate_identity_key(key_path: Path, open_store: StoreOpener) -> RotationResu
     except KeyFileError as exc:
         if exc.fields.get("reason") != "key_retired":
             raise
-        with open_store(None) as reader:
+        with closing(open_store(None)) as reader:
             statement = _statement_for(reader, old)
         if statement is None or statement.body.get("key") != new.verifier.vkey:
             raise KeyFileError(
@@ -192,7 +156,7 @@ def rotate_identity_key(key_path: Path, open_store: StoreOpener) -> RotationResu
             ) from None
         completed = True
     else:
-        with store:
+        with closing(store):
             ensure_log_session(store)
             for _ in range(_ATTEMPTS):
                 size = store.tree_size()

@@ -19,7 +19,7 @@ from truss._errors import ToolCallError
 from truss.contract import Elicitation
 from truss.elicitation import CallElicitations, Elicited, answer, declined
 from truss.gate import CallRequest
-from truss.ledger.store import SqliteStore
+from truss.ledger.stores import LedgerStore
 from truss.testing import FakeTransport, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
 
@@ -52,7 +52,7 @@ def _asked(count: int = 1) -> CallElicitations:
     return collected
 
 
-async def _call(tmp_path: Path, handler: Any) -> tuple[SqliteStore, dict[str, Any]]:
+async def _call(tmp_path: Path, handler: Any) -> tuple[LedgerStore, dict[str, Any]]:
     store, _ = new_store(tmp_path)
     transport = FakeTransport(handler, tools=[mounted_tool("srv", "ask")])
     gate = make_gate(contract_from(CONTRACT), store, transport, environ={"SRV_TOKEN": TOKEN})
@@ -60,7 +60,7 @@ async def _call(tmp_path: Path, handler: Any) -> tuple[SqliteStore, dict[str, An
     return store, steps(store)[-1].body
 
 
-def _payload(store: SqliteStore, ref: str) -> Any:
+def _payload(store: LedgerStore, ref: str) -> Any:
     data = store.blob(ref)
     assert data is not None and TOKEN.encode() not in data
     return json.loads(data)

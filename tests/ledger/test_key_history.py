@@ -4,6 +4,7 @@ rotation statements (one data file per attack); a retired key refused by the sto
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,8 @@ from truss.keyring import read_history, rotate_identity_key, trust_root
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION, follow_rotations
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
-from truss.ledger.store import open_store
-from truss.ledger.verify import verify_ledger
+from truss.ledger.stores import open_store
+from truss.ledger.verification import verify_ledger
 from truss.testing import ManualClock
 
 FIXTURES = Path(__file__).parent / "tampered_rotations"
@@ -70,7 +71,7 @@ def _home(tmp_path: Path) -> tuple[Path, Path, IdentityKey]:
 
 
 def _run(db: Path, key: IdentityKey, session: str, clock: ManualClock) -> None:
-    with open_store(db, key=key, clock=clock) as store:
+    with closing(open_store(db, key=key, clock=clock)) as store:
         records = [Record("session_started", {"contract": "c"}), Record("session_ended", {"status": "pass"})]
         store.append(session, records)
 
@@ -85,7 +86,7 @@ def test_entries_before_and_after_a_rotation_verify_from_the_first_key_alone(tmp
     assert [k.key_id for k in read_history(key_path)] == [first.key_id, current.key_id]
     assert trust_root(key_path) == [first.verifier]
     _run(db, current, "s_after", clock)
-    with open_store(db, key=None, clock=clock, create=False) as store:
+    with closing(open_store(db, key=None, clock=clock, create=False)) as store:
         history = follow_rotations(store.read_session(LOG_SESSION), TrustedKeys([first.verifier]), origin=store.origin)
         report = verify_ledger(store, history.trusted, extra=[history.check])
         assert report.ok, report

@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import subprocess
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from truss._clock import SystemClock
 from truss.ledger.entry import Record
 from truss.ledger.keyhistory import LOG_SESSION, rotation_statement
 from truss.ledger.keys import IdentityKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import open_store
 
 pytestmark = pytest.mark.slow  # `truss` in subprocesses
 
@@ -35,7 +36,7 @@ def _json(proc: subprocess.CompletedProcess[str]) -> Any:
 
 def _record(home: Path, session: str) -> None:
     key = IdentityKey.load(home / "identity.key")
-    with open_store(home / "ledger.db", key=key, clock=SystemClock()) as store:
+    with closing(open_store(home / "ledger.db", key=key, clock=SystemClock())) as store:
         records = [Record("session_started", {"contract": "c"}), Record("session_ended", {"status": "pass"})]
         store.append(session, records)
 
@@ -92,7 +93,7 @@ def test_a_forged_rotation_statement_not_signed_by_the_old_key_fails_verificatio
     first = truss(home, "key", "show").stdout.strip()
     origin = first.split("+")[0]
     attacker = IdentityKey.generate(origin)  # same name, not the log's key
-    with open_store(home / "ledger.db", key=attacker, clock=SystemClock()) as store:
+    with closing(open_store(home / "ledger.db", key=attacker, clock=SystemClock())) as store:
         size = store.tree_size()
         store.append(LOG_SESSION, [Record("session_started", {"scope": "log"})])
         proof = attacker.sign(rotation_statement(origin, attacker.verifier.vkey, first, size + 2))

@@ -15,6 +15,7 @@ import pytest
 from truss._clock import Clock
 from truss._errors import KeyFileError, NotFoundError, StoreConflictError, StoreError, UsageError
 from truss.ledger.canonical import canonical
+from truss.ledger.cosignature import merge_notes
 from truss.ledger.entry import Record, StoredEntry, encode_record
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
@@ -153,7 +154,13 @@ class ToyStore:
         self._rows[name] = value if isinstance(value, bytes) else canonical(value)
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
     ) -> list[StoredEntry]:
         bodies = [encode_record(r) for r in records]
         if not records:
@@ -163,7 +170,7 @@ class ToyStore:
             head = None if row is None else SessionHead(row["entries"], row["head"], row["ended"])
             out = seal_batch(self._key, origin=self.origin, session=session, head=head, records=records,
                              bodies=bodies, index=self._frontier.size, now_ms=self._clock.now_ms,
-                             expect_seq=expect_seq)  # fmt: skip
+                             expect_seq=expect_seq, expect_index=expect_index)  # fmt: skip
             for record, entry in zip(records, out, strict=True):
                 self._put(f"entry/{entry.index}", entry.to_json())
                 self._put(f"raw/{entry.index}", entry.raw)
@@ -270,6 +277,8 @@ class ToyStore:
                 raise StoreConflictError(f"a checkpoint of size {size} with another root is stored", size=size)
             if held is None:
                 self._put(f"checkpoint/{size:020d}", {"root": root.hex(), "note": note, "ms": self._clock.now_ms()})
+            else:  # witnesses' cosignatures returned for the checkpoint held are kept with it
+                self._put(f"checkpoint/{size:020d}", {**held, "note": merge_notes(held["note"], note)})
 
     def checkpoints(self) -> list[StoredCheckpoint]:
         names = sorted(n for n in list(self._rows) if n.startswith("checkpoint/"))

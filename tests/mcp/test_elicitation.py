@@ -27,9 +27,10 @@ from truss._errors import ToolNotAdvertisedError
 from truss.contract import Server
 from truss.elicitation import CallElicitations
 from truss.ledger.entry import StoredEntry
-from truss.ledger.store import SqliteStore
+from truss.ledger.stores import LedgerStore
 from truss.mcp._connection import Live
 from truss.mcp.client import connect
+from truss.runtime import Runtime
 from truss.session import run_contract
 
 pytestmark = pytest.mark.anyio
@@ -59,24 +60,22 @@ tool = "mcp:everything:{tool}"
 """
 
 
-def _calls(store: SqliteStore, session: str) -> list[StoredEntry]:
+def _calls(store: LedgerStore, session: str) -> list[StoredEntry]:
     return [e for e in store.read_session(session) if e.kind == "mcp_tool_call"]
 
 
-def _blob(store: SqliteStore, ref: str) -> Any:
+def _blob(store: LedgerStore, ref: str) -> Any:
     data = store.blob(ref)
     assert data is not None
     return json.loads(data)
 
 
-async def _run(tmp_path: Path, text: str, status: str = "pass", **connect_options: Any) -> tuple[SqliteStore, str]:
+async def _run(tmp_path: Path, text: str, status: str = "pass", **connect_options: Any) -> tuple[LedgerStore, str]:
     store, key = new_store(tmp_path)
     connector = functools.partial(connect, **connect_options) if connect_options else connect
     with anyio.fail_after(90):
-        outcome = await run_contract(
-            contract_from(text), store=store, key=key, clock=CLOCK, home=tmp_path, environ={},
-            connector=connector, session_id="s1",
-        )  # fmt: skip
+        runtime = Runtime(store, clock=CLOCK, home=tmp_path, key=key, environ={}, connector=connector)
+        outcome = await run_contract(runtime, contract_from(text), session_id="s1")
     assert outcome.status == status, outcome
     return store, "s1"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,14 @@ from truss.ledger.bundle import export_bundle
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, entry_signing_payload
 from truss.ledger.keys import IdentityKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import open_store
 from truss.testing import ManualClock
 
 ORIGIN = "rotating.report.truss.test"
 
 
 def _record(db: Path, key: IdentityKey, session: str, clock: ManualClock) -> None:
-    with open_store(db, key=key, clock=clock) as store:
+    with closing(open_store(db, key=key, clock=clock)) as store:
         records = [Record("session_started", {"contract": "c"}), Record("session_ended", {"status": "pass"})]
         store.append(session, records)
 
@@ -42,7 +43,7 @@ def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
     rotate_identity_key(home / "identity.key", lambda k: open_store(db, key=k, clock=clock, create=False))
     current = IdentityKey.load(home / "identity.key")
     _record(db, current, "s_after", clock)
-    with open_store(db, key=current, clock=clock, create=False) as store:
+    with closing(open_store(db, key=current, clock=clock, create=False)) as store:
         after: dict[str, Any] = json.loads(export_bundle(store, "s_after", vkey=current.verifier.vkey, signer=current))
     assert after["key_history"], "a bundle after a rotation carries the statement"
     variants: dict[str, dict[str, Any]] = {"rotated_valid": after}

@@ -9,6 +9,7 @@ import queue
 import subprocess
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from tests.conftest import truss_cmd
 from truss._clock import SystemClock
 from truss.ledger.entry import Record
 from truss.ledger.keys import CosignerKey, IdentityKey
-from truss.ledger.store import open_store
+from truss.ledger.stores import open_store
 
 ORIGIN = "witnessed.truss.test/log"
 WAIT_S = 30
@@ -127,7 +128,7 @@ def write_witness_config(home: Path, policy: str = "witnesses.policy", **setting
 
 
 def record_sessions(home: Path, key: IdentityKey, sessions: Sequence[str], *, salt: str = "") -> None:
-    with open_store(home / "ledger.db", key=key, clock=SystemClock()) as store:
+    with closing(open_store(home / "ledger.db", key=key, clock=SystemClock())) as store:
         for sid in sessions:
             store.append(
                 sid,
@@ -139,6 +140,6 @@ def record_sessions(home: Path, key: IdentityKey, sessions: Sequence[str], *, sa
 
 
 def log_entries(home: Path) -> Iterator[dict[str, Any]]:
-    with open_store(home / "ledger.db", key=None, clock=SystemClock(), create=False) as store:
+    with closing(open_store(home / "ledger.db", key=None, clock=SystemClock(), create=False)) as store:
         for item in store.read_session("@log"):
             yield {"kind": item.kind, **item.body}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import CosignerKey, IdentityKey
 from truss.ledger.merkle import MemoryTree, root_at
 from truss.ledger.note import sign_checkpoint, sign_checkpoint_note
-from truss.ledger.store import SqliteStore, open_store
+from truss.ledger.stores import LedgerStore, open_store
 from truss.ledger.tlog_policy import parse_policy
 from truss.ledger.witness import AddCheckpoint, Submission, check_submission, format_add_checkpoint
 from truss.testing import ManualClock
@@ -56,7 +57,7 @@ def _transport(services: dict[str, WitnessService], *, down: frozenset[str] = fr
     return httpx2.MockTransport(handle)
 
 
-def _store(tmp_path: Path, clock: ManualClock, sessions: int = 2) -> SqliteStore:
+def _store(tmp_path: Path, clock: ManualClock, sessions: int = 2) -> LedgerStore:
     store = open_store(tmp_path / "ledger.db", key=log_key(), clock=clock)
     for i in range(sessions):
         records = [Record("session_started", {"contract": "c"}), Record("session_ended", {"status": "pass"})]
@@ -86,7 +87,7 @@ async def test_cosignatures_are_kept_with_the_stored_checkpoint_and_each_outcome
     clock = ManualClock()
     (d1, k1), (d2, k2) = _witness_dir(tmp_path, "w1"), _witness_dir(tmp_path, "w2")
     transport = _transport({"w1.invalid": _service(d1, clock), "w2.invalid": _service(d2, clock)})
-    with _store(tmp_path, clock) as store:
+    with closing(_store(tmp_path, clock)) as store:
         note = sign_checkpoint(store, log_key()).note
         assert note is not None
         settings = _settings({"w1": k1, "w2": k2}, "group both all w1 w2\nquorum both")
@@ -106,7 +107,7 @@ async def test_a_second_session_end_within_the_interval_submits_nothing_and_says
     (d1, k1) = _witness_dir(tmp_path, "w1")
     transport = _transport({"w1.invalid": _service(d1, clock)})
     settings = _settings({"w1": k1}, "quorum w1")
-    with _store(tmp_path, clock) as store:
+    with closing(_store(tmp_path, clock)) as store:
         first = sign_checkpoint(store, log_key()).note
         assert first is not None
         assert (await witness_checkpoint(store, first, settings, clock, transport=transport)).witnessed
@@ -132,7 +133,7 @@ async def test_an_unreachable_witness_is_retried_with_bounded_backoff_and_record
     transport = _transport({"w1.invalid": _service(d1, clock)}, down=frozenset({"w2.invalid"}))
     sleeps = _Sleeps()
     settings = _settings({"w1": k1, "w2": k2}, "group both all w1 w2\nquorum both", retries=3)
-    with _store(tmp_path, clock) as store:
+    with closing(_store(tmp_path, clock)) as store:
         note = sign_checkpoint(store, log_key()).note
         assert note is not None
         report = await witness_checkpoint(store, note, settings, clock, transport=transport, sleep=sleeps)
@@ -164,7 +165,7 @@ async def test_every_answer_of_a_witness_becomes_an_outcome(
     clock = ManualClock()
     _, k1 = _witness_dir(tmp_path, "w1")
     transport = httpx2.MockTransport(lambda request: respond())
-    with _store(tmp_path, clock, sessions=3) as store:
+    with closing(_store(tmp_path, clock, sessions=3)) as store:
         note = sign_checkpoint_note(ORIGIN, 2, root_at(2, store.node), log_key()).note
         assert note is not None
         report = await witness_checkpoint(store, note, _settings({"w1": k1}, "quorum w1"), clock,

@@ -7,6 +7,7 @@ import base64
 import json
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import httpx2
@@ -26,7 +27,7 @@ from tests.witness.support import (
 from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey
 from truss.ledger.note import parse_note
-from truss.ledger.store import open_store
+from truss.ledger.stores import open_store
 from truss.ledger.witness import AddCheckpoint, format_add_checkpoint
 
 pytestmark = pytest.mark.slow  # real witness processes and `truss` subprocesses
@@ -155,7 +156,7 @@ def test_a_witness_that_answers_409_gets_a_consistency_proof_from_the_size_it_na
     assert _checkpoint(home)[0] == 0
     record_sessions(home, key, ["s_three"])
     # Someone else (a monitor, another replica) shows w1 a later checkpoint first.
-    with open_store(home / "ledger.db", key=key, clock=SystemClock()) as store:
+    with closing(open_store(home / "ledger.db", key=key, clock=SystemClock())) as store:
         from truss.ledger.merkle import consistency_proof
         from truss.ledger.note import sign_checkpoint
 
@@ -181,7 +182,7 @@ def test_a_bad_consistency_proof_is_refused_with_422_and_kept_as_evidence(
     _policies(home, w1, w2)
     assert _checkpoint(home)[0] == 0
     record_sessions(home, key, ["s_three", "s_four"])
-    with open_store(home / "ledger.db", key=key, clock=SystemClock()) as store:
+    with closing(open_store(home / "ledger.db", key=key, clock=SystemClock())) as store:
         from truss.ledger.merkle import consistency_proof
         from truss.ledger.note import sign_checkpoint
 

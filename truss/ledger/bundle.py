@@ -39,6 +39,7 @@ from truss.ledger.keyhistory import bundle_key_history, follow_rotations, rotati
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     HASH_SIZE,
+    consistency_proof,
     inclusion_proof,
     leaf_hash,
     root_at,
