@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+# A real PostgreSQL server (postgres_server, postgres_url, postgres_urls), started on first use.
+pytest_plugins = ["tests._services.postgres"]
+
 REPO = Path(__file__).resolve().parent.parent
 PEERS = Path(os.environ.get("TRUSS_PEERS") or REPO / ".peers")
 

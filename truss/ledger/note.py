@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from truss._errors import BundleFormatError, VerificationError
 from truss.ledger.merkle import consistency_proof, verify_consistency
@@ -32,6 +32,7 @@ __all__ = [
     "MAX_NOTE_BYTES",
     "MAX_SIGNATURES",
     "Checkpoint",
+    "CheckpointPublisher",
     "CheckpointStore",
     "Note",
     "NoteSignature",
@@ -329,6 +330,18 @@ class CheckpointStore(Protocol):
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None: ...
 
 
+@runtime_checkable
+class CheckpointPublisher(Protocol):
+    """A store shared by many writers that lets one of them sign at a time (PostgreSQL).
+
+    ``publish_checkpoint(covering, sign)`` returns ``None`` when a stored checkpoint already
+    covers the first ``covering`` entries; otherwise it calls ``sign`` with a view of the store
+    held by the one publisher (throttled to a minimum interval) and returns what it returns.
+    """
+
+    def publish_checkpoint(self, covering: int, sign: Callable[[CheckpointStore], Checkpoint]) -> Checkpoint | None: ...
+
+
 def sign_checkpoint(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
     """Sign, store and return a checkpoint of the store's tree as it is now.
 
@@ -337,7 +350,44 @@ def sign_checkpoint(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
     ``inconsistent_checkpoint`` when the consistency proof from it fails (the log was rewritten),
     ``bad_stored_checkpoint`` when a stored note does not say what its row says. When the latest
     checkpoint already covers the whole tree, it is returned instead of signing a duplicate.
+
+    On a ``CheckpointPublisher`` the signing happens as that store's one publisher, and the
+    result may be a later checkpoint another writer signed that covers the tree as it was when
+    this call began.
     """
+    if isinstance(store, CheckpointPublisher):
+        size, _ = store.tree_head()
+        signed = store.publish_checkpoint(size, lambda view: _sign_now(view, key))
+        return signed if signed is not None else _covering(store, size)
+    return _sign_now(store, key)
+
+
+def _covering(store: CheckpointStore, size: int) -> Checkpoint:
+    """The latest stored checkpoint, which covers at least ``size`` entries, checked against its row."""
+    latest = max(store.checkpoints(), key=lambda cp: cp.size, default=None)
+    if latest is None or latest.size < size:
+        raise VerificationError(
+            f"no stored checkpoint covers the first {size} entries of the log",
+            remedy="the checkpoints table was modified: run `truss ledger verify --all`",
+            reason="log_shrank",
+            size=size,
+        )
+    _check_stored(store, latest)
+    return Checkpoint(origin=store.origin, size=latest.size, root=latest.root, note=latest.note.encode())
+
+
+def _check_stored(store: CheckpointStore, latest: StoredCheckpointLike) -> None:
+    body = parse_checkpoint(parse_note(latest.note.encode()).text)
+    if (body.origin, body.size, body.root) != (store.origin, latest.size, latest.root):
+        raise VerificationError(
+            f"the stored checkpoint of size {latest.size} does not match its signed note",
+            remedy="the checkpoints table was modified: run `truss ledger verify --all`",
+            reason="bad_stored_checkpoint",
+            size=latest.size,
+        )
+
+
+def _sign_now(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
     # Checkpoints first, then the head: the tree only grows, so every checkpoint read here was
     # signed over a size at most the head's, even while other sessions append and sign.
     stored = list(store.checkpoints())
@@ -352,14 +402,7 @@ def sign_checkpoint(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
         )
     latest = max(stored, key=lambda cp: cp.size, default=None)
     if latest is not None:
-        body = parse_checkpoint(parse_note(latest.note.encode()).text)
-        if (body.origin, body.size, body.root) != (store.origin, latest.size, latest.root):
-            raise VerificationError(
-                f"the stored checkpoint of size {latest.size} does not match its signed note",
-                remedy="the checkpoints table was modified: run `truss ledger verify --all`",
-                reason="bad_stored_checkpoint",
-                size=latest.size,
-            )
+        _check_stored(store, latest)
         proof = consistency_proof(latest.size, size, store.node)
         if not verify_consistency(latest.size, size, latest.root, root, proof):
             raise VerificationError(

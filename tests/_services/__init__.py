@@ -1,0 +1,1 @@
+"""Real services the tests start themselves (a PostgreSQL server), shared by every test package."""
