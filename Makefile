@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PEERS := .peers
 export TRUSS_PEERS := $(CURDIR)/$(PEERS)
 
-.PHONY: demo test lint typecheck pytest peers chromium bwrap golang bench clean venv
+.PHONY: demo test lint typecheck pytest peers chromium bwrap golang postgres bench clean venv
 
 $(BIN)/truss: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,17 @@ golang:
 		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go golang-golang-x-mod-dev >/dev/null; }; \
 	else echo "Go's sumdb/note is not installed: run 'sudo apt-get install golang-go golang-golang-x-mod-dev' (its test is skipped, and fails under CI)"; fi
 
+# The PostgreSQL server binaries (initdb, pg_ctl) for the ledger-store tests and bench/postgres.py,
+# which start their own throw-away server from them (tests/_services/postgres.py). Debian's package
+# when run as root; otherwise say what to install (those tests skip, and fail under CI).
+postgres:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing the Debian package postgresql (for the PostgreSQL ledger-store tests)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y -q postgresql >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null; }; \
+	else echo "PostgreSQL is not installed: run 'apt-get install postgresql' as root (Debian/Ubuntu), or set TRUSS_PG_BINDIR; the PostgreSQL tests are skipped (and fail under CI)"; fi
+
 demo: venv peers
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss init
 	PATH="$(CURDIR)/$(PEERS)/py/bin:$$PATH" TRUSS_HOME="$(CURDIR)/.truss-demo" $(BIN)/truss run contracts/hello.toml
@@ -82,11 +93,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/pyright
 
-pytest: venv peers chromium bwrap golang
+pytest: venv peers chromium bwrap golang postgres
 	$(BIN)/python -m pytest -q
 
 # Runs every stage even when an earlier one fails, so one report shows everything; fails if any failed.
-test: venv peers chromium golang
+test: venv peers chromium golang postgres
 	@status=0; \
 	$(MAKE) -s lint || status=1; \
 	$(MAKE) -s typecheck || status=1; \
@@ -94,7 +105,7 @@ test: venv peers chromium golang
 	exit $$status
 
 # Every benchmark with its default settings (several minutes; see docs/benchmarks.md for each one).
-bench: venv peers chromium bwrap
+bench: venv peers chromium bwrap postgres
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:

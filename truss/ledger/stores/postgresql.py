@@ -38,19 +38,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import threading
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, LiteralString, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 import psycopg.errors
 from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from truss._clock import Clock, parse_duration_ms
+from truss._clock import Clock
 from truss._errors import (
     InputError,
     KeyFileError,
@@ -59,17 +57,18 @@ from truss._errors import (
     StoreConflictError,
     StoreError,
     TrussError,
-    UsageError,
 )
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, encode_record, seal
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier, leaf_hash
 from truss.ledger.store import SessionInfo, StoredCheckpoint, check_status, session_fields
+from truss.ledger.stores._pg_url import DEFAULT_CHECKPOINT_INTERVAL_MS, PostgresTarget, parse_postgres_url
 
 __all__ = [
     "DEFAULT_CHECKPOINT_INTERVAL_MS",
     "SCHEMA_VERSION",
+    "LedgerImport",
     "PostgresStore",
     "PostgresTarget",
     "open_postgresql",
@@ -77,80 +76,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-DEFAULT_CHECKPOINT_INTERVAL_MS = 1000
-DEFAULT_SCHEMA = "truss"
 _PAGE = 1000
-_SCHEMES = ("postgresql", "postgres")
-_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-# Query parameters that would carry a credential (libpq's password and sslpassword among them).
-_CREDENTIAL_PARAM = re.compile(r"(?i)passw(?:or)?d|token|secret|api_?key|^key$|credential")
 _NOW_MS: LiteralString = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class PostgresTarget:
-    """What a ``postgresql://`` URL names, once Truss's own parameters are taken out of it."""
-
-    conninfo: str  # the URL libpq gets (no Truss parameters; never a password)
-    schema: str
-    checkpoint_interval_ms: int
-    shown: str  # the URL as messages show it
-
-
-def _usage(url: str, problem: str, remedy: str) -> UsageError:
-    return UsageError(f"--db {url!r}: {problem}", remedy=remedy, what="db")
-
-
-def parse_postgres_url(url: str) -> PostgresTarget:
-    """Split a ``postgresql://`` URL into libpq's part and Truss's settings; refuse a literal password.
-
-    Raises ``UsageError`` (exit 2) naming the problem, never echoing a credential.
-    """
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in _SCHEMES:
-        raise _usage(url, "not a postgresql:// URL", "write postgresql://[USER@]HOST[:PORT]/DATABASE")
-    user_part, at, host_part = parts.netloc.rpartition("@")
-    shown_netloc = parts.netloc
-    if at and ":" in user_part:
-        shown = urlunsplit((parts.scheme, f"{user_part.split(':', 1)[0]}:***@{host_part}", parts.path, "", ""))
-        raise _usage(
-            shown,
-            "the URL holds a password",
-            "give the password through PGPASSWORD, a passfile (~/.pgpass or PGPASSFILE) or a libpq service "
-            "file, never in --db, TRUSS_DB or a config file",
-        )
-    schema, interval = DEFAULT_SCHEMA, DEFAULT_CHECKPOINT_INTERVAL_MS
-    kept: list[tuple[str, str]] = []
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if _CREDENTIAL_PARAM.search(name):
-            raise _usage(
-                urlunsplit((parts.scheme, shown_netloc, parts.path, "", "")),
-                f"the query parameter {name!r} would put a credential in the URL",
-                "give the password through PGPASSWORD, a passfile (~/.pgpass or PGPASSFILE) or a libpq service file",
-            )
-        if name == "schema":
-            if not _IDENTIFIER.fullmatch(value):
-                raise _usage(url, f"schema {value!r} is not a lower-case SQL identifier", "use [a-z_][a-z0-9_]*")
-            schema = value
-        elif name == "checkpoint_interval":
-            interval = _interval_ms(url, value)
-        else:
-            kept.append((name, value))
-    if not any(name == "application_name" for name, _ in kept):
-        kept.append(("application_name", "truss"))
-    conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept), ""))
-    shown = urlunsplit((parts.scheme, shown_netloc, parts.path, "", ""))
-    return PostgresTarget(conninfo=conninfo, schema=schema, checkpoint_interval_ms=interval, shown=shown)
-
-
-def _interval_ms(url: str, value: str) -> int:
-    if value.strip() in {"0", "0ms", "0s"}:
-        return 0
-    try:
-        return parse_duration_ms(value)
-    except ValueError:
-        raise _usage(url, f"checkpoint_interval {value!r} is not a duration", "write e.g. 1s or 250ms") from None
 
 
 def open_postgresql(url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool = True) -> PostgresStore:
@@ -318,8 +246,11 @@ class PostgresStore:
         busy_timeout_ms: int = 30_000,
         group_commit: bool = True,
         pool_size: int = 4,
+        origin: str | None = None,
     ) -> None:
         self.target = target
+        # The log a new ledger is named after: the key's name, or ``origin`` for a copy (migrate).
+        self._new_origin = key.name if key is not None else origin
         self.db = target.shown
         self._key = key
         self._clock = clock
@@ -428,7 +359,7 @@ class PostgresStore:
                         remedy="run a contract with this --db first, or `truss ledger migrate` into it",
                         what="ledger",
                     )
-                if self._key is None:
+                if self._new_origin is None:
                     raise KeyFileError(
                         f"cannot create the ledger {self.db} without an identity key",
                         remedy="run `truss init` to create the key first",
@@ -441,7 +372,7 @@ class PostgresStore:
                     conn.execute(_TABLES)
                     conn.execute(
                         "INSERT INTO meta (k, v) VALUES ('schema', %s), ('origin', %s) ON CONFLICT (k) DO NOTHING",
-                        (str(SCHEMA_VERSION).encode(), self._key.name.encode("utf-8")),
+                        (str(SCHEMA_VERSION).encode(), self._new_origin.encode("utf-8")),
                     )
                     conn.execute(
                         "INSERT INTO tree (id, size, frontier) VALUES (0, 0, %s) ON CONFLICT (id) DO NOTHING",
@@ -887,6 +818,35 @@ class PostgresStore:
         except psycopg.Error as exc:
             raise self._store_error("checkpoint", exc) from exc
 
+    # -- copying a whole ledger in (migrate) ----------------------------------------------------
+
+    @contextlib.contextmanager
+    def importing(self) -> Generator[LedgerImport]:
+        """One transaction that fills this empty ledger with another ledger's signed entries.
+
+        The entries keep their bytes and signatures (nothing is re-signed); the Merkle nodes and
+        frontier are computed here from the bytes. If the block raises, nothing is written.
+        ``StoreConflictError`` when the ledger is not empty.
+        """
+        with self._wlock:
+            conn = self._writer()
+            try:
+                with conn.transaction():
+                    row = conn.execute("SELECT size FROM tree WHERE id = 0 FOR UPDATE").fetchone()
+                    held = conn.execute("SELECT count(*) FROM sessions").fetchone()
+                    size = 0 if row is None else int(row[0])
+                    if size or (held is not None and held[0]):
+                        raise StoreConflictError(
+                            f"{self.db} already holds a ledger of {size} entries",
+                            remedy="migrate into an empty ledger: another schema (?schema=NAME) or database",
+                            size=size,
+                        )
+                    sink = LedgerImport(conn, self._clock.now_ms)
+                    yield sink
+                    sink.finish()
+            except psycopg.Error as exc:
+                raise self._store_error("migrate", exc) from exc
+
     # -- reads ---------------------------------------------------------------------------------
 
     @staticmethod
@@ -1036,6 +996,97 @@ class PostgresStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LedgerImport:
+    """Rows of a ledger being copied in, written with COPY in one transaction (``importing``)."""
+
+    _FLUSH = 2000
+
+    def __init__(self, conn: Conn, now_ms: Callable[[], int]) -> None:
+        self._conn = conn
+        self._now_ms = now_ms
+        self.frontier = Frontier()
+        self.entries = self.sessions = self.checkpoints = self.blobs = 0
+        self._entry_rows: list[tuple[Any, ...]] = []
+        self._node_rows: list[tuple[int, int, bytes]] = []
+        self._blob_rows: dict[str, bytes] = {}
+        self._link_rows: set[tuple[str, str]] = set()
+        self._last_size = 0
+
+    def entry(self, item: StoredEntry, payloads: dict[str, bytes]) -> None:
+        """The next entry of the log (in index order) and the payloads its session links to."""
+        if item.index != self.frontier.size:
+            raise StoreError(f"entry {item.index} arrives where leaf {self.frontier.size} belongs", reason="index_gap")
+        self._entry_rows.append(
+            (item.index, item.session, item.seq, item.kind, item.ts, bytes.fromhex(item.hash), item.raw, item.sig,
+             item.keyid)
+        )  # fmt: skip
+        self._node_rows.extend(self.frontier.append(leaf_hash(item.raw)))
+        for ref, data in payloads.items():
+            self._blob_rows[ref] = data
+            self._link_rows.add((item.session, ref))
+        self.entries += 1
+        if len(self._entry_rows) >= self._FLUSH:
+            self._flush()
+
+    def session(self, info: SessionInfo, *, envelope: bytes | None, erased: Iterable[str]) -> None:
+        principal = None if info.principal is None else canonical(info.principal).decode("utf-8")
+        self._flush()
+        self._conn.execute(
+            "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended,"
+            " envelope) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (info.id, info.contract, principal, info.status, info.entries, info.started_ms, info.updated_ms,
+             bytes.fromhex(info.head), info.ended, envelope),
+        )  # fmt: skip
+        with self._conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO erased (session, ref) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                [(info.id, ref) for ref in sorted(erased)],
+            )
+        self.sessions += 1
+
+    def checkpoint(self, checkpoint: StoredCheckpoint) -> None:
+        self._conn.execute(
+            "INSERT INTO checkpoints (size, root, note, created_ms) VALUES (%s, %s, %s, %s)",
+            (checkpoint.size, checkpoint.root, checkpoint.note, checkpoint.created_ms or self._now_ms()),
+        )
+        self._last_size = max(self._last_size, checkpoint.size)
+        self.checkpoints += 1
+
+    def _flush(self) -> None:
+        with self._conn.cursor() as cur:
+            if self._entry_rows:
+                with cur.copy("COPY entries (idx, session, seq, kind, ts, hash, raw, sig, keyid) FROM STDIN") as copy:
+                    for row in self._entry_rows:
+                        copy.write_row(row)
+            if self._node_rows:
+                with cur.copy("COPY nodes (level, idx, hash) FROM STDIN") as copy:
+                    for node in self._node_rows:
+                        copy.write_row(node)
+            if self._blob_rows:
+                cur.executemany(
+                    "INSERT INTO blobs (ref, data) VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING",
+                    list(self._blob_rows.items()),
+                )
+            if self._link_rows:
+                cur.executemany(
+                    "INSERT INTO session_blobs (session, ref) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                    sorted(self._link_rows),
+                )
+        self._entry_rows.clear()
+        self._node_rows.clear()
+        self._blob_rows.clear()
+        self._link_rows.clear()
+
+    def finish(self) -> None:
+        self._flush()
+        self._conn.execute(
+            "UPDATE tree SET size = %s, frontier = %s WHERE id = 0", (self.frontier.size, self.frontier.to_state())
+        )
+        self._conn.execute("UPDATE publisher SET size = %s WHERE id = 0", (self._last_size,))
+        row = self._conn.execute("SELECT count(*) FROM blobs").fetchone()
+        self.blobs = 0 if row is None else int(row[0])
 
 
 class _CheckpointView:
