@@ -77,6 +77,7 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 _PAGE = 1000
+_COPY_FROM = 16  # entries in one batch from which COPY beats INSERT
 _NOW_MS: LiteralString = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _T = TypeVar("_T")
 
@@ -676,13 +677,24 @@ class PostgresStore:
         for entry, record in zip(out, records, strict=True):
             node_rows.extend(frontier.append(leaf_hash(entry.raw)))
             blob_rows.update((ref, bytes(data)) for ref, data in record.blobs.items())
+        entry_rows = [
+            (e.index, session, e.seq, e.kind, e.ts, bytes.fromhex(e.hash), e.raw, e.sig, key.key_id) for e in out
+        ]
         with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO entries (idx, session, seq, kind, ts, hash, raw, sig, keyid)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(e.index, session, e.seq, e.kind, e.ts, bytes.fromhex(e.hash), e.raw, e.sig, key.key_id) for e in out],
-            )
-            cur.executemany("INSERT INTO nodes (level, idx, hash) VALUES (%s, %s, %s)", node_rows)
+            if len(entry_rows) < _COPY_FROM:
+                cur.executemany(
+                    "INSERT INTO entries (idx, session, seq, kind, ts, hash, raw, sig, keyid)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    entry_rows,
+                )
+                cur.executemany("INSERT INTO nodes (level, idx, hash) VALUES (%s, %s, %s)", node_rows)
+            else:  # a long batch (imports, bulk_append): COPY is several times faster than INSERTs
+                with cur.copy("COPY entries (idx, session, seq, kind, ts, hash, raw, sig, keyid) FROM STDIN") as copy:
+                    for entry_row in entry_rows:
+                        copy.write_row(entry_row)
+                with cur.copy("COPY nodes (level, idx, hash) FROM STDIN") as copy:
+                    for node_row in node_rows:
+                        copy.write_row(node_row)
             if blob_rows:
                 cur.executemany(
                     "INSERT INTO blobs (ref, data) VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING",
