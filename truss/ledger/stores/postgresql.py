@@ -15,8 +15,9 @@ PostgreSQL driver is the model):
 - **Group commit.** ``append`` is thread-safe: the concurrent calls of one process queue, and
   whichever thread leads commits every queued batch in one transaction (one savepoint each, so
   one failing batch fails alone), sharing one WAL flush.
-- **Durable before dependent** (invariant 5). Every connection sets ``synchronous_commit = on``,
-  whatever the server's or the role's default; a batch appended with ``durable=False`` commits
+- **Durable before dependent** (invariant 5). Every connection turns ``synchronous_commit = off``
+  (the server's, the role's or the URL's default) back ``on``, and keeps a stronger level such as
+  ``remote_apply``; a batch appended with ``durable=False`` commits
   with ``synchronous_commit = off`` (it survives a crash of Truss, not of the database server). A
   server running with ``fsync = off`` loses commits in a crash: the store refuses to open on it.
 - **One checkpoint publisher.** ``publish_checkpoint`` holds the ``publisher`` row ``FOR UPDATE``
@@ -315,29 +316,32 @@ class PostgresStore:
 
     def _configure(self, conn: Conn) -> None:
         """Every connection: durable commits, read committed, bounded lock waits, our schema only."""
-        conn.execute("SET synchronous_commit TO on")
+        # Invariant 5: a commit is flushed before it is reported. Only "off" skips the local WAL
+        # flush; a stronger setting the operator chose (remote_apply ...) is kept.
+        level = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+        if level is None or level[0] == "off":
+            conn.execute("SET synchronous_commit TO on")
+            level = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+            if level is None or level[0] == "off":
+                raise StoreError(
+                    f"{self.db}: synchronous_commit stays off on this connection",
+                    remedy="allow sessions to set synchronous_commit (a pooler may be resetting it)",
+                    reason="unsafe_server",
+                    db=self.db,
+                )
         conn.execute("SET default_transaction_isolation TO 'read committed'")
         conn.execute(sql.SQL("SET lock_timeout TO {}").format(sql.Literal(f"{int(self._busy_ms)}ms")))
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.target.schema)))
 
     def _check_durability(self, conn: Conn) -> None:
         # Invariant 5: a commit must be on disk before anything that depends on it happens.
-        settings = {
-            name: str((conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone() or ("",))[0])
-            for name in ("fsync", "synchronous_commit")
-        }
-        if settings["fsync"] != "on":
+        row = conn.execute("SELECT current_setting('fsync')").fetchone()
+        fsync = "" if row is None else str(row[0])
+        if fsync != "on":
             raise StoreError(
-                f"the PostgreSQL server of {self.db} runs with fsync = {settings['fsync']}: it loses committed "
+                f"the PostgreSQL server of {self.db} runs with fsync = {fsync}: it loses committed "
                 "entries in a crash, which breaks 'durable before dependent'",
                 remedy="set fsync = on in postgresql.conf and reload the server",
-                reason="unsafe_server",
-                db=self.db,
-            )
-        if settings["synchronous_commit"] == "off":
-            raise StoreError(
-                f"{self.db}: synchronous_commit stays off on this connection",
-                remedy="allow sessions to set synchronous_commit (a pooler may be resetting it)",
                 reason="unsafe_server",
                 db=self.db,
             )
