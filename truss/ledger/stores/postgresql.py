@@ -228,6 +228,9 @@ CREATE TABLE IF NOT EXISTS publisher (
 )
 """
 
+# The session's row lock, taken after the tree row's: a lease's epoch check (fencing) is one more
+# predicate on this row, in this same transaction.
+_SESSION_LOCK: LiteralString = "SELECT entries, head, ended FROM sessions WHERE id = %s FOR UPDATE"
 _SESSION_SELECT: LiteralString = (
     "SELECT id, contract, principal, status, entries, started_ms, updated_ms, head, ended FROM sessions"
 )
@@ -576,23 +579,35 @@ class PostgresStore:
             self._fail_all(group, exc)
             return
         try:
-            with conn.transaction():
+            # A lone short batch (the common case: one run's intent or result) goes in pipeline
+            # mode: the locks and reads are one round trip, the writes and the commit another.
+            pipelined = len(group) == 1 and len(group[0].records) < _COPY_FROM
+            with conn.pipeline() if pipelined else contextlib.nullcontext(), conn.transaction():
                 if not any(p.durable for p in group):
                     conn.execute("SET LOCAL synchronous_commit TO off")
                 # The one row lock per batch: while it is held, nobody else assigns log indexes.
-                row = conn.execute("SELECT size, frontier FROM tree WHERE id = 0 FOR UPDATE").fetchone()
-                top = conn.execute("SELECT max(idx) FROM entries").fetchone()
-                frontier = self._frontier(row, top)
+                # The statements after it run after it got the lock, so they see what the previous
+                # holder committed (read committed takes a snapshot per statement).
+                tree = conn.execute("SELECT size, frontier FROM tree WHERE id = 0 FOR UPDATE")
+                top = conn.execute("SELECT max(idx) FROM entries")
+                first = conn.execute(_SESSION_LOCK, (group[0].session,)) if pipelined else None
+                frontier = self._frontier(tree.fetchone(), top.fetchone())
                 next_index = frontier.size
                 if len(group) == 1:
                     [pending] = group
-                    pending.result = self._apply(conn, pending, next_index, frontier)
+                    row = (
+                        first.fetchone()
+                        if first is not None
+                        else conn.execute(_SESSION_LOCK, (pending.session,)).fetchone()
+                    )
+                    pending.result = self._apply(conn, pending, next_index, frontier, row)
                 else:
                     for pending in group:
                         saved = frontier.to_state()
                         try:
                             with conn.transaction():  # a savepoint: one failing batch fails alone
-                                pending.result = self._apply(conn, pending, next_index, frontier)
+                                row = conn.execute(_SESSION_LOCK, (pending.session,)).fetchone()
+                                pending.result = self._apply(conn, pending, next_index, frontier, row)
                             next_index += len(pending.result)
                         except (TrussError, psycopg.errors.IntegrityError) as exc:
                             frontier = Frontier.from_state(saved)
@@ -658,12 +673,13 @@ class PostgresStore:
             if pending.wake is not None:
                 pending.wake.set()
 
-    def _apply(self, conn: Conn, pending: _Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
+    def _apply(
+        self, conn: Conn, pending: _Pending, index: int, frontier: Frontier, row: tuple[Any, ...] | None
+    ) -> list[StoredEntry]:
+        """Seal ``pending`` at ``index`` and write it; ``row`` is its session's row, locked (``_SESSION_LOCK``)."""
         key = self._key
         assert key is not None
         session, records = pending.session, pending.records
-        # The session's row lock: a lease's epoch check (fencing) is one more predicate here.
-        row = conn.execute("SELECT entries, head, ended FROM sessions WHERE id = %s FOR UPDATE", (session,)).fetchone()
         head = None if row is None else _SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
         out = _seal_batch(
             key,
