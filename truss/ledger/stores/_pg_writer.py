@@ -1,0 +1,594 @@
+"""The writer side of the PostgreSQL store: group commit of appends, and the store's other writes.
+
+One ``PostgresWriter`` owns the writer connection of one ``PostgresStore``:
+
+- ``append`` is thread-safe; concurrent callers queue their batches and whichever thread holds
+  the writer lock commits every queued batch in one transaction (each batch in its own savepoint,
+  so one failing batch does not fail the others), sharing one WAL flush (leader/follower).
+- Every append transaction first locks the one ``tree`` row ``FOR UPDATE`` (the log's size and
+  Merkle frontier): while it is held no other process assigns log indexes, so there is no gap;
+  then each batch's session row, ``FOR UPDATE`` (where a lease's epoch check goes). The entries,
+  the completed Merkle nodes, the session rows and the new frontier commit together.
+- ``durable=False`` batches commit with ``SET LOCAL synchronous_commit = off``.
+- ``importing`` fills an empty ledger with another ledger's entries, unchanged (migrate).
+
+What it does not do: reads (``postgresql``) or connection set-up (``_pg_link``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import psycopg
+import psycopg.errors
+from psycopg import sql
+
+from truss._clock import Clock
+from truss._errors import StoreConflictError, StoreError, TrussError
+from truss.ledger.canonical import CanonicalError, canonical
+from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, encode_record, seal
+from truss.ledger.keys import IdentityKey
+from truss.ledger.merkle import Frontier, leaf_hash
+from truss.ledger.store import SessionInfo, StoredCheckpoint, session_fields
+from truss.ledger.stores._pg_link import Conn, PgLink, first_line, insert_checkpoint
+
+__all__ = ["LedgerImport", "PostgresWriter"]
+
+_COPY_FROM = 16  # entries in one batch from which COPY beats INSERT
+# The session's row lock, taken after the tree row's: a lease's epoch check (fencing) is one more
+# predicate on this row, in this same transaction.
+_SESSION_LOCK: LiteralString = "SELECT entries, head, ended FROM sessions WHERE id = %s FOR UPDATE"
+
+
+@dataclass(frozen=True)
+class _SessionHead:
+    seq: int
+    head: str
+    ended: bool
+
+
+def _seal_batch(
+    key: IdentityKey,
+    *,
+    origin: str,
+    session: str,
+    head: _SessionHead | None,
+    records: Sequence[Record],
+    bodies: Sequence[bytes],
+    index: int,
+    now_ms: Callable[[], int],
+    expect_seq: int | None,
+) -> list[StoredEntry]:
+    """The signed entries ``records`` become at log ``index`` (the session rules every store applies)."""
+    first = records[0]
+    if head is None:
+        if first.kind != "session_started":
+            raise StoreError(
+                f"session {session} does not exist: its first entry must be session_started, not {first.kind}",
+                reason="no_session",
+                session=session,
+            )
+        seq, prev, ended = 0, ZERO_HASH, False
+    else:
+        seq, prev, ended = head.seq, head.head, head.ended
+        if first.kind == "session_started":
+            raise StoreConflictError(
+                f"session {session} already exists", remedy="use a new session id", session=session, seq=seq
+            )
+    if expect_seq is not None and expect_seq != seq:
+        raise StoreConflictError(
+            f"session {session}: expected to append at seq {expect_seq} but its head is at seq {seq}",
+            remedy="another writer is recording this session; stop, re-read it and resume from its head",
+            session=session,
+            seq=expect_seq,
+            actual=seq,
+        )
+    out: list[StoredEntry] = []
+    for i, record in enumerate(records):
+        if ended:
+            raise StoreConflictError(
+                f"session {session} has ended; nothing more can be appended", session=session, seq=seq
+            )
+        if i and record.kind == "session_started":
+            raise StoreError(f"session {session}: session_started may only be its first entry", session=session)
+        try:
+            entry = seal(
+                key,
+                log=origin,
+                session=session,
+                seq=seq,
+                index=index,
+                ts=now_ms(),
+                kind=record.kind,
+                body=record.body,
+                prev=prev,
+                body_bytes=bodies[i],
+            )
+        except CanonicalError as exc:
+            raise StoreError(
+                f"the body of a {record.kind} entry is not canonical JSON: {exc}", reason="bad_body"
+            ) from exc
+        out.append(entry)
+        ended = record.kind == "session_ended"
+        prev, seq, index = entry.hash, seq + 1, index + 1
+    return out
+
+
+class _Pending:
+    """One caller's batch waiting for a group commit."""
+
+    __slots__ = ("bodies", "done", "durable", "error", "expect_seq", "records", "result", "session", "wake")
+
+    def __init__(self, session: str, records: Sequence[Record], durable: bool, expect_seq: int | None) -> None:
+        self.bodies = [encode_record(record) for record in records]  # in the caller's thread
+        self.session = session
+        self.records = records
+        self.durable = durable
+        self.expect_seq = expect_seq
+        self.result: list[StoredEntry] = []
+        self.error: TrussError | None = None
+        self.done = False
+        self.wake: threading.Event | None = None
+
+
+class PostgresWriter:
+    """The append connection of one store, with group commit (see the module docstring)."""
+
+    def __init__(
+        self, link: PgLink, conn: Conn, *, key: IdentityKey | None, clock: Clock, origin: str, group_commit: bool
+    ) -> None:
+        self._link = link
+        self.db = link.db
+        self._w: Conn | None = conn
+        self._key = key
+        self._clock = clock
+        self.origin = origin
+        self._group = group_commit
+        self._wlock = threading.Lock()
+        self._qlock = threading.Lock()
+        self._queue: list[_Pending] = []
+        self._leading = False
+        self._commits = 0
+        self._batches = 0
+        self._closed = False
+
+    def _conn(self) -> Conn:
+        """The append connection (reconnected if the server dropped it); call with ``_wlock`` held."""
+        if self._closed:
+            raise StoreError(f"{self.db}: the store is closed", db=self.db)
+        if self._w is None or self._w.closed or self._w.broken:
+            if self._w is not None:
+                with contextlib.suppress(psycopg.Error):
+                    self._w.close()
+            self._w = self._link.connect()
+        return self._w
+
+    def close(self) -> None:
+        with self._wlock:
+            self._closed = True
+            if self._w is not None:
+                with contextlib.suppress(psycopg.Error):
+                    self._w.close()
+                self._w = None
+
+    def settings(self) -> dict[str, str]:
+        """What the append connection runs with (diagnostics; a test checks invariant 5's settings)."""
+        with self._wlock:
+            conn = self._conn()
+            names = ("fsync", "synchronous_commit", "default_transaction_isolation", "lock_timeout", "search_path")
+            return {
+                name: str((conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone() or ("",))[0])
+                for name in names
+            }
+
+    def stats(self) -> dict[str, int]:
+        """Append transactions committed and batches they carried since opening (group commit at work)."""
+        return {"commits": self._commits, "batches": self._batches}
+
+    # -- append (group commit) -------------------------------------------------------------------
+
+    def append(
+        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+    ) -> list[StoredEntry]:
+        """Append ``records`` to ``session`` as consecutive entries; returns them signed.
+
+        Committed (the WAL flushed, unless ``durable=False``) before it returns. ``expect_seq`` is
+        the seq the first record must get; otherwise ``StoreConflictError`` and nothing is written.
+        """
+        if self._key is None:
+            raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=self.db)
+        if not records:
+            return []
+        pending = _Pending(session, list(records), durable, expect_seq)
+        if not self._group:
+            with self._wlock:
+                self._commit_group([pending])
+        else:
+            # Leader/follower, as in the SQLite store: the first caller to find no leader commits
+            # everything queued, then wakes the oldest waiter to lead the next group.
+            with self._qlock:
+                self._queue.append(pending)
+                lead = not self._leading
+                self._leading = True
+                if not lead:
+                    pending.wake = threading.Event()
+            if pending.wake is not None:
+                pending.wake.wait()
+            if not pending.done:
+                self._lead()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _lead(self) -> None:
+        try:
+            with self._qlock:
+                group, self._queue = self._queue, []
+            with self._wlock:
+                self._commit_group(group)
+        finally:
+            with self._qlock:
+                if self._queue:
+                    wake = self._queue[0].wake
+                    assert wake is not None
+                    wake.set()
+                else:
+                    self._leading = False
+
+    def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
+        """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
+
+        Every transaction but the last commits with ``synchronous_commit = off``; the last one
+        flushes them all. A failing batch raises and stops. Returns the number of entries appended.
+        """
+        count = 0
+        chunk: list[_Pending] = []
+
+        def flush(last: bool) -> None:
+            nonlocal count
+            for p in chunk:
+                p.durable = False
+            if last and chunk:
+                chunk[-1].durable = True
+            with self._wlock:
+                self._commit_group(chunk)
+            for p in chunk:
+                if p.error is not None:
+                    raise p.error
+                count += len(p.result)
+            chunk.clear()
+
+        for session, records in batches:
+            chunk.append(_Pending(session, list(records), False, None))
+            if len(chunk) >= per_txn:
+                flush(False)
+        flush(True)
+        return count
+
+    def _commit_group(self, group: list[_Pending]) -> None:
+        """Commit every batch of ``group`` in one transaction; sets each one's result or error."""
+        if not group:
+            return
+        try:
+            conn = self._conn()
+        except TrussError as exc:
+            self._fail_all(group, exc)
+            return
+        try:
+            # A lone short batch (the common case: one run's intent or result) goes in pipeline
+            # mode: the locks and reads are one round trip, the writes and the commit another.
+            pipelined = len(group) == 1 and len(group[0].records) < _COPY_FROM
+            with conn.pipeline() if pipelined else contextlib.nullcontext(), conn.transaction():
+                if not any(p.durable for p in group):
+                    conn.execute("SET LOCAL synchronous_commit TO off")
+                # The one row lock per batch: while it is held, nobody else assigns log indexes.
+                # The statements after it run after it got the lock, so they see what the previous
+                # holder committed (read committed takes a snapshot per statement).
+                tree = conn.execute("SELECT size, frontier FROM tree WHERE id = 0 FOR UPDATE")
+                top = conn.execute("SELECT max(idx) FROM entries")
+                first = conn.execute(_SESSION_LOCK, (group[0].session,)) if pipelined else None
+                frontier = self._frontier(tree.fetchone(), top.fetchone())
+                next_index = frontier.size
+                if len(group) == 1:
+                    [pending] = group
+                    row = (
+                        first.fetchone()
+                        if first is not None
+                        else conn.execute(_SESSION_LOCK, (pending.session,)).fetchone()
+                    )
+                    pending.result = self._apply(conn, pending, next_index, frontier, row)
+                else:
+                    for pending in group:
+                        saved = frontier.to_state()
+                        try:
+                            with conn.transaction():  # a savepoint: one failing batch fails alone
+                                row = conn.execute(_SESSION_LOCK, (pending.session,)).fetchone()
+                                pending.result = self._apply(conn, pending, next_index, frontier, row)
+                            next_index += len(pending.result)
+                        except (TrussError, psycopg.errors.IntegrityError) as exc:
+                            frontier = Frontier.from_state(saved)
+                            pending.result = []
+                            pending.error = self._batch_error(pending, exc)
+                conn.execute(
+                    "UPDATE tree SET size = %s, frontier = %s WHERE id = 0", (frontier.size, frontier.to_state())
+                )
+            self._commits += 1
+            self._batches += len(group)
+        except TrussError as exc:
+            self._fail_all(group, exc if len(group) > 1 else self._batch_error(group[0], exc))
+            return
+        except psycopg.errors.IntegrityError as exc:
+            self._fail_all(
+                group, self._batch_error(group[0], exc) if len(group) == 1 else self._link.error("append", exc)
+            )
+            return
+        except psycopg.Error as exc:
+            self._fail_all(group, self._link.error("append", exc))
+            return
+        except BaseException:
+            self._fail_all(group, StoreError(f"{self.db}: append interrupted", db=self.db))
+            raise
+        for pending in group:
+            pending.done = True
+            if pending.wake is not None:
+                pending.wake.set()
+
+    def _frontier(self, row: tuple[Any, ...] | None, top: tuple[Any, ...] | None) -> Frontier:
+        held = 0 if top is None or top[0] is None else int(top[0]) + 1
+        try:
+            if row is None:
+                raise ValueError("the tree row is missing")
+            frontier = Frontier.from_state(bytes(row[1]))
+            if frontier.size != int(row[0]) or frontier.size != held:
+                raise ValueError(f"the Merkle frontier covers {frontier.size} entries but the log holds {held}")
+        except ValueError as exc:
+            raise StoreError(
+                f"{self.db}: {exc}",
+                remedy="the ledger's tables were modified outside Truss; run `truss ledger verify --all`",
+                db=self.db,
+            ) from exc
+        return frontier
+
+    @staticmethod
+    def _batch_error(pending: _Pending, exc: TrussError | psycopg.errors.IntegrityError) -> TrussError:
+        if isinstance(exc, TrussError):
+            return exc
+        return StoreConflictError(
+            f"session {pending.session}: another writer recorded this step ({first_line(exc)})",
+            remedy="re-read the session and retry from its head",
+            session=pending.session,
+        )
+
+    @staticmethod
+    def _fail_all(group: list[_Pending], exc: TrussError) -> None:
+        for pending in group:
+            if pending.error is None:
+                pending.error = exc
+            pending.result = []
+            pending.done = True
+            if pending.wake is not None:
+                pending.wake.set()
+
+    def _apply(
+        self, conn: Conn, pending: _Pending, index: int, frontier: Frontier, row: tuple[Any, ...] | None
+    ) -> list[StoredEntry]:
+        """Seal ``pending`` at ``index`` and write it; ``row`` is its session's row, locked (``_SESSION_LOCK``)."""
+        key = self._key
+        assert key is not None
+        session, records = pending.session, pending.records
+        head = None if row is None else _SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
+        out = _seal_batch(
+            key,
+            origin=self.origin,
+            session=session,
+            head=head,
+            records=records,
+            bodies=pending.bodies,
+            index=index,
+            now_ms=self._clock.now_ms,
+            expect_seq=pending.expect_seq,
+        )
+        node_rows: list[tuple[int, int, bytes]] = []
+        blob_rows: dict[str, bytes] = {}
+        for entry, record in zip(out, records, strict=True):
+            node_rows.extend(frontier.append(leaf_hash(entry.raw)))
+            blob_rows.update((ref, bytes(data)) for ref, data in record.blobs.items())
+        entry_rows = [
+            (e.index, session, e.seq, e.kind, e.ts, bytes.fromhex(e.hash), e.raw, e.sig, key.key_id) for e in out
+        ]
+        with conn.cursor() as cur:
+            if len(entry_rows) < _COPY_FROM:
+                cur.executemany(
+                    "INSERT INTO entries (idx, session, seq, kind, ts, hash, raw, sig, keyid)"
+                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    entry_rows,
+                )
+                cur.executemany("INSERT INTO nodes (level, idx, hash) VALUES (%s, %s, %s)", node_rows)
+            else:  # a long batch (imports, bulk_append): COPY is several times faster than INSERTs
+                with cur.copy("COPY entries (idx, session, seq, kind, ts, hash, raw, sig, keyid) FROM STDIN") as copy:
+                    for entry_row in entry_rows:
+                        copy.write_row(entry_row)
+                with cur.copy("COPY nodes (level, idx, hash) FROM STDIN") as copy:
+                    for node_row in node_rows:
+                        copy.write_row(node_row)
+            if blob_rows:
+                cur.executemany(
+                    "INSERT INTO blobs (ref, data) VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING",
+                    list(blob_rows.items()),
+                )
+                cur.executemany(
+                    "INSERT INTO session_blobs (session, ref) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                    [(session, ref) for ref in blob_rows],
+                )
+        last = out[-1]
+        ended = last.kind == "session_ended"
+        if head is None:
+            contract, principal = session_fields(records[0])
+            conn.execute(
+                "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    session,
+                    contract,
+                    None if principal is None else canonical(principal).decode("utf-8"),
+                    "ended" if ended else "running",
+                    last.seq + 1,
+                    out[0].ts,
+                    last.ts,
+                    bytes.fromhex(last.hash),
+                    ended,
+                ),
+            )
+        else:
+            conn.execute(
+                "UPDATE sessions SET entries = %s, head = %s, updated_ms = %s, ended = %s,"
+                " status = CASE WHEN %s AND status = 'running' THEN 'ended' ELSE status END WHERE id = %s",
+                (last.seq + 1, bytes.fromhex(last.hash), last.ts, ended, ended, session),
+            )
+        return out
+
+    # -- other writes --------------------------------------------------------------------------
+
+    def write(self, steps: Sequence[tuple[LiteralString, tuple[Any, ...]]]) -> list[int]:
+        """Run statements in one durable transaction; returns each one's row count."""
+        with self._wlock:
+            conn = self._conn()
+            try:
+                with conn.transaction():
+                    counts: list[int] = []
+                    for query, params in steps:
+                        counts.append(conn.execute(query, params).rowcount)
+                    return counts
+            except psycopg.Error as exc:
+                raise self._link.error("write", exc) from exc
+
+    def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
+        """Keep a signed checkpoint; a second one at the same size must have the same root."""
+        with self._wlock:
+            conn = self._conn()
+            try:
+                insert_checkpoint(conn, self.db, self._clock.now_ms(), size=size, root=root, note=note)
+            except psycopg.Error as exc:
+                raise self._link.error("write", exc) from exc
+
+    @contextlib.contextmanager
+    def importing(self) -> Generator[LedgerImport]:
+        """One transaction that fills this empty ledger with another ledger's signed entries.
+
+        The entries keep their bytes and signatures (nothing is re-signed); the Merkle nodes and
+        frontier are computed here from the bytes. If the block raises, nothing is written.
+        ``StoreConflictError`` when the ledger is not empty.
+        """
+        with self._wlock:
+            conn = self._conn()
+            try:
+                with conn.transaction():
+                    row = conn.execute("SELECT size FROM tree WHERE id = 0 FOR UPDATE").fetchone()
+                    held = conn.execute("SELECT count(*) FROM sessions").fetchone()
+                    size = 0 if row is None else int(row[0])
+                    if size or (held is not None and held[0]):
+                        raise StoreConflictError(
+                            f"{self.db} already holds a ledger of {size} entries",
+                            remedy="migrate into an empty ledger: another schema (?schema=NAME) or database",
+                            size=size,
+                        )
+                    sink = LedgerImport(conn, self._clock.now_ms)
+                    yield sink
+                    sink.finish()
+            except psycopg.Error as exc:
+                raise self._link.error("migrate", exc) from exc
+
+
+class LedgerImport:
+    """Rows of a ledger being copied in, written with COPY in one transaction (``importing``)."""
+
+    _FLUSH = 2000
+
+    def __init__(self, conn: Conn, now_ms: Callable[[], int]) -> None:
+        self._conn = conn
+        self._now_ms = now_ms
+        self.frontier = Frontier()
+        self.entries = self.sessions = self.checkpoints = self.blobs = 0
+        self._entry_rows: list[tuple[Any, ...]] = []
+        self._node_rows: list[tuple[int, int, bytes]] = []
+        self._blob_rows: dict[str, bytes] = {}
+        self._link_rows: set[tuple[str, str]] = set()
+        self._last_size = 0
+
+    def entry(self, item: StoredEntry, payloads: dict[str, bytes]) -> None:
+        """The next entry of the log (in index order) and the payloads its session links to."""
+        if item.index != self.frontier.size:
+            raise StoreError(f"entry {item.index} arrives where leaf {self.frontier.size} belongs", reason="index_gap")
+        self._entry_rows.append(
+            (item.index, item.session, item.seq, item.kind, item.ts, bytes.fromhex(item.hash), item.raw, item.sig,
+             item.keyid)
+        )  # fmt: skip
+        self._node_rows.extend(self.frontier.append(leaf_hash(item.raw)))
+        for ref, data in payloads.items():
+            self._blob_rows[ref] = data
+            self._link_rows.add((item.session, ref))
+        self.entries += 1
+        if len(self._entry_rows) >= self._FLUSH:
+            self._flush()
+
+    def session(self, info: SessionInfo, *, envelope: bytes | None, erased: Iterable[str]) -> None:
+        principal = None if info.principal is None else canonical(info.principal).decode("utf-8")
+        self._flush()
+        self._conn.execute(
+            "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended,"
+            " envelope) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (info.id, info.contract, principal, info.status, info.entries, info.started_ms, info.updated_ms,
+             bytes.fromhex(info.head), info.ended, envelope),
+        )  # fmt: skip
+        with self._conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO erased (session, ref) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                [(info.id, ref) for ref in sorted(erased)],
+            )
+        self.sessions += 1
+
+    def checkpoint(self, checkpoint: StoredCheckpoint) -> None:
+        self._conn.execute(
+            "INSERT INTO checkpoints (size, root, note, created_ms) VALUES (%s, %s, %s, %s)",
+            (checkpoint.size, checkpoint.root, checkpoint.note, checkpoint.created_ms or self._now_ms()),
+        )
+        self._last_size = max(self._last_size, checkpoint.size)
+        self.checkpoints += 1
+
+    def _flush(self) -> None:
+        with self._conn.cursor() as cur:
+            if self._entry_rows:
+                with cur.copy("COPY entries (idx, session, seq, kind, ts, hash, raw, sig, keyid) FROM STDIN") as copy:
+                    for row in self._entry_rows:
+                        copy.write_row(row)
+            if self._node_rows:
+                with cur.copy("COPY nodes (level, idx, hash) FROM STDIN") as copy:
+                    for node in self._node_rows:
+                        copy.write_row(node)
+            if self._blob_rows:
+                cur.executemany(
+                    "INSERT INTO blobs (ref, data) VALUES (%s, %s) ON CONFLICT (ref) DO NOTHING",
+                    list(self._blob_rows.items()),
+                )
+            if self._link_rows:
+                cur.executemany(
+                    "INSERT INTO session_blobs (session, ref) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                    sorted(self._link_rows),
+                )
+        self._entry_rows.clear()
+        self._node_rows.clear()
+        self._blob_rows.clear()
+        self._link_rows.clear()
+
+    def finish(self) -> None:
+        self._flush()
+        self._conn.execute(
+            "UPDATE tree SET size = %s, frontier = %s WHERE id = 0", (self.frontier.size, self.frontier.to_state())
+        )
+        self._conn.execute("UPDATE publisher SET size = %s WHERE id = 0", (self._last_size,))
+        row = self._conn.execute("SELECT count(*) FROM blobs").fetchone()
+        self.blobs = 0 if row is None else int(row[0])
