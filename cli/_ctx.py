@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # the store and key modules load only when a command opens th
 
 @dataclass
 class Ctx:
-    """Global options, resolved once. ``home`` is ``--home``, else ``$TRUSS_HOME``, else ``./.truss``.
+    """Global options, resolved once. ``home`` is ``--home``, else ``$TRUSS_HOME``, else ``./.truss``;
+    ``db`` is ``--db``, else ``$TRUSS_DB``, else ``HOME/ledger.db``.
 
     ``db`` is the ledger as given: a path, or a store URL (``sqlite:///PATH``, ``memory:``, a
     registered scheme); ``open_runtime`` is the one place a command turns it into a store.
@@ -39,7 +40,7 @@ class Ctx:
         home_path = Path(home or os.environ.get("TRUSS_HOME") or ".truss")
         return cls(
             home=home_path,
-            db=db if db else str(home_path / "ledger.db"),
+            db=db or os.environ.get("TRUSS_DB") or str(home_path / "ledger.db"),
             key=Path(key) if key else home_path / "identity.key",
             verbose=verbose,
             json=json_out,

@@ -188,6 +188,9 @@ def register(sub: Any) -> None:
 
     shared = _ledger_report.LedgerHelpers(add_trusted_key_arg, trusted_from_args, _open_readonly)
     LEDGER_PARSERS.update(_ledger_report.register(commands, shared))
+    from truss_cli._migrate import register_migrate
+
+    LEDGER_PARSERS["migrate"] = register_migrate(commands, add_trusted_key_arg)
 
 
 # -- handlers ------------------------------------------------------------------------------------

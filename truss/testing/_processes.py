@@ -22,14 +22,13 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 from truss._clock import SystemClock
-from truss.ledger.bundle import LogAudit
+from truss.ledger.audit import LogAudit
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.note import open_checkpoint
-from truss.ledger.store import LedgerStore
-from truss.ledger.verify import verify_ledger
+from truss.ledger.stores import LedgerStore, open_store
+from truss.ledger.verification import verify_ledger
 
 __all__ = ["PROCESS_CHECK_SEED", "check_ledger_store_across_processes", "open_store_url"]
 
@@ -78,14 +77,8 @@ _WORKER = textwrap.dedent(
 
 
 def open_store_url(url: str, *, key: IdentityKey | None) -> LedgerStore:
-    """Open the store ``url`` names: ``postgresql://`` or a SQLite file path."""
-    if url.startswith(("postgresql:", "postgres:")):
-        from truss.ledger.stores.postgresql import open_postgresql
-
-        return open_postgresql(url, key=key, clock=SystemClock())
-    from truss.ledger.store import open_store
-
-    return open_store(Path(url), key=key, clock=SystemClock(), busy_timeout_ms=60_000)
+    """Open the store ``url`` names, as ``--db`` does (any registered scheme, or a SQLite path)."""
+    return open_store(url, key=key, clock=SystemClock())
 
 
 def check_ledger_store_across_processes(

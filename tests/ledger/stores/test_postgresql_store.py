@@ -16,7 +16,7 @@ from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree
 from truss.ledger.note import open_checkpoint, sign_checkpoint
 from truss.ledger.stores.postgresql import PostgresStore, open_postgresql, parse_postgres_url
-from truss.ledger.verify import verify_ledger
+from truss.ledger.verification import verify_ledger
 from truss.testing import ManualClock, check_ledger_store
 from truss.testing._processes import check_ledger_store_across_processes
 

@@ -62,7 +62,25 @@ def _open_memory(url: str, /, *, key: IdentityKey | None, clock: Clock, create: 
     return open_memory(url, key=key, clock=clock, create=create)
 
 
-_BUILT_IN: dict[str, StoreOpener] = {"sqlite": _open_sqlite, "memory": _open_memory}
+def _open_postgresql(url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool) -> LedgerStore:
+    try:
+        from truss.ledger.stores.postgresql import open_postgresql
+    except ImportError as exc:  # the optional extra is not installed
+        raise _UsageError(
+            f"--db {redact_url(url).split('?', 1)[0]!r}: the PostgreSQL store needs psycopg, which is not installed",
+            remedy="pip install 'truss[postgres]' (docs/postgresql.md)",
+            what="db",
+            missing=exc.name,
+        ) from exc
+    return open_postgresql(url, key=key, clock=clock, create=create)
+
+
+_BUILT_IN: dict[str, StoreOpener] = {
+    "sqlite": _open_sqlite,
+    "memory": _open_memory,
+    "postgresql": _open_postgresql,
+    "postgres": _open_postgresql,
+}
 _registry: dict[str, StoreOpener] = dict(_BUILT_IN)
 _lock = threading.Lock()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, LiteralString
 
 import psycopg
@@ -29,12 +28,12 @@ from psycopg import sql
 
 from truss._clock import Clock
 from truss._errors import StoreConflictError, StoreError, TrussError
-from truss.ledger.canonical import CanonicalError, canonical
-from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, encode_record, seal
+from truss.ledger.canonical import canonical
+from truss.ledger.entry import Record, StoredEntry, encode_record
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
-from truss.ledger.store import SessionInfo, StoredCheckpoint, session_fields
 from truss.ledger.stores._pg_link import Conn, PgLink, first_line, insert_checkpoint
+from truss.ledger.stores.base import SessionHead, SessionInfo, StoredCheckpoint, seal_batch, session_fields
 
 __all__ = ["LedgerImport", "PostgresWriter"]
 
@@ -42,80 +41,6 @@ _COPY_FROM = 16  # entries in one batch from which COPY beats INSERT
 # The session's row lock, taken after the tree row's: a lease's epoch check (fencing) is one more
 # predicate on this row, in this same transaction.
 _SESSION_LOCK: LiteralString = "SELECT entries, head, ended FROM sessions WHERE id = %s FOR UPDATE"
-
-
-@dataclass(frozen=True)
-class _SessionHead:
-    seq: int
-    head: str
-    ended: bool
-
-
-def _seal_batch(
-    key: IdentityKey,
-    *,
-    origin: str,
-    session: str,
-    head: _SessionHead | None,
-    records: Sequence[Record],
-    bodies: Sequence[bytes],
-    index: int,
-    now_ms: Callable[[], int],
-    expect_seq: int | None,
-) -> list[StoredEntry]:
-    """The signed entries ``records`` become at log ``index`` (the session rules every store applies)."""
-    first = records[0]
-    if head is None:
-        if first.kind != "session_started":
-            raise StoreError(
-                f"session {session} does not exist: its first entry must be session_started, not {first.kind}",
-                reason="no_session",
-                session=session,
-            )
-        seq, prev, ended = 0, ZERO_HASH, False
-    else:
-        seq, prev, ended = head.seq, head.head, head.ended
-        if first.kind == "session_started":
-            raise StoreConflictError(
-                f"session {session} already exists", remedy="use a new session id", session=session, seq=seq
-            )
-    if expect_seq is not None and expect_seq != seq:
-        raise StoreConflictError(
-            f"session {session}: expected to append at seq {expect_seq} but its head is at seq {seq}",
-            remedy="another writer is recording this session; stop, re-read it and resume from its head",
-            session=session,
-            seq=expect_seq,
-            actual=seq,
-        )
-    out: list[StoredEntry] = []
-    for i, record in enumerate(records):
-        if ended:
-            raise StoreConflictError(
-                f"session {session} has ended; nothing more can be appended", session=session, seq=seq
-            )
-        if i and record.kind == "session_started":
-            raise StoreError(f"session {session}: session_started may only be its first entry", session=session)
-        try:
-            entry = seal(
-                key,
-                log=origin,
-                session=session,
-                seq=seq,
-                index=index,
-                ts=now_ms(),
-                kind=record.kind,
-                body=record.body,
-                prev=prev,
-                body_bytes=bodies[i],
-            )
-        except CanonicalError as exc:
-            raise StoreError(
-                f"the body of a {record.kind} entry is not canonical JSON: {exc}", reason="bad_body"
-            ) from exc
-        out.append(entry)
-        ended = record.kind == "session_ended"
-        prev, seq, index = entry.hash, seq + 1, index + 1
-    return out
 
 
 class _Pending:
@@ -380,8 +305,8 @@ class PostgresWriter:
         key = self._key
         assert key is not None
         session, records = pending.session, pending.records
-        head = None if row is None else _SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
-        out = _seal_batch(
+        head = None if row is None else SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
+        out = seal_batch(
             key,
             origin=self.origin,
             session=session,

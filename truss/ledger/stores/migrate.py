@@ -16,15 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from truss._clock import Clock
 from truss._errors import VerificationError
-from truss.ledger.bundle import LogAudit
+from truss.ledger.audit import LogAudit, verify_store
 from truss.ledger.entry import StoredEntry
 from truss.ledger.keys import TrustedKeys
-from truss.ledger.store import LedgerStore
-from truss.ledger.stores.postgresql import LedgerImport, PostgresStore
-from truss.ledger.verify import VerifyReport, verify_ledger
+from truss.ledger.stores.base import LedgerStore
+from truss.ledger.stores.postgresql import LedgerImport, PostgresStore, parse_postgres_url
+from truss.ledger.verification import verify_ledger
 
-__all__ = ["MigrateReport", "migrate_ledger", "verify_whole_log"]
+__all__ = ["MigrateReport", "migrate_ledger", "open_target"]
 
 _PAGE = 500
 
@@ -51,16 +52,9 @@ class MigrateReport:
         }
 
 
-def verify_whole_log(store: LedgerStore, trusted: TrustedKeys) -> VerifyReport:
-    """``truss ledger verify --all`` as a function: the chains, then the Merkle log and checkpoints."""
-    audit = LogAudit(store.checkpoints(), trusted, store.origin, node=store.node)
-    report = verify_ledger(store, trusted, extra=[audit.check])
-    if report.ok:
-        problem = audit.finish(*store.tree_head())
-        if problem is not None:
-            return VerifyReport(ok=False, entries=report.entries, sessions=report.sessions, reason=problem[0],
-                                message=problem[1])  # fmt: skip
-    return report
+def open_target(url: str, *, origin: str, clock: Clock) -> PostgresStore:
+    """The PostgreSQL ledger ``url`` names, created (without a key) as the log ``origin`` if absent."""
+    return PostgresStore(parse_postgres_url(url), key=None, clock=clock, origin=origin)
 
 
 def migrate_ledger(source: LedgerStore, target: PostgresStore, trusted: TrustedKeys) -> MigrateReport:
@@ -113,7 +107,7 @@ def migrate_ledger(source: LedgerStore, target: PostgresStore, trusted: TrustedK
             sink.session(info, envelope=source.envelope(info.id), erased=source.erased_refs(info.id))
         for checkpoint in checkpoints:
             sink.checkpoint(checkpoint)
-    after = verify_whole_log(target, trusted)
+    after = verify_store(target, trusted)
     if not after.ok:
         raise VerificationError(
             f"the copy does not verify: {after.message}",

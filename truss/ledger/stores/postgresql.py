@@ -32,7 +32,7 @@ another), so one database can hold several ledgers. Truss's own URL parameters (
 ``checkpoint_interval``) are taken out before the rest goes to libpq. A password may come only
 from the environment (``PGPASSWORD``), a passfile or a service file, never from the URL.
 
-What it does not do: verify (``truss.ledger.verify``) or decide what a checkpoint says (``note``).
+What it does not do: verify (``truss.ledger.audit``) or decide what a checkpoint says (``note``).
 The writer side is in ``_pg_writer``, connection set-up and the tables in ``_pg_link``.
 """
 
@@ -52,10 +52,10 @@ from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
-from truss.ledger.store import SessionInfo, StoredCheckpoint, check_status
 from truss.ledger.stores._pg_link import SCHEMA_VERSION, Conn, PgLink, insert_checkpoint, missing_node
 from truss.ledger.stores._pg_url import DEFAULT_CHECKPOINT_INTERVAL_MS, PostgresTarget, parse_postgres_url
 from truss.ledger.stores._pg_writer import LedgerImport, PostgresWriter
+from truss.ledger.stores.base import SessionInfo, StoredCheckpoint, check_status
 
 __all__ = [
     "DEFAULT_CHECKPOINT_INTERVAL_MS",
