@@ -75,7 +75,7 @@ class TempPostgres:
         self._run_as: dict[str, Any] = {}
         self._schemas = itertools.count(1)
         if os.geteuid() == 0:
-            account = pwd.getpwnam("postgres")  # the package's system user: initdb refuses to run as root
+            account = _postgres_account()  # initdb refuses to run as root
             os.chown(self.root, account.pw_uid, account.pw_gid)
             self._run_as = {"user": account.pw_uid, "group": account.pw_gid, "extra_groups": []}
 
@@ -130,6 +130,20 @@ class TempPostgres:
         """A URL naming a fresh schema: every test's ledger starts empty, on one server."""
         name = f"t{os.getpid()}_{next(self._schemas)}"
         return self.url(schema=name)
+
+
+def _postgres_account() -> pwd.struct_passwd:
+    """The ``postgres`` system user the Debian package creates; made here if the binaries came another way."""
+    try:
+        return pwd.getpwnam("postgres")
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "postgres"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        return pwd.getpwnam("postgres")
 
 
 def _missing(message: str) -> None:
