@@ -130,7 +130,15 @@ class PostgresStore:
                 timeout=busy_timeout_ms / 1000,
                 name="truss-ledger",
             )
-            self._pool.open(wait=True, timeout=busy_timeout_ms / 1000)
+            try:
+                self._pool.open(wait=True, timeout=busy_timeout_ms / 1000)
+            except PoolTimeout as exc:
+                raise StoreError(
+                    f"{self.db}: could not open reading connections to PostgreSQL in {busy_timeout_ms} ms",
+                    remedy="check the server's max_connections and that it accepts this role",
+                    retryable=True,
+                    db=self.db,
+                ) from exc
         except BaseException:
             if self._writer is None:
                 conn.close()
