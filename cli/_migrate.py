@@ -10,16 +10,25 @@ target that already holds a ledger.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from truss_cli._ctx import Ctx
 
 from truss._errors import UsageError
 
+if TYPE_CHECKING:
+    from truss.ledger.keys import TrustedKeys
+
 __all__ = ["register_migrate"]
 
 
-def register_migrate(commands: Any, add_trusted_key_arg: Any) -> argparse.ArgumentParser:
+def register_migrate(
+    commands: Any,
+    add_trusted_key_arg: Callable[[argparse.ArgumentParser], None],
+    trusted_from_args: Callable[[argparse.Namespace, Ctx], TrustedKeys],
+) -> argparse.ArgumentParser:
+    """Add ``ledger migrate`` to ``commands``; ``cmd_ledger`` hands in its shared helpers."""
     p: argparse.ArgumentParser = commands.add_parser(
         "migrate",
         help="copy a ledger into an empty PostgreSQL ledger, verifying every entry on the way",
@@ -31,13 +40,15 @@ def register_migrate(commands: Any, add_trusted_key_arg: Any) -> argparse.Argume
     p.add_argument("--from", dest="source", metavar="LEDGER", help="the ledger to copy (default: --db)")
     p.add_argument("--to", dest="target", metavar="URL", required=True, help="an empty postgresql:// ledger")
     add_trusted_key_arg(p)
-    p.set_defaults(handler=migrate)
+
+    def handler(args: argparse.Namespace, ctx: Ctx) -> int:
+        return migrate(args, ctx, trusted_from_args(args, ctx))
+
+    p.set_defaults(handler=handler)
     return p
 
 
-def migrate(args: argparse.Namespace, ctx: Ctx) -> int:
-    from truss_cli.cmd_ledger import trusted_from_args
-
+def migrate(args: argparse.Namespace, ctx: Ctx, trusted: TrustedKeys) -> int:
     from truss.ledger.stores import open_store, redact_url, store_scheme
 
     if store_scheme(args.target) not in {"postgresql", "postgres"}:
@@ -54,7 +65,6 @@ def migrate(args: argparse.Namespace, ctx: Ctx) -> int:
             remedy="pip install 'truss[postgres]' (docs/postgresql.md)",
             missing=exc.name,
         ) from exc
-    trusted = trusted_from_args(args, ctx)
     source_url = args.source or ctx.db
     source = open_store(source_url, key=None, clock=ctx.clock, create=False)
     try:

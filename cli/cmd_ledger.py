@@ -190,7 +190,7 @@ def register(sub: Any) -> None:
     LEDGER_PARSERS.update(_ledger_report.register(commands, shared))
     from truss_cli._migrate import register_migrate
 
-    LEDGER_PARSERS["migrate"] = register_migrate(commands, add_trusted_key_arg)
+    LEDGER_PARSERS["migrate"] = register_migrate(commands, add_trusted_key_arg, trusted_from_args)
 
 
 # -- handlers ------------------------------------------------------------------------------------
