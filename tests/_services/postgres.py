@@ -12,7 +12,8 @@ The pytest fixtures (registered by ``tests/conftest.py``):
 - ``postgres_urls``: a callable returning a new such URL each time (conformance checks).
 
 Where the binaries or psycopg are missing, a test using these fixtures is skipped with what to
-install, except under CI (``CI`` set), where it fails: a green CI means PostgreSQL ran.
+install, except under CI (``CI`` set), where it fails: a green CI means PostgreSQL ran. A test module
+that imports the PostgreSQL store itself calls ``require_psycopg()`` before that import.
 """
 
 from __future__ import annotations
@@ -146,10 +147,20 @@ def _postgres_account() -> pwd.struct_passwd:
         return pwd.getpwnam("postgres")
 
 
-def _missing(message: str) -> None:
+def _missing(message: str, *, module: bool = False) -> None:
     if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message, allow_module_level=module)
+
+
+def require_psycopg() -> None:
+    """For a test module that imports the PostgreSQL store: skip it whole without psycopg (fail under CI).
+
+    Call it before that import, so the module is reported as skipped (or failed) rather than as a
+    collection error.
+    """
+    if importlib.util.find_spec("psycopg") is None or importlib.util.find_spec("psycopg_pool") is None:
+        _missing(INSTALL_HINT, module=True)
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -71,3 +72,50 @@ def test_importing_truss_does_not_import_psycopg_even_when_it_is_installed(tmp_p
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _pytest_without_psycopg(ci: bool) -> subprocess.CompletedProcess[str]:
+    """The PostgreSQL tests run by pytest in a process where psycopg cannot be imported."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import pytest
+
+        for name in ("psycopg", "psycopg_pool"):
+            sys.modules[name] = None  # import fails and importlib.util.find_spec says None, as when missing
+        sys.exit(pytest.main(["-q", "-rs", "-p", "no:cacheprovider", *sys.argv[1:]]))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in {"CI", "PYTEST_ADDOPTS"}}
+    if ci:
+        env["CI"] = "true"
+    repo = Path(__file__).resolve().parents[3]
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "tests/ledger/stores/test_migrate.py",
+            "tests/ledger/stores/test_conformance.py::test_a_registered_store_passes_the_conformance_check_through_open_store[postgresql]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=repo,
+        env=env,
+    )
+
+
+def test_the_postgresql_tests_are_skipped_with_the_install_hint_without_psycopg_outside_ci() -> None:
+    done = _pytest_without_psycopg(ci=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skipped" in done.stdout and "apt-get install postgresql" in done.stdout
+    assert "passed" not in done.stdout and "failed" not in done.stdout
+
+
+def test_the_postgresql_tests_fail_under_ci_when_psycopg_is_missing() -> None:
+    done = _pytest_without_psycopg(ci=True)
+    assert done.returncode != 0, done.stdout
+    assert "skipped" not in done.stdout
+    assert "apt-get install postgresql" in done.stdout
