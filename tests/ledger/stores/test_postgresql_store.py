@@ -9,12 +9,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests._services.postgres import TempPostgres, find_bindir, require_psycopg
+from tests._services.postgres import TempPostgres, require_psycopg
 from truss._errors import InputError, KeyFileError, NotFoundError, StoreBusyError, StoreError, UsageError
+from truss.keyring import rotate_identity_key
+from truss.ledger.cosignature import cosign, with_signature_lines
 from truss.ledger.entry import Record
-from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.keyhistory import LOG_SESSION, follow_rotations
+from truss.ledger.keys import CosignerKey, IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree
-from truss.ledger.note import open_checkpoint, sign_checkpoint
+from truss.ledger.note import open_checkpoint, sign_checkpoint, sign_checkpoint_note
 from truss.ledger.verification import verify_ledger
 from truss.testing import ManualClock, check_ledger_store
 from truss.testing._processes import check_ledger_store_across_processes
@@ -75,11 +78,8 @@ def test_every_connection_commits_synchronously_whatever_the_url_asks(postgres_u
     assert settings["default_transaction_isolation"] == "read committed"
 
 
-def test_a_server_that_loses_commits_in_a_crash_is_refused() -> None:
-    bindir = find_bindir()
-    if bindir is None:
-        pytest.skip("PostgreSQL is not installed")
-    with TempPostgres(bindir, settings={"fsync": "off"}) as server, pytest.raises(StoreError) as info:
+def test_a_server_that_loses_commits_in_a_crash_is_refused(postgres_server: TempPostgres) -> None:
+    with TempPostgres(postgres_server.bindir, settings={"fsync": "off"}) as server, pytest.raises(StoreError) as info:
         open_postgresql(server.new_schema(), key=_key(), clock=ManualClock())
     assert info.value.fields.get("reason") == "unsafe_server"
 
@@ -205,3 +205,52 @@ def test_a_session_ending_within_the_interval_still_gets_a_checkpoint_covering_i
         second = sign_checkpoint(store, key)  # signed less than 300 ms after the first: it waits its turn
         assert first.size == 1 and second.size > verdict.index
         assert [cp.size for cp in store.checkpoints()] == [1, 3]
+
+
+def test_a_key_rotated_away_by_another_worker_signs_nothing_more_and_cannot_reopen(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    clock = ManualClock()
+    first = IdentityKey.create(tmp_path / "identity.key", name="store.truss.test")
+    worker = open_postgresql(postgres_url, key=first, clock=clock)  # another host, still holding the old key
+    worker.append("s_1", [_start()])
+    rotate_identity_key(tmp_path / "identity.key", lambda k: open_postgresql(postgres_url, key=k, clock=clock))
+    with pytest.raises(StoreError) as refused:
+        worker.append("s_1", [Record("model_turn", {})])
+    assert refused.value.reason == "key_retired"
+    worker.close()
+    with pytest.raises(KeyFileError) as reopened:
+        open_postgresql(postgres_url, key=first, clock=clock)
+    assert reopened.value.reason == "key_retired"
+    current = IdentityKey.load(tmp_path / "identity.key")
+    with open_postgresql(postgres_url, key=current, clock=clock) as store:
+        store.append("s_2", [_start()])
+        history = follow_rotations(store.read_session(LOG_SESSION), TrustedKeys([first.verifier]), origin=store.origin)
+        assert verify_ledger(store, history.trusted, extra=[history.check]).ok
+
+
+def test_cosignatures_two_workers_add_to_one_checkpoint_at_once_are_both_kept(postgres_url: str) -> None:
+    key, clock = _key(), ManualClock()
+    stores = [open_postgresql(postgres_url, key=key, clock=clock) for _ in range(2)]
+    try:
+        stores[0].append("s", [_start()])
+        size, root = stores[0].tree_head()
+        signed = sign_checkpoint_note(stores[0].origin, size, root, key)
+        assert signed.note is not None
+        note = signed.note
+        stores[0].add_checkpoint(size, root, note.decode())
+        witnesses = [CosignerKey.from_seed(bytes([n]) * 32, f"witness.test/w{n}") for n in (1, 2)]
+        cosigned = [with_signature_lines(note, [cosign(signed.text(), w, 1_700_000_000)]).decode() for w in witnesses]
+        threads = [
+            threading.Thread(target=store.add_checkpoint, args=(size, root, text))
+            for store, text in zip(stores, cosigned, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        [held] = [c for c in stores[1].checkpoints() if c.size == size]
+        assert all(w.name in held.note for w in witnesses), held.note
+    finally:
+        for store in stores:
+            store.close()

@@ -19,10 +19,21 @@ import psycopg.errors
 from psycopg import sql
 
 from truss._errors import InputError, KeyFileError, NotFoundError, StoreBusyError, StoreConflictError, StoreError
+from truss.ledger.cosignature import merge_notes
+from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.merkle import Frontier
 from truss.ledger.stores._pg_url import PostgresTarget
 
-__all__ = ["SCHEMA_VERSION", "Conn", "PgLink", "first_line", "insert_checkpoint", "missing_node"]
+__all__ = [
+    "KEY_RETIRED",
+    "SCHEMA_VERSION",
+    "Conn",
+    "PgLink",
+    "first_line",
+    "insert_checkpoint",
+    "key_retired",
+    "missing_node",
+]
 
 SCHEMA_VERSION = 1
 
@@ -224,18 +235,42 @@ class PgLink:
 
 
 def insert_checkpoint(conn: Conn, db: str, now_ms: int, *, size: int, root: bytes, note: str) -> None:
-    """Store a signed checkpoint; ``StoreConflictError`` if another root is stored at ``size``."""
+    """Store a signed checkpoint; ``StoreConflictError`` if another root is stored at ``size``.
+
+    When a checkpoint is already held at ``size``, the signature lines of ``note`` it lacks
+    (witnesses' cosignatures) are merged into it (``cosignature.merge_notes``), under the row's
+    lock, so two workers adding cosignatures at once both keep theirs. Call it inside a
+    transaction (``conn.transaction()``) for the row lock to last until the update.
+    """
     conn.execute(
         "INSERT INTO checkpoints (size, root, note, created_ms) VALUES (%s, %s, %s, %s) ON CONFLICT (size) DO NOTHING",
         (size, root, note, now_ms),
     )
-    held = conn.execute("SELECT root FROM checkpoints WHERE size = %s", (size,)).fetchone()
-    if held is not None and bytes(held[0]) != root:
+    held = conn.execute("SELECT root, note FROM checkpoints WHERE size = %s FOR UPDATE", (size,)).fetchone()
+    if held is None:
+        return
+    if bytes(held[0]) != root:
         raise StoreConflictError(
             f"{db}: a checkpoint of size {size} with another root is already stored",
             remedy="the log was forked: run `truss ledger verify --all`",
             size=size,
         )
+    merged = merge_notes(str(held[1]), note)
+    if merged != str(held[1]):
+        conn.execute("UPDATE checkpoints SET note = %s WHERE size = %s", (merged, size))
+
+
+def key_retired(conn: Conn, key_id: str) -> bool:
+    """Whether a key rotation recorded in the ledger retired ``key_id``.
+
+    Rotations live in the log's own session, so this reads a few rows of one session's index
+    (``UNIQUE (session, seq)``).
+    """
+    row = conn.execute(KEY_RETIRED, (LOG_SESSION, key_id)).fetchone()
+    return row is not None
+
+
+KEY_RETIRED: LiteralString = "SELECT 1 FROM entries WHERE session = %s AND kind = 'key_rotated' AND keyid = %s LIMIT 1"
 
 
 def missing_node(db: str, level: int, index: int) -> StoreError:

@@ -30,9 +30,10 @@ from truss._clock import Clock
 from truss._errors import StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry, encode_record
+from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
-from truss.ledger.stores._pg_link import Conn, PgLink, first_line, insert_checkpoint
+from truss.ledger.stores._pg_link import KEY_RETIRED, Conn, PgLink, first_line, insert_checkpoint
 from truss.ledger.stores.base import SessionHead, SessionInfo, StoredCheckpoint, seal_batch, session_fields
 
 __all__ = ["LedgerImport", "PostgresWriter"]
@@ -46,14 +47,33 @@ _SESSION_LOCK: LiteralString = "SELECT entries, head, ended FROM sessions WHERE 
 class _Pending:
     """One caller's batch waiting for a group commit."""
 
-    __slots__ = ("bodies", "done", "durable", "error", "expect_seq", "records", "result", "session", "wake")
+    __slots__ = (
+        "bodies",
+        "done",
+        "durable",
+        "error",
+        "expect_index",
+        "expect_seq",
+        "records",
+        "result",
+        "session",
+        "wake",
+    )
 
-    def __init__(self, session: str, records: Sequence[Record], durable: bool, expect_seq: int | None) -> None:
+    def __init__(
+        self,
+        session: str,
+        records: Sequence[Record],
+        durable: bool,
+        expect_seq: int | None,
+        expect_index: int | None = None,
+    ) -> None:
         self.bodies = [encode_record(record) for record in records]  # in the caller's thread
         self.session = session
         self.records = records
         self.durable = durable
         self.expect_seq = expect_seq
+        self.expect_index = expect_index
         self.result: list[StoredEntry] = []
         self.error: TrussError | None = None
         self.done = False
@@ -117,18 +137,28 @@ class PostgresWriter:
     # -- append (group commit) -------------------------------------------------------------------
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
     ) -> list[StoredEntry]:
         """Append ``records`` to ``session`` as consecutive entries; returns them signed.
 
         Committed (the WAL flushed, unless ``durable=False``) before it returns. ``expect_seq`` is
-        the seq the first record must get; otherwise ``StoreConflictError`` and nothing is written.
+        the seq and ``expect_index`` the log index the first record must get (checked under the
+        tree row's lock, so it is a compare-and-set across processes); otherwise
+        ``StoreConflictError`` and nothing is written. A key that a ``key_rotated`` entry in the
+        log's own session retired (whoever appended it) signs nothing more: ``StoreError``
+        (``reason="key_retired"``).
         """
         if self._key is None:
             raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=self.db)
         if not records:
             return []
-        pending = _Pending(session, list(records), durable, expect_seq)
+        pending = _Pending(session, list(records), durable, expect_seq, expect_index)
         if not self._group:
             with self._wlock:
                 self._commit_group([pending])
@@ -215,8 +245,13 @@ class PostgresWriter:
                 # holder committed (read committed takes a snapshot per statement).
                 tree = conn.execute("SELECT size, frontier FROM tree WHERE id = 0 FOR UPDATE")
                 top = conn.execute("SELECT max(idx) FROM entries")
+                # Another worker may have rotated this key away (its entries would not verify):
+                # checked under the tree lock, so no rotation can commit between this and our entries.
+                retired = conn.execute(KEY_RETIRED, (LOG_SESSION, self._key_id()))
                 first = conn.execute(_SESSION_LOCK, (group[0].session,)) if pipelined else None
                 frontier = self._frontier(tree.fetchone(), top.fetchone())
+                if retired.fetchone() is not None:
+                    raise self._retired_error()
                 next_index = frontier.size
                 if len(group) == 1:
                     [pending] = group
@@ -227,13 +262,18 @@ class PostgresWriter:
                     )
                     pending.result = self._apply(conn, pending, next_index, frontier, row)
                 else:
+                    rotated = False  # a rotation earlier in this group retires the key for the rest
                     for pending in group:
+                        if rotated:
+                            pending.error = self._retired_error()
+                            continue
                         saved = frontier.to_state()
                         try:
                             with conn.transaction():  # a savepoint: one failing batch fails alone
                                 row = conn.execute(_SESSION_LOCK, (pending.session,)).fetchone()
                                 pending.result = self._apply(conn, pending, next_index, frontier, row)
                             next_index += len(pending.result)
+                            rotated = any(record.kind == "key_rotated" for record in pending.records)
                         except (TrussError, psycopg.errors.IntegrityError) as exc:
                             frontier = Frontier.from_state(saved)
                             pending.result = []
@@ -278,6 +318,19 @@ class PostgresWriter:
             ) from exc
         return frontier
 
+    def _key_id(self) -> str:
+        assert self._key is not None
+        return self._key.key_id
+
+    def _retired_error(self) -> StoreError:
+        return StoreError(
+            f"{self.db}: the identity key {self._key_id()} was retired by a key rotation; "
+            "nothing more can be signed with it",
+            remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
+            db=self.db,
+            reason="key_retired",
+        )
+
     @staticmethod
     def _batch_error(pending: _Pending, exc: TrussError | psycopg.errors.IntegrityError) -> TrussError:
         if isinstance(exc, TrussError):
@@ -316,6 +369,7 @@ class PostgresWriter:
             index=index,
             now_ms=self._clock.now_ms,
             expect_seq=pending.expect_seq,
+            expect_index=pending.expect_index,
         )
         node_rows: list[tuple[int, int, bytes]] = []
         blob_rows: dict[str, bytes] = {}
@@ -392,11 +446,15 @@ class PostgresWriter:
                 raise self._link.error("write", exc) from exc
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
-        """Keep a signed checkpoint; a second one at the same size must have the same root."""
+        """Keep a signed checkpoint; a second one at the same size must have the same root.
+
+        Signature lines a second copy brings (witnesses' cosignatures) are merged into the held one.
+        """
         with self._wlock:
             conn = self._conn()
             try:
-                insert_checkpoint(conn, self.db, self._clock.now_ms(), size=size, root=root, note=note)
+                with conn.transaction():  # the row stays locked from its read to the merge's update
+                    insert_checkpoint(conn, self.db, self._clock.now_ms(), size=size, root=root, note=note)
             except psycopg.Error as exc:
                 raise self._link.error("write", exc) from exc
 

@@ -52,7 +52,7 @@ from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
-from truss.ledger.stores._pg_link import SCHEMA_VERSION, Conn, PgLink, insert_checkpoint, missing_node
+from truss.ledger.stores._pg_link import SCHEMA_VERSION, Conn, PgLink, insert_checkpoint, key_retired, missing_node
 from truss.ledger.stores._pg_url import DEFAULT_CHECKPOINT_INTERVAL_MS, PostgresTarget, parse_postgres_url
 from truss.ledger.stores._pg_writer import LedgerImport, PostgresWriter
 from truss.ledger.stores.base import SessionInfo, StoredCheckpoint, check_status
@@ -116,6 +116,13 @@ class PostgresStore:
                     f"the identity key is named {key.name!r} but the ledger {self.db} is the log {self.origin!r}",
                     remedy="use the key this ledger was created with (rotated keys keep the log's name)",
                     file=self.db,
+                )
+            if key is not None and key_retired(conn, key.key_id):
+                raise KeyFileError(
+                    f"the identity key {key.key_id} was retired by a key rotation recorded in {self.db}",
+                    remedy="use the current identity key; `truss key rotate` completes a rotation that was interrupted",
+                    file=self.db,
+                    reason="key_retired",
                 )
             self._writer = PostgresWriter(
                 self._link, conn, key=key, clock=clock, origin=self.origin, group_commit=group_commit
@@ -188,17 +195,25 @@ class PostgresStore:
     # -- writes --------------------------------------------------------------------------------
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        expect_index: int | None = None,
     ) -> list[StoredEntry]:
         """Append ``records`` to ``session`` as consecutive entries; returns them signed.
 
         Committed (the WAL flushed, unless ``durable=False``) before it returns. ``expect_seq`` is
-        the seq the first record must get; otherwise ``StoreConflictError`` and nothing is written.
+        the seq and ``expect_index`` the log index the first record must get; otherwise
+        ``StoreConflictError`` and nothing is written. A key retired by a key rotation in the log
+        signs nothing more (``StoreError``, ``reason="key_retired"``).
         """
         writer = self._check_open()
         if self._key is None:
             raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=self.db)
-        return writer.append(session, records, durable=durable, expect_seq=expect_seq)
+        return writer.append(session, records, durable=durable, expect_seq=expect_seq, expect_index=expect_index)
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -251,7 +266,11 @@ class PostgresStore:
         return counts[0]
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
-        """Keep a signed checkpoint; a second one at the same size must have the same root."""
+        """Keep a signed checkpoint; a second one at the same size must have the same root.
+
+        When the one held comes back with more signature lines (witnesses' cosignatures), they
+        are merged into it under the row's lock (``cosignature.merge_notes``).
+        """
         self._check_open().add_checkpoint(size, root, note)
 
     def set_envelope(self, session: str, envelope: bytes) -> None:
