@@ -42,14 +42,24 @@ _FRESH: dict[str, Callable[[Path, int], str]] = {
 }
 
 
+# Schemes whose fresh ledger is a new schema of the test PostgreSQL server (tests/_services/postgres.py).
+_ON_SERVER = {"postgresql", "postgres"}
+
+
 def test_every_registered_scheme_is_covered_by_a_conformance_run() -> None:
-    assert set(store_schemes()) == set(_FRESH)
+    assert set(store_schemes()) == set(_FRESH) | _ON_SERVER
 
 
-@pytest.mark.parametrize("scheme", sorted(_FRESH))
-def test_every_registered_store_passes_the_conformance_check_through_open_store(scheme: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", sorted(set(_FRESH) | _ON_SERVER))
+def test_every_registered_store_passes_the_conformance_check_through_open_store(
+    scheme: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     numbers = count()
-    check_ledger_store(lambda key, clock: open_store(_FRESH[scheme](tmp_path, next(numbers)), key=key, clock=clock))
+    fresh: Callable[[], str] = lambda: _FRESH[scheme](tmp_path, next(numbers))  # noqa: E731
+    if scheme in _ON_SERVER:
+        schema: Callable[[], str] = request.getfixturevalue("postgres_urls")
+        fresh = lambda: schema().replace("postgresql://", f"{scheme}://", 1)  # noqa: E731
+    check_ledger_store(lambda key, clock: open_store(fresh(), key=key, clock=clock))
 
 
 def test_a_bare_path_and_a_sqlite_url_open_the_same_ledger(tmp_path: Path) -> None:
@@ -87,10 +97,11 @@ def test_a_sqlite_url_with_a_host_a_query_or_no_file_is_refused_not_ignored(url:
 
 def test_an_unknown_scheme_is_a_usage_error_that_lists_the_known_ones_and_hides_credentials() -> None:
     with pytest.raises(UsageError) as caught:
-        open_store("postgresql://truss:hunter2@db.example.com/ledger", key=KEY, clock=ManualClock())
-    assert caught.value.fields["scheme"] == "postgresql"
+        open_store("mysql://truss:hunter2@db.example.com/ledger", key=KEY, clock=ManualClock())
+    assert caught.value.fields["scheme"] == "mysql"
     assert "hunter2" not in caught.value.diagnostics()
-    assert "sqlite:" in caught.value.diagnostics() and "memory:" in caught.value.diagnostics()
+    for known in ("sqlite:", "memory:", "postgresql:"):
+        assert known in caught.value.diagnostics()
 
 
 def test_redact_url_hides_user_info_and_leaves_paths_alone() -> None:

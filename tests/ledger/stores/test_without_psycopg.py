@@ -96,7 +96,7 @@ def _pytest_without_psycopg(ci: bool) -> subprocess.CompletedProcess[str]:
             "-c",
             code,
             "tests/ledger/stores/test_migrate.py",
-            "tests/ledger/stores/test_conformance.py::test_a_registered_store_passes_the_conformance_check_through_open_store[postgresql]",
+            "tests/ledger/test_store_registry.py::test_every_registered_store_passes_the_conformance_check_through_open_store[postgresql]",
         ],
         capture_output=True,
         text=True,
