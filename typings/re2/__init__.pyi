@@ -1,0 +1,16 @@
+# The part of google-re2's API that truss/_regex.py uses (the package ships no type information).
+from typing import Any
+
+class error(Exception): ...
+
+class Options:
+    log_errors: bool
+    max_mem: int
+    def __init__(self) -> None: ...
+
+class _Regexp:
+    pattern: str
+    def search(self, text: str | bytes, pos: int | None = ..., endpos: int | None = ...) -> Any: ...
+    def fullmatch(self, text: str | bytes, pos: int | None = ..., endpos: int | None = ...) -> Any: ...
+
+def compile(pattern: str | bytes, options: Options | None = ...) -> _Regexp: ...
