@@ -132,7 +132,7 @@ async def test_ten_megabyte_result_is_refused_as_an_error_result(tmp_path: Path)
             result = await mounts.call(mounts.tools["mcp:huge:big"], {}, timeout_s=20)
     assert result.is_error
     assert result.extra["refused"] == "max_result_bytes"
-    assert result.extra["result_bytes"] > 10_000_000
+    assert result.extra["result_bytes"] > 1_000_000 and result.extra["partial"]  # refused as it arrived
     assert len(result.canonical_bytes()) < 1000
 
 

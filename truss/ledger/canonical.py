@@ -25,12 +25,14 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, cast
 
-__all__ = ["CanonicalError", "canonical", "is_plain", "sha256_ref", "value_ref"]
+__all__ = ["MAX_DEPTH", "CanonicalError", "canonical", "is_plain", "sha256_ref", "value_ref"]
 
 _MAX_SAFE_INT = 2**53
 # ``type`` itself, typed for values of unknown type: the fast path compares exact types.
 _type_of: Callable[[object], type[object]] = type
 _MAX_DEPTH = 128
+MAX_DEPTH = _MAX_DEPTH
+"""The deepest nesting ``canonical`` encodes (the root is depth 0; a value at depth 129 is refused)."""
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 

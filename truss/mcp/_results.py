@@ -2,31 +2,41 @@
 
 ``result_of`` turns the SDK's ``CallToolResult`` into a ``ToolResult`` with exactly ``content``
 (each block without ``_meta``), ``isError`` and ``structuredContent`` when present. A result the
-ledger cannot record (no RFC 8785 form: an integer beyond 2**53, nesting past the encoder's limit)
-is a ``ToolCallError`` (``cause="invalid_result"``); one larger than ``max_result_bytes`` comes
-back as an ``isError`` result with ``extra = {"refused": "max_result_bytes", "result_bytes": n}``,
-which the gate records as a ``result_too_large`` failure. Also here: the errors and the progress
-wrapper every call path shares.
+ledger cannot record (no RFC 8785 form: an integer beyond 2**53, NaN or an infinity, or nesting
+deeper than ``RESULT_MAX_DEPTH``) is a ``ToolCallError`` (``cause="invalid_result"``); one larger
+than ``max_result_bytes`` comes back as an ``isError`` result with ``extra = {"refused":
+"max_result_bytes", "result_bytes": n}`` (``too_large``; with ``"partial": true`` when the stdio
+reader refused the message before it was whole, so it was longer than ``n``), which the gate
+records as a ``result_too_large`` failure. Also here: the errors and the progress wrapper every
+call path shares.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 from typing import Any, cast
 
 from mcp import types
 from mcp.shared.dispatcher import ProgressFnT
 
 from truss._errors import McpError, ToolCallError
-from truss.ledger.canonical import CanonicalError, canonical, is_plain
+from truss.ledger.canonical import MAX_DEPTH, CanonicalError, canonical, is_plain
 from truss.tools import MountedTool, ProgressFn, ToolResult
 
-__all__ = ["closed", "result_of", "safe_progress"]
+__all__ = ["RESULT_MAX_DEPTH", "closed", "result_of", "safe_progress", "too_large"]
+
+RESULT_MAX_DEPTH = MAX_DEPTH - 8
+"""The deepest a result (its wire form, the root at depth 0) may nest. A result is stored up to
+six levels deeper than it arrives (its ``structuredContent`` inside a model turn's messages, a
+part of it that a scripted step passes on inside that step's recorded call), and the ledger's
+encoding stops at ``MAX_DEPTH``: the margin keeps every place a result is stored recordable."""
 
 
 def result_of(tool: MountedTool, result: types.CallToolResult, max_result_bytes: int) -> ToolResult:
     """The gate's form of a tool's answer (see the module docstring)."""
+    _refuse_non_finite(tool, result)
     wire = result.model_dump(by_alias=True, mode="json", exclude_none=True)
     content: list[Any] = []
     blocks: list[Any] = wire.get("content") or []
@@ -53,15 +63,22 @@ def result_of(tool: MountedTool, result: types.CallToolResult, max_result_bytes:
             cause="invalid_result",
         ) from None
     if size > max_result_bytes:
-        text = (
-            f"The result of tool {tool.tool!r} from MCP server {tool.server!r} is {size} bytes, "
-            f"over the contract's max_result_bytes of {max_result_bytes}; it was refused."
-        )
-        return ToolResult(
-            {"content": [{"type": "text", "text": text}], "isError": True},
-            extra={"refused": "max_result_bytes", "result_bytes": size},
-        )
+        return too_large(tool, size, max_result_bytes)
     return ToolResult(out)
+
+
+def too_large(tool: MountedTool, size: int, max_result_bytes: int, *, at_least: bool = False) -> ToolResult:
+    """The refused form of a result of ``size`` bytes (``at_least``: the message was refused before
+    it was whole, so it was longer than that)."""
+    measured = f"more than {size}" if at_least else str(size)
+    text = (
+        f"The result of tool {tool.tool!r} from MCP server {tool.server!r} is {measured} bytes, "
+        f"over the contract's max_result_bytes of {max_result_bytes}; it was refused."
+    )
+    extra: dict[str, Any] = {"refused": "max_result_bytes", "result_bytes": size}
+    if at_least:
+        extra["partial"] = True
+    return ToolResult({"content": [{"type": "text", "text": text}], "isError": True}, extra=extra)
 
 
 def _text_only_bound(content: list[Any]) -> int:
@@ -85,11 +102,22 @@ def _text_only_bound(content: list[Any]) -> int:
 def _check_recordable(tool: MountedTool, out: dict[str, Any]) -> None:
     """Refuse a result the ledger cannot record: valid JSON that RFC 8785 has no form for.
 
-    A server may answer with an integer beyond 2**53 (a 64-bit id), or nesting deeper than the
-    canonical encoder's limit; recording it would fail after the call, so it becomes a failed
-    call (``invalid_result``) instead. ``is_plain`` is a cheap walk that clears almost every
-    result; only the rest pay for a full encoding.
+    A server may answer with an integer beyond 2**53 (a 64-bit id), NaN, or nesting deeper than
+    ``RESULT_MAX_DEPTH``; recording it (or the model turn that carries it on) would fail after the
+    call, so it becomes a failed call (``invalid_result``) instead. ``is_plain`` is a cheap walk
+    that clears almost every result; only the rest pay for a full encoding.
     """
+    depth = _depth_over(out, RESULT_MAX_DEPTH)
+    if depth is not None:
+        raise ToolCallError(
+            f"tool {tool.tool!r} of MCP server {tool.server!r} returned a result nested deeper than "
+            f"{RESULT_MAX_DEPTH} levels (at {depth}), which cannot be recorded",
+            remedy="Have the server return flatter results; the ledger records at most "
+            f"{RESULT_MAX_DEPTH} levels of a result",
+            server=tool.server,
+            tool=tool.tool,
+            cause="invalid_result",
+        )
     if is_plain(out):
         return
     try:
@@ -99,10 +127,56 @@ def _check_recordable(tool: MountedTool, out: dict[str, Any]) -> None:
         raise ToolCallError(
             f"tool {tool.tool!r} of MCP server {tool.server!r} returned a result that cannot be "
             f"recorded{where}: {type(exc).__name__}",
+            remedy="The server sent a number JSON cannot carry exactly (beyond 2**53, NaN, infinite) or a lone "
+            "surrogate; report it upstream",
             server=tool.server,
             tool=tool.tool,
             cause="invalid_result",
         ) from None
+
+
+def _refuse_non_finite(tool: MountedTool, result: types.CallToolResult) -> None:
+    """Refuse NaN and the infinities (``1e400`` parses as one) before the JSON dump turns them into null."""
+    values: list[Any] = [result.structured_content]
+    values += [block.model_dump(exclude_none=True) for block in result.content if block.annotations is not None]
+    stack = values
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ToolCallError(
+                f"tool {tool.tool!r} of MCP server {tool.server!r} returned a result holding {item!r}, "
+                "which JSON cannot carry (a number too large for a double, or NaN) and the ledger cannot record",
+                remedy="Have the server send finite numbers; report it upstream",
+                server=tool.server,
+                tool=tool.tool,
+                cause="invalid_result",
+            )
+        if isinstance(item, dict):
+            stack.extend(cast(dict[str, Any], item).values())
+        elif isinstance(item, list):
+            stack.extend(cast(list[Any], item))
+
+
+def _depth_over(value: Any, limit: int) -> str | None:
+    """The JSON pointer of the first value deeper than ``limit`` (root: depth 0), or None."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, "")]
+    while stack:
+        item, depth, pointer = stack.pop()
+        if depth > limit:
+            return pointer or "/"
+        if isinstance(item, dict):
+            for key, child in cast(dict[str, Any], item).items():
+                if isinstance(child, dict | list):
+                    stack.append((cast(Any, child), depth + 1, f"{pointer}/{key}"))
+                elif depth + 1 > limit:
+                    return f"{pointer}/{key}"
+        elif isinstance(item, list):
+            for index, child in enumerate(cast(list[Any], item)):
+                if isinstance(child, dict | list):
+                    stack.append((cast(Any, child), depth + 1, f"{pointer}/{index}"))
+                elif depth + 1 > limit:
+                    return f"{pointer}/{index}"
+    return None
 
 
 def closed(server: str, tool: str, cause: McpError | None = None) -> ToolCallError:
