@@ -280,7 +280,8 @@ class PinMismatchError(McpError):
 
 class ToolCallError(McpError):
     """A tool call failed below the tool: ``cause`` is ``timeout``, ``connection_closed``,
-    ``protocol_error``, ``transport`` or ``invalid_result``; ``code`` is the JSON-RPC code."""
+    ``server_error`` (the server answered with a JSON-RPC error: ``code``), ``protocol_error``,
+    ``transport`` or ``invalid_result``."""
 
     kind = "tool_call"
 

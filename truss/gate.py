@@ -331,7 +331,11 @@ class Gate:
         """The recorded ``failure`` and the model's error result for a call that failed below the tool."""
         cause = str(exc.fields.get("cause") or ("pin_changed" if isinstance(exc, PinMismatchError) else "transport"))
         text = self.redactor.scrub_text(f"the call failed below the tool ({cause}): {exc.message}")
-        return {"cause": cause, "retryable": exc.retryable}, error_result(text)
+        failure: dict[str, Any] = {"cause": cause, "retryable": exc.retryable}
+        code = exc.fields.get("code")
+        if cause == "server_error" and type(code) is int and abs(code) <= 2**53:
+            failure["code"] = code  # the JSON-RPC error code the server answered with
+        return failure, error_result(text)
 
     def _too_large(
         self, tool: MountedTool, result: ToolResult, size: int
@@ -342,6 +346,8 @@ class Gate:
         if not refused and not budget_mod.result_too_large(self.contract, size):
             return None
         measured: Any = result.extra.get("result_bytes") if refused else size
+        if refused and result.extra.get("partial"):
+            measured = f"more than {measured}"  # refused as it arrived, before it was whole
         limit = self.contract.budget.max_result_bytes
         text = f"the result of {tool.name} was {measured} bytes, over max_result_bytes ({limit}); it was refused"
         error = error_result(text)

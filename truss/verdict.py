@@ -32,7 +32,8 @@ from truss.contract import DONE_CHECKS, CallRecord, CheckKind, Contract, DoneChe
 __all__ = ["CheckResult", "RunError", "Verdict", "evaluate", "resolve_pointer"]
 
 Status = Literal["pass", "fail", "error"]
-_BELOW_TOOL = {"timeout", "connection_closed", "protocol_error", "transport", "invalid_result", "pin_changed"}
+_BELOW_TOOL = {"timeout", "connection_closed", "server_error", "protocol_error", "transport", "invalid_result",
+               "pin_changed"}  # fmt: skip
 
 
 @dataclass(frozen=True)

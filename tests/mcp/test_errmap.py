@@ -86,10 +86,16 @@ def test_every_exception_class_is_mapped(cls: type[BaseException]) -> None:
     assert (error.server, error.tool) == ("s", "t")
 
 
-def test_timeout_and_closed_connection_are_retryable_protocol_errors_are_not() -> None:
+def test_timeout_and_closed_connection_are_retryable_server_errors_are_not() -> None:
     assert classify(mcp.MCPError(code=-32001, message="timed out"))[:2] == ("timeout", True)
     assert classify(mcp.MCPError(code=-32000, message="Connection closed"))[:2] == ("connection_closed", True)
-    assert classify(mcp.MCPError(code=-32602, message="bad params"))[:2] == ("protocol_error", False)
+    assert classify(mcp.MCPError(code=-32602, message="bad params"))[:2] == ("server_error", False)
+
+
+def test_the_sdks_own_codes_are_server_errors_when_the_server_answered_with_them() -> None:
+    for code in (-32000, -32001):
+        cause, retryable, _, recorded = classify(mcp.MCPError(code=code, message="busy"), (code, "busy"))
+        assert (cause, retryable, recorded) == ("server_error", False, code)
 
 
 def test_nested_exception_groups_are_flattened_to_the_telling_leaf() -> None:

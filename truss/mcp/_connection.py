@@ -1,12 +1,16 @@
 """One server's connection, from spawn to exit: transport, launcher, auth, stderr, list changes, processes.
 
 ``run_server(live, reach)`` owns one server for the whole run, in its own task: it opens the
-transport (stdio through the run's ``Launcher``, Streamable HTTP through an ``httpx2.AsyncClient``
-with the contract's headers and the run's ``HttpAuth`` flow, or an in-process server in tests),
-lists and mounts the tools (``truss.mcp._mount``), reports readiness or the start error through
-``Live``, then re-lists whenever the server says its tools changed, until ``connect`` exits.
-Whatever way it ends, the stdio server's process group is ended (``truss.mcp._procs``) before the
-launcher tears its helpers down, and the stderr log is closed.
+transport (stdio through the run's ``Launcher`` and Truss's bounded reader, ``truss.mcp._stdio``;
+Streamable HTTP through an ``httpx2.AsyncClient`` with the contract's headers and the run's
+``HttpAuth`` flow; or an in-process server in tests), lists and mounts the tools
+(``truss.mcp._mount``), reports readiness or the start error through ``Live``, then re-lists
+whenever the server says its tools changed, until ``connect`` exits. Whatever way it ends, the
+stdio server's process group is ended (``truss.mcp._procs``) before the launcher tears its helpers
+down, and the stderr log is closed. Every message goes through the connection's
+``truss.mcp._wire.Wire``, which tells a server's own JSON-RPC errors from the SDK's. The SDK's
+``outputSchema`` check is turned off: Truss checks results itself, bounded and off the event loop
+(``truss.mcp._schema``).
 
 Elicitation: a server with an ``[mcp.servers.elicitation]`` table gets an elicitation callback (and
 so the client declares the capability); each request is answered by ``truss.elicitation.answer``
@@ -19,7 +23,9 @@ drops tools whose ``x-mcp-header`` annotations are invalid, and Truss keeps the 
 start error instead of "not advertised".
 
 Secrets: ``secret_env`` and secret header values are resolved here from the given environment and
-passed to their own server only; they never reach a message, a log or a field.
+passed to their own server only; they never reach a message, a log or a field. What a server says
+about itself (server info, instructions, capabilities, tool annotations and names) is scrubbed of
+every secret value the contract names before anyone records or prints it (``Reach.secrets``).
 """
 
 from __future__ import annotations
@@ -42,7 +48,6 @@ import httpx2
 from mcp import Client, StdioServerParameters, types
 from mcp.client.caching import CacheMode
 from mcp.client.session import ClientRequestContext
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.inbound import find_invalid_x_mcp_header
 
@@ -56,9 +61,12 @@ from truss.mcp import _procs
 from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
 from truss.mcp._mount import UNPINNABLE, list_all, mount, pin_or_none
 from truss.mcp._results import closed
-from truss.mcp._status import ServerStatus, tool_definition
+from truss.mcp._schema import SchemaChecks
+from truss.mcp._status import ServerStatus, scrubbed_status, tool_definition
 from truss.mcp._stderr import StderrSink
+from truss.mcp._stdio import stdio_transport
 from truss.mcp._tasks import offers_tasks
+from truss.mcp._wire import ENVELOPE_BYTES, TapRead, TapWrite, Wire
 from truss.mcp.auth import HttpAuth
 from truss.mcp.launch import Launch, Launcher, Report
 from truss.tools import MountedTool
@@ -90,6 +98,15 @@ class Reach:
     launcher: Launcher
     auth: HttpAuth
     on_event: ServerEvents | None = None
+
+    def secrets(self) -> list[str]:
+        """Every secret value the contract names that is set (``secret_env``, secret headers), longest first."""
+        names: list[str] = []
+        for server in self.contract.mcp.servers:
+            names += server.secret_env
+            names += [h.secret_env for h in server.headers.values() if isinstance(h, SecretHeader)]
+        values = {v for v in (self.environ.get(name) for name in names) if v}
+        return sorted(values, key=len, reverse=True)
 
     def report(self, server: str) -> Report:
         """What a launcher or auth flow of ``server`` calls to report an event (never raises)."""
@@ -135,6 +152,9 @@ class TrussClient(Client):
         if self.protocol_version >= "2026-07-28":
             session: Any = self.session
             session._dispatcher = _CompleteByDefault(session._dispatcher)
+        # The SDK would check each result against its tool's outputSchema on the event loop with a
+        # backtracking regex engine and no bound; Truss checks it itself (truss.mcp._schema).
+        object.__setattr__(self.session, "validate_tool_result", _unchecked)
         return self
 
     async def list_tools(
@@ -158,6 +178,10 @@ class TrussClient(Client):
         if self.on_tools_page is not None:
             self.on_tools_page(page)
         return page
+
+
+async def _unchecked(name: str, result: types.CallToolResult) -> None:
+    return None
 
 
 class Live:
@@ -190,6 +214,8 @@ class Live:
         self.refused: dict[str, tuple[str, str]] = {}  # tool -> (why the SDK dropped it from the listing, pin)
         self.inflight: dict[int, elicitation.CallElicitations] = {}  # Mounts.call in progress -> its elicitations
         self.report: Report | None = None
+        self.wire: Wire | None = None
+        self.schemas = SchemaChecks()
 
     # -- elicitation (truss.elicitation) ------------------------------------------------------
 
@@ -357,22 +383,16 @@ def _description(server: Server, seam: str, value: Any) -> dict[str, Any]:
 
 @asynccontextmanager
 async def _tracked_stdio(
-    reach: Reach, live: Live, declared: Launch, sink: StderrSink, marker: str
+    reach: Reach, live: Live, declared: Launch, sink: StderrSink, *, marker: str, wire: Wire
 ) -> AsyncGenerator[Any]:
     assert sink.writer is not None
     async with reach.launcher.launch(live.settings, declared, reach.report(live.name)) as actual:
-        # "replace": with "strict", one non-UTF-8 byte stalls the SDK's reader for good (it drains
-        # stdout until EOF); replaced bytes make a line that fails to parse, which is counted and
-        # reported with the call's error instead.
-        params = StdioServerParameters(
-            command=actual.command,
-            args=list(actual.args),
-            env=dict(actual.env),
-            cwd=actual.cwd,
-            encoding_error_handler="replace",
-        )
+        # Bytes that are not UTF-8 become replacement characters: the line then fails to parse,
+        # which is counted and reported with the call's error instead of ending the connection.
+        params = StdioServerParameters(command=actual.command, args=list(actual.args), env=dict(actual.env),
+                                       cwd=actual.cwd)  # fmt: skip
         try:
-            async with stdio_client(params, errlog=sink.writer) as streams:
+            async with stdio_transport(params, errlog=sink.writer, wire=wire) as (read, write):
                 sink.spawned()
                 # Rarely (a loaded machine) the child's /proc entry is not readable at once: retry, bounded.
                 for _ in range(50):
@@ -380,10 +400,16 @@ async def _tracked_stdio(
                     if live.pid is not None:
                         break
                     await anyio.sleep(0.01)
-                yield streams
+                yield read, TapWrite(write, wire)
         finally:
             if live.pid is not None:  # the server's processes end before the launcher's helpers
                 await _procs.end_group(live.pid)
+
+
+@asynccontextmanager
+async def _tapped(transport: Any, wire: Wire) -> AsyncGenerator[Any]:
+    async with transport as (read, write):
+        yield TapRead(read, wire), TapWrite(write, wire)
 
 
 def _client_info() -> types.Implementation:
@@ -394,6 +420,7 @@ async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
     server = live.settings
     connect_s = duration_ms(server.connect_timeout) / 1000.0
     target: Any
+    wire = Wire(reach.clock.new_id("wire"), reach.contract.budget.max_result_bytes + ENVELOPE_BYTES)
     if live.inprocess is not None:
         target = live.inprocess
     elif server.transport == "stdio":
@@ -406,12 +433,13 @@ async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
             reach.log_dir / f"{server.name}.stderr.log",
             name=server.name,
             echo=sys.stderr if reach.verbose else None,
-            secrets=[env[name] for name in server.secret_env],  # a server may print what it was given
+            secrets=reach.secrets(),  # a server may print what it was given
         )
         live.sink = sink
         stack.callback(sink.spawned)
         declared = Launch(command=server.command, args=tuple(server.args), env=env, cwd=server.cwd)
-        target = _tracked_stdio(reach, live, declared, sink, marker)
+        live.wire = wire
+        target = _tracked_stdio(reach, live, declared, sink, marker=marker, wire=wire)
     else:
         assert server.url is not None
         live.auth_json = _description(server, "auth flow", reach.auth.describe(server))
@@ -428,7 +456,8 @@ async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
             event_hooks={"response": [on_response]},
         )
         await stack.enter_async_context(http)
-        target = streamable_http_client(server.url, http_client=http, terminate_on_close=True)
+        live.wire = wire
+        target = _tapped(streamable_http_client(server.url, http_client=http, terminate_on_close=True), wire)
     client = TrussClient(
         target,
         mode="auto",
@@ -514,7 +543,8 @@ async def run_server(live: Live, reach: Reach) -> None:
                     connect_ms=(clock.monotonic() - start) * 1000.0, pid=live.pid, log=log,
                     launcher=live.launcher_json, auth=live.auth_json, refused=live.refused,
                 )  # fmt: skip
-                live.mounted, live.task_support, live.status = mounted.tools, mounted.task_support, mounted.status
+                live.mounted, live.task_support = mounted.tools, mounted.task_support
+                live.status = scrubbed_status(mounted.status, reach.secrets())
                 live.offers_tasks = offers_tasks(mounted.status.capabilities)
                 await _watch_changes(live, client, scope)
         if not live.ready.is_set():

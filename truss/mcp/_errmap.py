@@ -6,6 +6,12 @@ Every foreign exception that can leave a connect or a call is turned into a ``Se
 ``retryable``. The table is ordered most specific first; ``tests/mcp/test_errmap.py`` scans the
 SDK for exception classes and fails when one falls through to the catch-all.
 
+A JSON-RPC error the server answered with is ``server_error`` with its ``code``, whatever the code:
+the SDK raises ``-32000`` itself when a connection closes and ``-32001`` when a request times out,
+so an ``MCPError`` with one of those codes is ``connection_closed`` or ``timeout`` unless the
+connection's wire saw the server answer the call's request with it (``answered``,
+``truss.mcp._wire.CallSlot``).
+
 What this module does not do: decide whether a call is re-sent (the gate does, from the
 contract), or put an exception's text in a message when that text could hold a secret (HTTP
 errors carry the request URL; only its scheme, host and path are kept).
@@ -56,21 +62,23 @@ def safe_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
-def _mcp_error(exc: MCPError) -> Mapped:
+def _mcp_error(exc: MCPError, answered: tuple[int, str] | None) -> Mapped:
     code = exc.code
-    if code == types.REQUEST_TIMEOUT:
+    by_server = answered is not None and answered[0] == code
+    if code == types.REQUEST_TIMEOUT and not by_server:
         return "timeout", True, "the server did not answer within the timeout", code
-    if code == types.CONNECTION_CLOSED:
+    if code == types.CONNECTION_CLOSED and not by_server:
         return "connection_closed", True, "the connection to the server closed (it exited or crashed)", code
     # The server's message is untrusted text: keep it short and on one line.
     message = "".join(c if c.isprintable() else "?" for c in " ".join(str(exc.message).split()))[:200]
-    return "protocol_error", False, f"the server answered with JSON-RPC error {code}: {message}", code
+    return "server_error", False, f"the server answered with JSON-RPC error {code}: {message}", code
 
 
-def classify(exc: BaseException) -> Mapped:
-    """(cause, retryable, text, code) for one leaf exception, most specific first."""
+def classify(exc: BaseException, answered: tuple[int, str] | None = None) -> Mapped:
+    """(cause, retryable, text, code) for one leaf exception, most specific first; ``answered`` is
+    the (code, message) of the error the server answered the request with, when the wire saw one."""
     if isinstance(exc, MCPError):
-        return _mcp_error(exc)
+        return _mcp_error(exc, answered)
     if isinstance(exc, TimeoutError):
         return "timeout", True, "no answer within the timeout", None
     if isinstance(exc, httpx2.TimeoutException):
@@ -134,14 +142,21 @@ def _first_leaf(exc: BaseException) -> BaseException:
     return found[0] if found else exc
 
 
-def to_call_error(exc: BaseException, *, server: str, tool: str, timeout_s: float | None = None) -> McpError:
-    """A ``ToolCallError`` for a failed call (already-Truss errors pass through)."""
+def to_call_error(
+    exc: BaseException,
+    *,
+    server: str,
+    tool: str,
+    timeout_s: float | None = None,
+    answered: tuple[int, str] | None = None,
+) -> McpError:
+    """A ``ToolCallError`` for a failed call (already-Truss errors pass through); ``answered`` as for ``classify``."""
     if isinstance(exc, McpError):
         return exc
     leaf = _first_leaf(exc)
     if isinstance(leaf, McpError):
         return leaf
-    cause, retryable, text, code = classify(leaf)
+    cause, retryable, text, code = classify(leaf, answered)
     if cause == "timeout" and timeout_s is not None:
         text = f"no answer within {timeout_s:g} s"
     return ToolCallError(
@@ -186,7 +201,9 @@ def _remedy(cause: str) -> str:
     return {
         "timeout": "Raise call_timeout for this server or tool if the work needs longer, or check the server",
         "connection_closed": "The server exited; its stderr log says why",
-        "protocol_error": "The server refused the request; check the arguments against the tool's input schema",
+        "server_error": "The server answered the call with an error; check the arguments against the tool's input "
+        "schema, or the server's stderr log",
+        "protocol_error": "The server broke the MCP protocol; report it upstream",
         "invalid_result": "The server's answer broke the MCP schema or the tool's outputSchema; report it upstream",
         "transport": "Check that the server is reachable and healthy; its stderr log may say more",
     }.get(cause, "Check the server")

@@ -2,18 +2,25 @@
 
 ``ServerStatus`` (protocol version, server info, capabilities, instructions, tools mounted or
 filtered, and the launcher or auth flow the server was reached through), ``ToolStatus``, and
-``tool_definition``: the wire-form members of a tool that its pin covers (DESIGN 3.3). Values only.
+``tool_definition``: the wire-form members of a tool that its pin covers (DESIGN 3.3).
+``scrubbed_status`` replaces every known secret value in what the server said about itself, so a
+server that echoes its own token in its name or instructions gets it neither signed nor printed.
+Values only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from mcp import types
 
-__all__ = ["ServerStatus", "ToolStatus", "tool_definition"]
+__all__ = ["REDACTED", "ServerStatus", "ToolStatus", "scrub_value", "scrubbed_status", "tool_definition"]
+
+REDACTED = "[redacted]"
+_MIN_SECRET_LEN = 4  # as the gate's redactor: shorter values would mangle ordinary text
 
 
 class ToolStatus(NamedTuple):
@@ -80,3 +87,43 @@ def tool_definition(tool: types.Tool) -> dict[str, Any]:
     wire = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
     keys = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
     return {k: wire[k] for k in keys if k in wire}
+
+
+def scrub_value(value: Any, secrets: Sequence[str]) -> Any:
+    """``value`` (JSON-shaped) with every one of ``secrets`` inside its strings, keys included, replaced
+    by ``REDACTED``; ``secrets`` longest first, so one that contains another goes whole."""
+    usable = [s for s in secrets if len(s) >= _MIN_SECRET_LEN]
+    if not usable:
+        return value
+    return _scrub(value, usable)
+
+
+def _scrub(value: Any, secrets: list[str]) -> Any:
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret in value:
+                value = value.replace(secret, REDACTED)
+        return value
+    if isinstance(value, dict):
+        return {_scrub(k, secrets): _scrub(v, secrets) for k, v in cast(dict[Any, Any], value).items()}
+    if isinstance(value, list | tuple):
+        return [_scrub(v, secrets) for v in cast(list[Any], value)]
+    return value
+
+
+def scrubbed_status(status: ServerStatus, secrets: Sequence[str]) -> ServerStatus:
+    """``status`` with ``secrets`` scrubbed from everything the server sent (pins stay: they hash
+    the definition as it was sent)."""
+    if not any(len(s) >= _MIN_SECRET_LEN for s in secrets):
+        return status
+    return dataclasses.replace(
+        status,
+        server_info=scrub_value(status.server_info, secrets),
+        capabilities=scrub_value(status.capabilities, secrets),
+        instructions=scrub_value(status.instructions, secrets),
+        tools=[
+            ToolStatus(scrub_value(t.name, secrets), t.mounted, t.pin, scrub_value(dict(t.annotations), secrets))
+            for t in status.tools
+        ],
+        filtered=scrub_value(status.filtered, secrets),
+    )

@@ -8,8 +8,9 @@ prefixed with the server's name. The thread ends when the last writer (the serve
 it started) is gone.
 
 It does not interpret what the server writes; nothing from it reaches the ledger. It does scrub
-the server's own secret values (``secret_env``, which the server holds and may print, say in a
-debug dump of its environment) from the log and the echo, including a value split across reads.
+secret values from the log and the echo, including a value split across reads: the contract's
+``secret_env`` and header secrets (which the server holds and may print, say in a debug dump of its
+environment), and each ``secret_args`` value as soon as a call carries it (``remember``).
 """
 
 from __future__ import annotations
@@ -42,10 +43,10 @@ class StderrSink:
         secrets: Iterable[str] = (),
     ) -> None:
         self.path = path
-        # Longest first, so a secret containing another is replaced whole.
-        self._secrets = sorted({v.encode("utf-8") for v in secrets if len(v) >= _MIN_SECRET_LEN}, key=len, reverse=True)
-        # Bytes held back between reads: enough that a secret split across two reads is still seen whole.
-        self._hold = max((len(v) for v in self._secrets), default=1) - 1
+        self._secrets: list[bytes] = []
+        self._hold = 0
+        self._lock = threading.Lock()
+        self.remember(secrets)
         self._name = name
         self._echo = echo
         self._cap = STDERR_LOG_CAP_BYTES if cap_bytes is None else cap_bytes
@@ -55,6 +56,17 @@ class StderrSink:
         self.writer: TextIO | None = os.fdopen(write_fd, "w")
         self._thread = threading.Thread(target=self._drain, name=f"truss-stderr-{name}", daemon=True)
         self._thread.start()
+
+    def remember(self, secrets: Iterable[str]) -> None:
+        """Scrub these values too, from what the server writes from now on (thread-safe)."""
+        fresh = {v.encode("utf-8", "surrogatepass") for v in secrets if len(v) >= _MIN_SECRET_LEN}
+        with self._lock:
+            if fresh <= set(self._secrets):
+                return
+            # Longest first, so a secret containing another is replaced whole.
+            self._secrets = sorted(fresh | set(self._secrets), key=len, reverse=True)
+            # Bytes held back between reads: enough that a secret split across two reads is still seen whole.
+            self._hold = max(len(v) for v in self._secrets) - 1
 
     def spawned(self) -> None:
         """Close Truss's copy of the write end, so the log ends when the server's side does."""
@@ -99,14 +111,16 @@ class StderrSink:
                 os.close(self._read_fd)
 
     def _scrub(self, data: bytes, *, final: bool) -> tuple[bytes, bytes]:
-        """``data`` with this server's secrets replaced, split into (safe to write now, held back)."""
-        if not self._secrets:
+        """``data`` with the known secrets replaced, split into (safe to write now, held back)."""
+        with self._lock:
+            secrets, hold = self._secrets, self._hold
+        if not secrets:
             return data, b""
-        for secret in self._secrets:
+        for secret in secrets:
             data = data.replace(secret, _REDACTED)
-        if final or self._hold == 0:
+        if final or hold == 0:
             return data, b""
-        cut = max(0, len(data) - self._hold)
+        cut = max(0, len(data) - hold)
         return data[:cut], data[cut:]
 
     def _write_echo(self, chunk: bytes) -> None:

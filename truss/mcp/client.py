@@ -28,7 +28,7 @@ import os
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from mcp import Client
@@ -40,8 +40,10 @@ from truss.elicitation import CallElicitations
 from truss.mcp import _tasks
 from truss.mcp._connection import CALLING, ELICITING, Live, Reach, ServerEvents, quiet_sdk_logs, run_server
 from truss.mcp._errmap import to_call_error
-from truss.mcp._results import closed, result_of, safe_progress
+from truss.mcp._results import closed, result_of, safe_progress, too_large
+from truss.mcp._schema import check_output
 from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
+from truss.mcp._wire import CALL_SLOT, CallSlot
 from truss.mcp.auth import HttpAuth, StaticHeaders
 from truss.mcp.launch import Launcher, PlainLauncher
 from truss.tools import MountedTool, ProgressFn, ToolResult, namespaced
@@ -151,12 +153,16 @@ class Mounts:
         during the call (answered by its ``[mcp.servers.elicitation]`` policy) come back as
         ``extra["elicitations"]`` (a ``truss.elicitation.CallElicitations``), or the error's field of that name."""
         live, client = self._checked(tool)
-
+        if live.sink is not None:  # the server may echo a secret argument on its stderr
+            live.sink.remember(self._secret_arguments(tool, arguments))
+        started = self._clock.monotonic()
         elicited = CallElicitations()
         key = id(elicited)
         live.inflight[key] = elicited
+        slot = CallSlot()
         token = CALLING.set((tool.server, tool.tool))
         eliciting = ELICITING.set(elicited)
+        slot_token = CALL_SLOT.set(slot)
         try:
             # The SDK's per-request timer bounds the call (also against a body that drips bytes
             # forever) and sends the courtesy cancel; an extra cancel scope here would only add cost.
@@ -169,29 +175,71 @@ class Mounts:
         except PinMismatchError:
             raise
         except Exception as exc:
-            error = to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s)
-            if live.log is not None and error.cause in ("connection_closed", "transport"):
-                error.fields["stderr_log"] = str(live.log)
-                error.remedy = f"The server exited or failed; its stderr is in {live.log}"
-            if live.garbage:
-                error.fields["garbage_lines"] = live.garbage
-                error.message += f" (the server also wrote {live.garbage} line(s) that are not MCP messages)"
+            refusal = live.wire.refusal(exc) if live.wire is not None else None
+            if refusal is not None and refusal.reason == "too_large":
+                refused = too_large(tool, refusal.size, self._max_result_bytes, at_least=True)
+                return self._with_elicitations(refused, elicited)
+            error = self._call_error(live, tool, exc, timeout_s, slot, unparsable=refusal is not None)
             if elicited.records:
                 error.fields["elicitations"] = elicited  # for the record, not for --json (not plain JSON)
             raise error from None
         finally:
+            CALL_SLOT.reset(slot_token)
             ELICITING.reset(eliciting)
             CALLING.reset(token)
             del live.inflight[key]
         try:
             answer = result_of(tool, result, self._max_result_bytes)
-        except ToolCallError as error:  # a result that cannot be recorded: the exchanges still are
+            if answer.extra.get("refused") is None:
+                left = timeout_s - (self._clock.monotonic() - started)
+                await check_output(live.schemas, tool, answer.wire, timeout_s=left)
+        except ToolCallError as error:  # a result that cannot be recorded or fails its schema: the exchanges still are
             if elicited.records:
                 error.fields["elicitations"] = elicited
             raise
+        return self._with_elicitations(answer, elicited)
+
+    @staticmethod
+    def _with_elicitations(answer: ToolResult, elicited: CallElicitations) -> ToolResult:
         if elicited.records:
             return ToolResult(answer.wire, {**answer.extra, "elicitations": elicited})
         return answer
+
+    def _call_error(
+        self, live: Live, tool: MountedTool, exc: Exception, timeout_s: float, slot: CallSlot, *, unparsable: bool
+    ) -> McpError:
+        if unparsable:
+            error: McpError = ToolCallError(
+                f"calling tool {tool.tool!r} on MCP server {tool.server!r} failed: the server answered with a "
+                "message that is not valid JSON-RPC (not JSON, or nested deeper than the parser reads)",
+                remedy="The server's answer broke the MCP schema; report it upstream",
+                server=tool.server,
+                tool=tool.tool,
+                cause="invalid_result",
+            )
+        else:
+            error = to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s,
+                                  answered=slot.server_error)  # fmt: skip
+        if live.log is not None and error.fields.get("cause") in ("connection_closed", "transport"):
+            error.fields["stderr_log"] = str(live.log)
+            error.remedy = f"The server exited or failed; its stderr is in {live.log}"
+        if live.garbage:
+            error.fields["garbage_lines"] = live.garbage
+            error.message += f" (the server also wrote {live.garbage} line(s) that are not MCP messages)"
+        return error
+
+    def _secret_arguments(self, tool: MountedTool, arguments: Mapping[str, Any]) -> list[str]:
+        """The string values of ``tool``'s server's ``secret_args`` fields in ``arguments``."""
+        live = self._lives[tool.server]
+        found: list[str] = []
+        for spec in live.settings.secret_args:
+            parts = spec[1:].split("/") if spec.startswith("/") else None
+            path = [p.replace("~1", "/").replace("~0", "~") for p in parts] if parts is not None else [spec]
+            value: Any = arguments
+            for part in path:
+                value = cast(Mapping[str, Any], value).get(part) if isinstance(value, Mapping) else None
+            _strings(value, found)
+        return found
 
     # -- MCP tasks (truss.mcp._tasks: which tools, TTL, polling, task ids) --------------------------
 
@@ -208,9 +256,15 @@ class Mounts:
     ) -> ToolResult | None:
         """Task ``task_id``'s result once it ended; None while it still runs after ``timeout_s`` (or at
         the first look, with ``no_wait``). An id the server does not know is ``cause="task_unknown"``."""
-        _, client = self._checked(tool)
-        return await _tasks.result(client, tool, task_id, timeout_s=timeout_s, max_result_bytes=self._max_result_bytes,
-                                   no_wait=self._no_wait, progress=progress)  # fmt: skip
+        live, client = self._checked(tool)
+        started = self._clock.monotonic()
+        answer = await _tasks.result(client, tool, task_id, timeout_s=timeout_s,
+                                     max_result_bytes=self._max_result_bytes, no_wait=self._no_wait,
+                                     progress=progress)  # fmt: skip
+        if answer is not None and answer.extra.get("refused") is None:
+            left = timeout_s - (self._clock.monotonic() - started)
+            await check_output(live.schemas, tool, answer.wire, timeout_s=max(left, 1.0))
+        return answer
 
     def _checked(self, tool: MountedTool) -> tuple[Live, Client]:
         """The tool's live server and client, or the error that refuses the call before it is sent."""
@@ -239,6 +293,17 @@ class Mounts:
         if client is None or live.dead is not None:
             raise closed(tool.server, tool.tool, live.dead)
         return live, client
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, Mapping):
+        for item in cast(Mapping[str, Any], value).values():
+            _strings(item, out)
+    elif isinstance(value, list):
+        for item in cast(list[Any], value):
+            _strings(item, out)
 
 
 @asynccontextmanager
