@@ -180,3 +180,26 @@ def test_sigterm_records_runs_as_interrupted_and_a_later_server_resumes_them_by_
     assert again.close()[0] == 0
     assert resumed["session"] == handle["session"]
     assert resumed["status"] == "pass"
+
+
+_LAST_REQUESTS = {
+    "tools/list": json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}) + "\n",
+    "status": call_line(1, "truss_contract_status", {"session": "nope"}),
+    "run": call_line(1, "truss_run_contract", {"contract": "hello"}),  # a run is still in flight at the end
+}
+
+
+@pytest.mark.parametrize("attempt", range(3))
+@pytest.mark.parametrize("request_kind", list(_LAST_REQUESTS))
+async def test_a_request_written_just_before_stdin_closes_is_answered(
+    serve_site: Site, request_kind: str, attempt: int
+) -> None:
+    # The SDK's loop cancelled what was in flight at the end of input: tools/list went unanswered 4 times in 5.
+    raw = RawStdio(serve_site, f"closing-{request_kind.replace('/', '-')}-{attempt}")
+    raw.initialize()
+    raw.send(_LAST_REQUESTS[request_kind])
+    assert raw.proc.stdin is not None
+    raw.proc.stdin.close()
+    assert raw.reply(timeout=120)["id"] == 1
+    code, stderr = raw.close()
+    assert code == 0, stderr

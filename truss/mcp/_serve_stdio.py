@@ -9,6 +9,11 @@ stderr, also after the client has gone and runs are still finishing. (The SDK's 
 
 Each inbound line is bounded in size and nesting before the SDK parses it; an oversized or too
 deeply nested message gets a JSON-RPC error (with its id when one can be read) instead of silence.
+
+Every request read before the end of input is answered: the SDK's serving loop cancels the
+requests still in flight when its input ends, so a client that writes a request and closes its
+end at once lost the answer (2 times in 3). The lines end only once every request read has been
+answered on the wire (or cancelled by the client, or the wire is gone).
 """
 
 from __future__ import annotations
@@ -33,17 +38,82 @@ __all__ = ["claim_stdio", "serve_stdio"]
 _ID_RE = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,200}"|-?\d{1,20})')
 
 
+class _InFlight:
+    """The requests read from stdin and not answered yet, by id."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, int] = {}
+        self._idle = anyio.Event()
+        self._idle.set()
+
+    def read(self, message: Any) -> None:
+        """Note a request the SDK will answer (a well-formed one), or a client's cancellation."""
+        if not isinstance(message, dict):
+            return
+        fields = cast("dict[str, Any]", message)
+        if fields.get("jsonrpc") != "2.0":
+            return
+        method, request_id, params = fields.get("method"), fields.get("id"), fields.get("params")
+        if not isinstance(method, str):
+            return
+        if "id" not in fields:
+            if method == "notifications/cancelled" and isinstance(params, dict):
+                self._drop(cast("dict[str, Any]", params).get("requestId"))
+            return
+        if (
+            isinstance(request_id, int | str)
+            and not isinstance(request_id, bool)
+            and (params is None or isinstance(params, dict))
+        ):
+            key = json.dumps(request_id)
+            self._ids[key] = self._ids.get(key, 0) + 1
+            self._idle = anyio.Event() if self._idle.is_set() else self._idle
+
+    def wrote(self, text: str) -> None:
+        """Note a line written to the client: an answer settles its request."""
+        try:
+            message: Any = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(message, dict) and "method" not in message and ("result" in message or "error" in message):
+            self._drop(cast("dict[str, Any]", message).get("id"))
+
+    def _drop(self, request_id: Any) -> None:
+        key = json.dumps(request_id)
+        count = self._ids.get(key, 0)
+        if count > 1:
+            self._ids[key] = count - 1
+        else:
+            self._ids.pop(key, None)
+        if not self._ids:
+            self._idle.set()
+
+    def release(self) -> None:
+        """Nobody can be answered any more (the wire is gone)."""
+        self._ids.clear()
+        self._idle.set()
+
+    async def answered(self) -> None:
+        await self._idle.wait()
+
+
 class _Wire:
     """The protocol's stdout: whole lines, one writer at a time."""
 
     def __init__(self, raw: IO[bytes]) -> None:
         self._raw = raw
         self._lock = anyio.Lock()
+        self.in_flight = _InFlight()
 
     async def write(self, text: str) -> None:
         data = text.encode("utf-8")
         async with self._lock:
-            await anyio.to_thread.run_sync(self._write_flush, data)
+            try:
+                await anyio.to_thread.run_sync(self._write_flush, data)
+            except OSError:
+                self.in_flight.release()
+                raise
+        self.in_flight.wrote(text)
 
     def _write_flush(self, data: bytes) -> None:
         self._raw.write(data)
@@ -100,24 +170,27 @@ class _BoundedLines:
                     continue
                 if not line.strip():
                     continue
-                problem = self._problem(line)
+                message, problem = self._parsed(line)
                 if problem is not None:
                     await self._wire.error(*problem)
                     continue
+                self._wire.in_flight.read(message)
                 yield line.decode("utf-8", errors="replace")
+            # End of input: the SDK would cancel what is still in flight, so end only once it is answered.
+            await self._wire.in_flight.answered()
 
-    def _problem(self, line: bytes) -> tuple[Any, int, str] | None:
+    def _parsed(self, line: bytes) -> tuple[Any, tuple[Any, int, str] | None]:
         depth_limit = self._limits.max_nesting_depth + 2  # the message and its params add two levels
         try:
             message: Any = json.loads(line)
         except RecursionError:
-            return _sniff_id(line[:4096]), -32600, f"request nested deeper than {depth_limit} levels"
+            return None, (_sniff_id(line[:4096]), -32600, f"request nested deeper than {depth_limit} levels")
         except ValueError:
-            return None, -32700, "Parse error"
+            return None, (None, -32700, "Parse error")
         if json_depth(message, depth_limit) > depth_limit:
             request_id: Any = cast("dict[str, Any]", message).get("id") if isinstance(message, dict) else None
-            return request_id, -32600, f"request nested deeper than {depth_limit} levels"
-        return None
+            return None, (request_id, -32600, f"request nested deeper than {depth_limit} levels")
+        return message, None
 
 
 def _sniff_id(head: bytes) -> Any:
