@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import REPO, truss_cmd
 from tests.durability.support import cli, entries
+from tests.durability.test_tasks import TASKS_SERVER
 from tests.gate.support import files_containing
 from tests.security._support import DATA, HERE, truss
 from truss.ledger.keys import IdentityKey
@@ -302,3 +303,40 @@ def test_every_server_answer_file_is_played_by_a_test() -> None:
     }  # fmt: skip
     assert {p.stem for p in SERVERS.glob("*.json")} == played
     assert os.path.exists(ANSWERS)
+
+
+def test_a_task_id_holding_the_servers_own_secret_is_refused_and_recorded_nowhere(tmp_path: Path, home: Path) -> None:
+    env = {
+        "COUNT_FILE": str(tmp_path / "count.txt"),
+        "TASK_FILE": str(tmp_path / "tasks.json"),
+        "TASK_DONE_FILE": str(tmp_path / "done"),
+        "TASK_ID_FILE": str(DATA / "task_id_holding_the_servers_secret.json"),
+    }
+    contract = tmp_path / "tasks.toml"
+    contract.write_text(
+        f"""
+[contract]
+name = "tasks"
+intent = "build"
+[[agent.steps]]
+tool = "mcp:tk:build"
+arguments = {{ key = "k" }}
+[[mcp.servers]]
+name = "tk"
+command = {json.dumps(sys.executable)}
+args = [{json.dumps(str(TASKS_SERVER))}]
+env = {{ {", ".join(f"{k} = {json.dumps(v)}" for k, v in env.items())} }}
+secret_env = ["TK_TOKEN"]
+allow_tools = ["build"]
+connect_timeout = "60s"
+""",
+        encoding="utf-8",
+    )
+    done = run(home, contract, env={"TK_TOKEN": SECRET})
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session"]
+    call = the_call(home, session)
+    assert call.body["failure"]["cause"] == "protocol_error" and "task" not in call.body
+    assert "mcp_tool_pending" not in [e.kind for e in entries(home, session)]
+    assert files_containing(home, SECRET.encode()) == []
+    assert SECRET not in done.stdout + done.stderr

@@ -25,7 +25,7 @@ secret headers) in a message, a log or a field.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -50,6 +50,8 @@ from truss.tools import MountedTool, ProgressFn, ToolResult, namespaced
 
 __all__ = ["Mounts", "ServerStatus", "ToolStatus", "connect", "tool_definition"]
 
+_MIN_SECRET_LEN = 4  # as the gate's redactor: shorter values would match ordinary text
+
 
 class Mounts:
     """The mounted tools of a contract's servers; implements ``truss.tools.ToolTransport`` and
@@ -60,8 +62,17 @@ class Mounts:
     said at connect time.
     """
 
-    def __init__(self, lives: list[Live], *, max_result_bytes: int, clock: Clock, no_wait: bool = False) -> None:
+    def __init__(
+        self,
+        lives: list[Live],
+        *,
+        max_result_bytes: int,
+        clock: Clock,
+        no_wait: bool = False,
+        secrets: Sequence[str] = (),
+    ) -> None:
         self._lives = {live.name: live for live in lives}
+        self._secrets = [s for s in secrets if len(s) >= _MIN_SECRET_LEN]
         self._max_result_bytes = max_result_bytes
         self._clock = clock
         self._no_wait = no_wait
@@ -249,7 +260,18 @@ class Mounts:
         if live is None or not _tasks.runs_as_task(live.offers_tasks, live.task_support.get(tool.tool)):
             return None
         _, client = self._checked(tool)
-        return await _tasks.start(client, tool, arguments, timeout_s=timeout_s)
+        task_id = await _tasks.start(client, tool, arguments, timeout_s=timeout_s)
+        if any(secret in task_id for secret in self._secrets):
+            # A task id is recorded (signed) and shown: one holding a secret value cannot be used.
+            raise ToolCallError(
+                f"MCP server {tool.server!r} answered tool {tool.tool!r} with a task id that holds a secret value "
+                "of the contract",
+                remedy="Report it upstream; Truss records task ids, so it cannot follow this one",
+                server=tool.server,
+                tool=tool.tool,
+                cause="protocol_error",
+            )
+        return task_id
 
     async def task_result(
         self, tool: MountedTool, task_id: str, *, timeout_s: float, progress: ProgressFn | None = None
@@ -367,7 +389,8 @@ async def connect(
                 if len(failed) > 1:
                     first.fields["others"] = [e.fields.get("server") for e in failed[1:]]
                 raise first
-            mounts = Mounts(lives, max_result_bytes=contract.budget.max_result_bytes, clock=clock, no_wait=no_wait)
+            mounts = Mounts(lives, max_result_bytes=contract.budget.max_result_bytes, clock=clock, no_wait=no_wait,
+                            secrets=reach.secrets())  # fmt: skip
             yield mounts
         except BaseException as exc:
             # Raised outside the task group so callers see it as is, not wrapped in a group.
