@@ -17,7 +17,10 @@ check off (``truss.mcp._connection``) and runs this one instead, which differs i
    unmetered classes at a nested ``$schema``), and ``$ref`` resolves only inside the schema and to
    the bundled meta-schemas, never over the network;
 4. it runs in a worker thread, so the event loop keeps serving while it works; the caller bounds
-   it by the call's time left, and a check abandoned that way stops at its next step.
+   it by the call's time left, and a check abandoned that way stops at its next step. A small
+   result of a schema already compiled is first checked on the event loop with a budget of
+   ``INLINE_STEPS`` (a thread hop would cost more than the check): one that needs more starts
+   again in the thread.
 
 A check that fails for any reason is a ``ToolCallError`` with ``cause="invalid_result"``: the
 server's result or its schema is at fault, and the run goes on. What this module does not do: check
@@ -40,7 +43,7 @@ from truss._regex import NotLinearError, linear_regex
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.tools import MountedTool
 
-__all__ = ["SCHEMA_STEP_BUDGET", "SchemaChecks", "check_output"]
+__all__ = ["INLINE_STEPS", "SCHEMA_STEP_BUDGET", "SchemaChecks", "check_output"]
 
 SCHEMA_STEP_BUDGET = 1_000_000
 """Steps one check may take: keywords applied, plus one per 64 bytes that ``enum``, ``const``,
@@ -48,6 +51,10 @@ SCHEMA_STEP_BUDGET = 1_000_000
 275,000 (``jsonschema`` applies some 50,000 keywords a second on a loaded 2-core machine, so the
 call's time left usually ends a hostile check first)."""
 
+INLINE_STEPS = 500
+"""Steps a check may take on the event loop (a few milliseconds at most) before it moves to a thread."""
+
+_INLINE_NODES = 200
 _BYTES_PER_STEP = 64
 _MAX_DETAIL_CHARS = 160
 _SCHEMA_MODULES = ("jsonschema._keywords", "jsonschema._legacy_keywords", "jsonschema._utils")
@@ -65,6 +72,7 @@ class _Refused(Exception):
 class _Meter:
     left: int
     abandoned: bool = False
+    exhausted: bool = False
 
 
 _LOCAL = threading.local()
@@ -78,6 +86,7 @@ def _charge(steps: int) -> None:
     if meter.abandoned:
         raise _Refused("abandoned")
     if meter.left < 0:
+        meter.exhausted = True
         raise _Refused(f"the check took more than {SCHEMA_STEP_BUDGET:,} steps")
 
 
@@ -274,6 +283,22 @@ def _run(checks: SchemaChecks, tool: MountedTool, structured: Any, meter: _Meter
         _LOCAL.meter = None
 
 
+def _small(value: Any) -> bool:
+    """True when ``value`` has at most ``_INLINE_NODES`` values and strings (cheap: stops early)."""
+    stack: list[Any] = [value]
+    seen = 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > _INLINE_NODES or (isinstance(item, str) and len(item) > 4096):
+            return False
+        if isinstance(item, dict):
+            stack.extend(cast(dict[str, Any], item).values())
+        elif isinstance(item, list):
+            stack.extend(cast(list[Any], item))
+    return True
+
+
 async def check_output(checks: SchemaChecks, tool: MountedTool, wire: Mapping[str, Any], *, timeout_s: float) -> None:
     """Check a result (wire form, ``_meta`` removed) against ``tool``'s ``outputSchema``; raise
     ``ToolCallError(cause="invalid_result")`` when it does not conform or the check cannot finish
@@ -284,15 +309,23 @@ async def check_output(checks: SchemaChecks, tool: MountedTool, wire: Mapping[st
     if "structuredContent" not in wire:
         problem: str | None = "it has an outputSchema but the result has no structuredContent"
     else:
-        meter = _Meter(SCHEMA_STEP_BUDGET)
-        problem = f"the check did not finish within the call's time ({timeout_s:g} s)"
-        with anyio.move_on_after(max(timeout_s, 0.0)):
-            try:
-                problem = await anyio.to_thread.run_sync(
-                    _run, checks, tool, wire["structuredContent"], meter, abandon_on_cancel=True
-                )
-            finally:
-                meter.abandoned = True  # an abandoned check stops at its next step
+        structured = wire["structuredContent"]
+        problem = None
+        done = False
+        if tool.pin in checks.checkers and _small(structured):
+            inline = _Meter(INLINE_STEPS)
+            problem = _run(checks, tool, structured, inline)
+            done = not inline.exhausted
+        if not done:
+            meter = _Meter(SCHEMA_STEP_BUDGET)
+            problem = f"the check did not finish within the call's time ({timeout_s:g} s)"
+            with anyio.move_on_after(max(timeout_s, 0.0)):
+                try:
+                    problem = await anyio.to_thread.run_sync(
+                        _run, checks, tool, structured, meter, abandon_on_cancel=True
+                    )
+                finally:
+                    meter.abandoned = True  # an abandoned check stops at its next step
     if problem is not None:
         raise ToolCallError(
             f"tool {tool.tool!r} of MCP server {tool.server!r} returned a result that fails its outputSchema: "
