@@ -260,6 +260,24 @@ def test_unparseable_bundles_are_bad_input_not_a_verification_failure(name: str)
         check_bundle(data, trusted())
 
 
+LONE_SURROGATES = [
+    ("checkpoint_holding_a_lone_surrogate", "B3", "bad_note"),
+    ("tlog_proof_holding_a_lone_surrogate", "B5", "bad_proof"),
+]
+
+
+@pytest.mark.parametrize(("name", "step", "reason"), LONE_SURROGATES, ids=[c[0] for c in LONE_SURROGATES])
+def test_a_lone_surrogate_in_a_bundles_notes_is_bad_input_at_its_step_not_a_crash(
+    name: str, step: str, reason: str
+) -> None:
+    data = (TAMPERED / f"{name}.json").read_bytes()
+    report = verify_bundle(data, trusted())
+    assert (report.ok, report.step, report.reason, report.exit_code) == (False, step, reason, 2), report.message
+    assert "lone surrogate" in (report.message or "")
+    with pytest.raises(BundleFormatError):
+        check_bundle(data, trusted())
+
+
 # -- signing checkpoints over the store, and --since ----------------------------------------
 
 

@@ -76,6 +76,16 @@ def test_an_unreadable_bundle_exits_2_without_a_traceback(tmp_path: Path) -> Non
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
 
+def test_a_checkpoint_holding_a_lone_surrogate_exits_2_with_one_paragraph(tmp_path: Path) -> None:
+    key = json.loads((TAMPERED / "original.json").read_text())["vkey"]
+    fixture = TAMPERED / "checkpoint_holding_a_lone_surrogate.json"
+    checked = run(tmp_path, "ledger", "verify", "--bundle", str(fixture), "--trusted-key", key)
+    assert checked.returncode == 2, checked.stderr
+    assert "lone surrogate" in checked.stdout and "Traceback" not in checked.stderr
+    as_json = run(tmp_path, "--json", "ledger", "verify", "--bundle", str(fixture), "--trusted-key", key)
+    assert as_json.returncode == 2 and "Traceback" not in as_json.stderr
+
+
 def test_checkpoint_then_since_proves_the_log_was_only_extended(home: Path, tmp_path: Path) -> None:
     saved = tmp_path / "checkpoint.note"
     signed = run(home, "--json", "ledger", "checkpoint", "-o", str(saved))

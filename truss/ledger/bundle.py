@@ -144,7 +144,8 @@ def parse_tlog_proof(text: str) -> TlogProof:
     hashes = tuple(_b64(line, "bad_proof") for line in rest[1:])
     if len(hashes) > 64 or any(len(h) != HASH_SIZE for h in hashes):
         raise _format("a tlog-proof's hashes are at most 64 base64 SHA-256 hashes", "bad_proof")
-    return TlogProof(index=int(index_text), hashes=hashes, checkpoint=checkpoint.encode("utf-8"), extra=extra)
+    note = _utf8(checkpoint, "a tlog-proof's checkpoint", "bad_proof")
+    return TlogProof(index=int(index_text), hashes=hashes, checkpoint=note, extra=extra)
 
 
 # -- export -----------------------------------------------------------------------------------
@@ -401,7 +402,7 @@ def _verify(data: bytes, trusted: TrustedKeys, facts: dict[str, Any]) -> BundleR
 
     # B3: the checkpoint is a signed note by a key named after the origin (and allowed to sign at
     # its size), no extensions; every rotation statement is a leaf of it.
-    note_bytes = doc["checkpoint"].encode("utf-8")
+    note_bytes = _step("B3", lambda: _utf8(doc["checkpoint"], "a bundle's checkpoint", "bad_note"))
     size_claimed = _step("B3", lambda: parse_checkpoint(parse_note(note_bytes).text).size)
     signers = history.checkpoint_keys(size_claimed) if history.rotations else list(trusted)
     checkpoint = _step("B3", lambda: open_checkpoint(note_bytes, signers, origin=origin))
@@ -575,7 +576,8 @@ def _same_log(
     statement: VerdictStatement, checkpoint: Checkpoint, trusted: TrustedKeys, consistency: list[bytes] | None
 ) -> None:
     assert statement.checkpoint is not None
-    named = open_checkpoint(statement.checkpoint.encode("utf-8"), list(trusted), origin=checkpoint.origin)
+    note = _utf8(statement.checkpoint, "the verdict envelope's checkpoint", "bad_note")
+    named = open_checkpoint(note, list(trusted), origin=checkpoint.origin)
     if named.size == checkpoint.size:
         if named.root != checkpoint.root:
             raise _fail(
@@ -601,6 +603,15 @@ def _fail(message: str, reason: str, **fields: Any) -> VerificationError:
 
 def _format(message: str, reason: str) -> BundleFormatError:
     return BundleFormatError(message, remedy="obtain the bundle again from its source", reason=reason)
+
+
+def _utf8(text: str, what: str, reason: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (JSON's ``\\ud800``, which ``json.loads`` accepts) is bad input."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = ord(text[exc.start])
+        raise _format(f"{what} is not Unicode text: it holds a lone surrogate (U+{bad:04X})", reason) from None
 
 
 def _b64(text: str, reason: str) -> bytes:

@@ -142,6 +142,16 @@ def main() -> None:
     del missing_sig[2]["sig"]
     put("entry_missing_its_signature", tamper(original, entries=missing_sig))
 
+    # json.loads reads "\ud800" as a lone surrogate, which no UTF-8 encoder takes: canonical()
+    # refuses it too, so these two are written with json.dumps (its escapes keep the files ASCII).
+    def put_escaped(name: str, doc: dict[str, Any]) -> None:
+        files[f"{name}.json"] = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("ascii")
+
+    surrogate_note = original["checkpoint"].replace("\n", "\ud800\n", 1)
+    put_escaped("checkpoint_holding_a_lone_surrogate", tamper(original, checkpoint=surrogate_note))
+    head, _, note = original["proof"].partition("\n\n")
+    put_escaped("tlog_proof_holding_a_lone_surrogate", tamper(original, proof=f"{head}\n\n{note[:4]}\udfff{note[4:]}"))
+
     for name, data in files.items():
         (HERE / name).write_bytes(data)
 
