@@ -76,6 +76,7 @@ async def _with_gap(check: Callable[[Any], Awaitable[None]], value: Any) -> tupl
             gap = max(gap, now - last)
             last = now
 
+    took = 0.0
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
         await anyio.sleep(0.01)
@@ -123,6 +124,6 @@ async def main(checks: int) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--checks", type=int, default=2000)
     anyio.run(main, parser.parse_args().checks)

@@ -97,7 +97,7 @@ async def _end_to_end(megabytes: int) -> tuple[float, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="5,10,20", help="line sizes in MB (default 5,10,20)")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
