@@ -366,6 +366,8 @@
     return raw;
   }
   function parseNote(text) {
+    // JSON's "\ud800" is a lone surrogate, which has no UTF-8 form (the CLI: bad_note too).
+    if (!text.isWellFormed()) throw unusable("bad_note", "a signed note is Unicode text: it holds a lone surrogate");
     if (utf8(text).length > MAX_NOTE_BYTES) throw unusable("too_large", `a signed note is at most ${MAX_NOTE_BYTES} bytes`);
     if (/[\x00-\x09\x0b-\x1f\x7f]/.test(text)) throw unusable("bad_note", "a signed note holds no control characters but newlines");
     const split = text.lastIndexOf("\n\n");
@@ -645,6 +647,7 @@
   const TLOG_PROOF_HEADER = "c2sp.org/tlog-proof@v1";
   function parseTlogProof(text) {
     const bad = (m) => unusable("bad_proof", m);
+    if (!text.isWellFormed()) throw bad("a tlog-proof is Unicode text: it holds a lone surrogate");
     const cut = text.indexOf("\n\n");
     if (cut < 0) throw bad("a tlog-proof has a blank line before its checkpoint");
     const lines = text.slice(0, cut).split("\n"), checkpoint = text.slice(cut + 2);
