@@ -23,8 +23,9 @@ from tests.gate.support import contract_from, new_store
 from tests.security._support import HERE
 from truss._clock import SystemClock
 from truss.ledger.keys import TrustedKeys
-from truss.ledger.verify import verify_ledger
+from truss.ledger.verification import verify_ledger
 from truss.mcp.client import connect
+from truss.runtime import Runtime
 from truss.session import run_contract
 
 ANSWERS = HERE / "servers" / "answers.py"
@@ -116,8 +117,8 @@ def test_any_answer_a_server_sends_reaches_a_verdict_and_the_ledger_verifies(tmp
 
     async def main() -> Any:
         with anyio.fail_after(60):
-            return await run_contract(contract, store=store, key=key, clock=clock, home=tmp_path / "home",
-                                      environ={}, connector=connect)  # fmt: skip
+            runtime = Runtime(store=store, key=key, clock=clock, home=tmp_path / "home", environ={}, connector=connect)
+            return await run_contract(runtime, contract)
 
     try:
         outcome = anyio.run(main)
