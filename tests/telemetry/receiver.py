@@ -14,7 +14,8 @@ body with ``opentelemetry-proto``'s ``ExportTraceServiceRequest``:
 
 Anything that does not decode gets 400 and is kept in ``refused``. The receiver answers with an
 ``ExportTraceServiceResponse`` (or its JSON), can be told to answer with another status, to hold
-every request until released (a collector that hangs), or to require a header. ``spans()`` flattens
+every request until released (a collector that hangs), to refuse the first requests with 503, or
+to require a header. ``spans()`` flattens
 every received span into plain values (hex ids, Python attribute values) for assertions.
 """
 
@@ -60,6 +61,8 @@ class Receiver:
     requests: list[Received] = field(default_factory=list[Received])
     refused: list[tuple[str, str]] = field(default_factory=list[tuple[str, str]])  # (content type, why)
     status: int = 200  # what to answer
+    fail_first: int = 0  # answer this many requests with 503 first (a collector that is starting up)
+    answered_503: int = 0
     require_header: tuple[str, str] | None = None
     hold: threading.Event | None = None  # set: requests wait until it is set (bounded by hold_s)
     hold_s: float = 30.0
@@ -175,6 +178,11 @@ def _handler(state: Receiver) -> type[BaseHTTPRequestHandler]:
                 return self._answer(400, b"", "text/plain")
             if state.status != 200:
                 return self._answer(state.status, b"", "text/plain")
+            with state.lock:
+                unavailable = state.answered_503 < state.fail_first
+                state.answered_503 += unavailable
+            if unavailable:
+                return self._answer(503, b"", "text/plain")
             with state.lock:
                 state.requests.append(Received(self.path, headers, data, request, content_type))
             with state.arrived:

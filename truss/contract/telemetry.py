@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import Field, ValidationError, field_validator
 
 from truss.contract.fields import (
+    CREDENTIAL_ENV_RE,
     CREDENTIAL_HEADER_RE,
     CREDENTIAL_QUERY_RE,
     Duration,
@@ -42,11 +43,11 @@ _RESOURCE_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
 def check_endpoint_url(value: str, *, what: str = "otlp_endpoint") -> str:
     """``value`` when it is an http(s) URL without credentials; the reason in a ``ValueError`` otherwise."""
     if not re.match(r"^https?://[^\s/?#]+[^\s]*$", value):
-        raise ValueError(f"{what} {value!r} must be an http:// or https:// URL")
+        raise ValueError(f"{what} must be an http:// or https:// URL (with a host)")  # no value: it may hold a secret
     parts = urlsplit(value)
     found = "user info" if "@" in parts.netloc else None
     for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-        if CREDENTIAL_HEADER_RE.search(name) or CREDENTIAL_QUERY_RE.match(name):
+        if CREDENTIAL_HEADER_RE.search(name) or CREDENTIAL_QUERY_RE.match(name) or CREDENTIAL_ENV_RE.search(name):
             found = f"query parameter {name!r}"
     if found is not None:
         raise ValueError(

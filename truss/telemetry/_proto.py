@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
@@ -18,7 +21,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 from truss.telemetry.otlp_json import SCOPE_NAME
 from truss.telemetry.spans import AttrValue, SpanRecord
 
-__all__ = ["encode_request"]
+__all__ = ["encode_request", "rejected_spans"]
 
 
 def _value(value: AttrValue) -> AnyValue:
@@ -72,3 +75,10 @@ def encode_request(spans: Sequence[SpanRecord], *, resource: Mapping[str, AttrVa
         ]
     )
     return request.SerializeToString()
+
+
+def rejected_spans(content: bytes) -> int:
+    """``partial_success.rejected_spans`` of a collector's ``ExportTraceServiceResponse`` body."""
+    answer = ExportTraceServiceResponse()
+    answer.ParseFromString(content)
+    return int(answer.partial_success.rejected_spans)

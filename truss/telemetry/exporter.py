@@ -338,11 +338,9 @@ class OtlpHttpSender:
                 partial: Any = cast(dict[str, Any], value).get("partialSuccess") if isinstance(value, dict) else None
                 count: Any = cast(dict[str, Any], partial).get("rejectedSpans") if isinstance(partial, dict) else 0
                 return int(count or 0)
-            from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+            from truss.telemetry._proto import rejected_spans
 
-            answer = ExportTraceServiceResponse()
-            answer.ParseFromString(content)
-            return int(answer.partial_success.rejected_spans)
+            return rejected_spans(content)
         except Exception:
             return 0
 
