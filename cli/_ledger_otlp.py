@@ -1,13 +1,13 @@
 """``truss ledger export SESSION --format otlp-json``: a recorded session's spans, after the fact.
 
-``cmd_ledger`` hands over the ``export`` parser and its own bundle handler (``register``); this
-module adds ``--format`` and the content flags and picks the handler, so neither imports the other
-back. The spans are the ones a live run with telemetry on sends (docs/telemetry.md), built from the
-ledger alone once the session verifies against the trusted key(s); their ids are derived from the
-record, so exporting again gives the same ids. The document is one OTLP/JSON
-``ExportTraceServiceRequest``: POST it to a collector's ``/v1/traces`` with ``Content-Type:
-application/json``. Exit codes: 0 written, 1 the session does not verify (nothing written), 2
-unknown session or bad flags.
+``cmd_ledger`` hands over the ``export`` parser, its own bundle handler and its shared helpers
+(``register``); this module adds ``--format``, the content flags and ``--trusted-key`` and picks
+the handler, so neither imports the other back. The spans are the ones a live run with telemetry
+on sends (docs/telemetry.md), built from the ledger alone once the session verifies against the
+trusted key(s); their ids are derived from the record, so exporting again gives the same ids.
+The document is one OTLP/JSON ``ExportTraceServiceRequest``: POST it to a collector's
+``/v1/traces`` with ``Content-Type: application/json``. Exit codes: 0 written, 1 the session does
+not verify (nothing written), 2 unknown session or bad flags.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ def register(
     parser: argparse.ArgumentParser,
     *,
     bundle: Handler,
+    add_trusted_key_arg: Callable[[argparse.ArgumentParser], None],
     trusted_from_args: Callable[[argparse.Namespace, Ctx], TrustedKeys],
     open_readonly: Callable[[Ctx], Any],
     write_file: Callable[[Path, bytes], None],
 ) -> None:
-    """Add ``--format``, ``--arguments`` and ``--results`` to ``truss ledger export``."""
+    """Add ``--format``, ``--arguments``, ``--results`` and ``--trusted-key`` to ``truss ledger export``."""
     parser.add_argument(
         "--format",
         choices=("bundle", "otlp-json"),
@@ -55,6 +56,7 @@ def register(
         action="store_true",
         help="otlp-json: put each call's result in its span, as the ledger stores it (secrets scrubbed)",
     )
+    add_trusted_key_arg(parser)  # otlp-json: the keys the session must verify against
     spans = functools.partial(
         export_spans, trusted_from_args=trusted_from_args, open_readonly=open_readonly, write_file=write_file
     )
@@ -68,8 +70,11 @@ def _pick(args: argparse.Namespace, ctx: Ctx, *, bundle: Handler, spans: Handler
                 "--no-payloads applies to --format bundle; spans hold no payloads unless --arguments or --results"
             )
         return spans(args, ctx)
-    if args.arguments or args.results:
-        raise UsageError("--arguments and --results apply to --format otlp-json", remedy="Add --format otlp-json")
+    if args.arguments or args.results or args.trusted_key:
+        raise UsageError(
+            "--arguments, --results and --trusted-key apply to --format otlp-json",
+            remedy="Add --format otlp-json, or drop them for the bundle (it is verified by whoever receives it)",
+        )
     return bundle(args, ctx)
 
 

@@ -97,7 +97,8 @@ def test_a_session_whose_record_was_changed_is_not_exported(tmp_path: Path, home
 def test_an_unknown_session_or_a_flag_of_the_other_format_is_refused(home: Path, session: str) -> None:
     unknown = truss(home, "--json", "ledger", "export", "s_nope", "--format", "otlp-json")
     assert unknown.returncode == 2 and json.loads(unknown.stdout)["error"] == "NotFoundError"
-    for args in (["--arguments"], ["--results"], ["--format", "otlp-json", "--no-payloads"]):
+    bad = (["--arguments"], ["--results"], ["--trusted-key", "x+1+AA"], ["--format", "otlp-json", "--no-payloads"])
+    for args in bad:
         done = truss(home, "--json", "ledger", "export", session, *args)
         assert done.returncode == 2, args
         assert json.loads(done.stdout)["error"] == "UsageError"

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import REPO
 from tests.telemetry.conftest import (
     entries,
     ledger,
@@ -295,3 +296,11 @@ effect = "ask"
     assert sorted((s["attributes"]["truss.call.outcome"], s["attributes"]["truss.policy.decision"]) for s in asked) == [
         ("ok", "ask"), ("suspended", "ask"),
     ]  # fmt: skip
+
+
+def test_every_attribute_a_span_carries_is_documented_in_docs_telemetry_md(recorded: Recorded) -> None:
+    text = (REPO / "docs" / "telemetry.md").read_text(encoding="utf-8")
+    keys = {key for span in recorded.spans for key in span["attributes"]}
+    keys |= {"gen_ai.tool.call.arguments", "gen_ai.tool.call.result", "truss.wait.reason", "truss.budget.limit"}
+    missing = sorted(key for key in keys if f"`{key}`" not in text)
+    assert not missing, f"docs/telemetry.md does not document {missing}"

@@ -144,3 +144,10 @@ def test_a_bad_telemetry_setting_stops_truss_run_before_anything_is_recorded(tmp
     assert done.returncode == 2
     assert json.loads(done.stdout)["path"] == "telemetry.headers"
     assert not (home / "ledger.db").exists() or truss(home, "sessions").stdout.strip() == "no sessions"
+
+
+def test_docs_contracts_md_documents_every_telemetry_key() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "contracts.md").read_text(encoding="utf-8")
+    assert "## `[telemetry]`" in text
+    missing = [key for key in Telemetry.model_fields if f"`{key}`" not in text]
+    assert not missing, f"docs/contracts.md does not document [telemetry] {missing}"
