@@ -8,7 +8,7 @@
 
 The span tree and every attribute: ``truss.telemetry.spans`` and docs/telemetry.md. Nothing here
 imports ``opentelemetry``: the protobuf definitions of the ``otel`` extra are loaded by the
-exporter's thread when it first sends, so ``import truss``, ``import truss.telemetry`` and a run
+exporter's thread when it starts (only when telemetry is on), so ``import truss``, ``import truss.telemetry`` and a run
 without telemetry never load them.
 """
 
@@ -80,6 +80,7 @@ class Telemetry:
             schedule_delay_s=settings.schedule_delay_s,
             resolve=resolve if store is not None and content.wanted else None,
             secrets=settings.secret_values,
+            prepare=self._sender.prepare,
         )
         self._sender.attach(self._exporter.stopping)
         self._closed: ExportStats | None = None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib
 import logging
 import re
 import threading
@@ -127,8 +128,10 @@ class BatchExporter:
         schedule_delay_s: float = 5.0,
         resolve: Callable[[SpanRecord], SpanRecord] | None = None,
         secrets: Iterable[str] = (),
+        prepare: Callable[[], None] | None = None,
     ) -> None:
         self._send = send
+        self._prepare = prepare
         self._clock = clock
         self._max_queue = max(1, max_queue_spans)
         self._max_batch = max(1, min(max_batch_spans, self._max_queue))
@@ -181,6 +184,13 @@ class BatchExporter:
     # -- the thread --
 
     def _run(self) -> None:
+        if self._prepare is not None:
+            # Imports and the HTTP client, while the run is still starting its servers: otherwise
+            # the first send (often the last batch, at the end of a short run) pays for them.
+            try:
+                self._prepare()
+            except Exception:  # the first send meets the same problem, and counts it
+                _log.debug("telemetry: preparing the sender failed", exc_info=True)
         while True:
             with self._cond:
                 deadline = self._clock.monotonic() + self._delay_s
@@ -235,8 +245,9 @@ class BatchExporter:
 class OtlpHttpSender:
     """POSTs batches to an OTLP/HTTP traces endpoint (protobuf or JSON), with bounded retries.
 
-    Built and used in the exporter's thread only: the protobuf definitions are imported on the first
-    send, so a run that never sends never loads them.
+    Built and used in the exporter's thread only: ``prepare`` (the exporter's thread calls it when it
+    starts) imports the encoder and httpx2 and opens the client, so a run without telemetry never
+    loads the protobuf definitions and a run with it does not wait for them at its end.
     """
 
     def __init__(
@@ -263,6 +274,23 @@ class OtlpHttpSender:
         self._stopping = stopping or threading.Event()
         self._client: Any = None
 
+    def prepare(self) -> None:
+        """Load what sending needs (the encoder, httpx2) and open the HTTP client, ahead of the first batch."""
+        encoder = "otlp_json" if self.protocol == "http/json" else "_proto"
+        importlib.import_module(f"truss.telemetry.{encoder}")
+        self._connect()
+
+    def _connect(self) -> Any:
+        import httpx2
+
+        if self._client is None:
+            # Loading the CA store costs ~100 ms of CPU; a plain-http collector (a local agent)
+            # never uses TLS, so its client skips it. Redirects are never followed, so the URL
+            # cannot turn into an unverified https one; an https collector is always verified.
+            tls = not self.url.lower().startswith("http://")
+            self._client = httpx2.Client(timeout=self._timeout_s, follow_redirects=False, trust_env=False, verify=tls)
+        return self._client
+
     def attach(self, stopping: threading.Event) -> None:
         """Stop retrying once ``stopping`` is set (the exporter's close)."""
         self._stopping = stopping
@@ -288,8 +316,7 @@ class OtlpHttpSender:
     def _post(self, body: bytes, headers: dict[str, str]) -> int:
         import httpx2
 
-        if self._client is None:
-            self._client = httpx2.Client(timeout=self._timeout_s, follow_redirects=False, trust_env=False)
+        client = self._connect()
         deadline = self._clock.monotonic() + self._timeout_s
         attempt = 0
         while True:
@@ -298,7 +325,7 @@ class OtlpHttpSender:
             if left <= 0:
                 raise ExportFailed(f"no answer within {self._timeout_s:g}s")
             try:
-                response = self._client.post(self.url, content=body, headers=headers, timeout=left)
+                response = client.post(self.url, content=body, headers=headers, timeout=left)
             except httpx2.TimeoutException:
                 reason = "timeout"
             except httpx2.TransportError as exc:
