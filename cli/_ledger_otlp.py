@@ -90,8 +90,8 @@ def export_spans(
 
     trusted = trusted_from_args(args, ctx)
     content = Content(arguments=args.arguments, results=args.results)
-    with open_readonly(ctx) as store:
-        data = export_session(store, args.session, trusted, content=content)
+    with open_readonly(ctx) as runtime:
+        data = export_session(runtime.store, args.session, trusted, content=content)
     if args.output is None:
         sys.stdout.buffer.write(data + b"\n")
         sys.stdout.buffer.flush()

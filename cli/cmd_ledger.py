@@ -412,7 +412,7 @@ def _register_log_commands(commands: Any) -> None:
     from truss_cli import _ledger_otlp  # --format otlp-json (docs/telemetry.md), kept in its own module
 
     _ledger_otlp.register(p, bundle=export_session, add_trusted_key_arg=add_trusted_key_arg,
-                          trusted_from_args=trusted_from_args, open_readonly=open_ledger_readonly,
+                          trusted_from_args=trusted_from_args, open_readonly=_open_readonly,
                           write_file=_write_file)  # fmt: skip
     LEDGER_PARSERS["export"] = p
 

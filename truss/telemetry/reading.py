@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from truss._errors import NotFoundError, VerificationError
+from truss.ledger.audit import verify
 from truss.ledger.entry import StoredEntry, iter_refs
 from truss.ledger.keys import TrustedKeys
-from truss.ledger.verify import verify_ledger
 from truss.telemetry.spans import Content, content_attributes
 
 __all__ = ["RecordedSession", "call_content", "recorded_session"]
@@ -51,7 +51,8 @@ def recorded_session(store: Any, session: str, trusted: TrustedKeys, *, payloads
             what="session",
             name=session,
         )
-    report = verify_ledger(store, trusted, session=session, payloads=payloads)
+    # The one verification `truss ledger verify` makes: the chain, the key history, the checkpoints.
+    report = verify(store, trusted, session=session, payloads=payloads)
     if not report.ok:
         raise VerificationError(
             f"session {session} does not verify ({report.reason}): {report.message}; nothing was exported",
