@@ -11,7 +11,7 @@ export TRUSS_PEERS := $(CURDIR)/$(PEERS)
 $(BIN)/truss: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,dev,postgres]'
+	$(BIN)/pip install -q -e '.[test,dev,postgres,otel]'
 	touch $(BIN)/truss
 
 venv: $(BIN)/truss

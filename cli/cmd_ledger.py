@@ -409,7 +409,11 @@ def _register_log_commands(commands: Any) -> None:
     p.add_argument("session", metavar="SESSION")
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: standard output)")
     p.add_argument("--no-payloads", action="store_true", help="leave argument and result bytes out")
-    p.set_defaults(handler=export_session)
+    from truss_cli import _ledger_otlp  # --format otlp-json (docs/telemetry.md), kept in its own module
+
+    _ledger_otlp.register(p, bundle=export_session, add_trusted_key_arg=add_trusted_key_arg,
+                          trusted_from_args=trusted_from_args, open_readonly=_open_readonly,
+                          write_file=_write_file)  # fmt: skip
     LEDGER_PARSERS["export"] = p
 
     p = commands.add_parser(

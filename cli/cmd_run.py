@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from truss_cli._ctx import Ctx, table
+from truss_cli._telemetry import close_telemetry, open_telemetry, secrets_of
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
 from truss.ledger.keyhistory import is_log_session
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the session modules load only in the handlers: other comman
     from truss.events import Event
     from truss.runtime import Connector
     from truss.session import RunOutcome
+    from truss.telemetry import ExportStats
 
 _STATUS_WORD = {
     "pass": "pass",
@@ -92,27 +94,39 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
             outcome = outcome_of(runtime.store, args.session)
             _render(ctx, outcome, note="this session already exists; showing its outcome")
             return outcome.exit_code
+        telemetry = open_telemetry(ctx, runtime.environ, runtime.store)
+        if telemetry is not None:
+            telemetry.remember(secrets_of(contract, runtime.environ))
+        watching = [telemetry] if telemetry is not None else []
         from truss.session import run_contract
 
         async def start(stop: anyio.Event, progress: Callable[[Event], None]) -> RunOutcome:
-            live = dataclasses.replace(runtime, events=(*runtime.events, progress))
+            live = dataclasses.replace(runtime, events=(*runtime.events, progress, *watching))
             return await run_contract(live, contract, session_id=args.session, stop=stop)
 
-        outcome = _drive(ctx, start)
-    _render(ctx, outcome)
+        try:
+            outcome = _drive(ctx, start)
+        finally:
+            stats = close_telemetry(ctx, telemetry)
+    _render(ctx, outcome, telemetry=stats)
     return outcome.exit_code
 
 
 def resume(args: argparse.Namespace, ctx: Ctx) -> int:
     with ctx.open_runtime(connector=_connector(ctx, no_wait=args.no_wait)) as runtime:
+        telemetry = open_telemetry(ctx, runtime.environ, runtime.store)
+        watching = [telemetry] if telemetry is not None else []
         from truss.session import resume_session
 
         async def start(stop: anyio.Event, progress: Callable[[Event], None]) -> RunOutcome:
-            live = dataclasses.replace(runtime, events=(*runtime.events, progress))
+            live = dataclasses.replace(runtime, events=(*runtime.events, progress, *watching))
             return await resume_session(live, args.session, stop=stop)
 
-        outcome = _drive(ctx, start)
-    _render(ctx, outcome)
+        try:
+            outcome = _drive(ctx, start)
+        finally:
+            stats = close_telemetry(ctx, telemetry)
+    _render(ctx, outcome, telemetry=stats)
     return outcome.exit_code
 
 
@@ -226,10 +240,12 @@ def _when(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _render(ctx: Ctx, outcome: RunOutcome, note: str | None = None) -> None:
+def _render(ctx: Ctx, outcome: RunOutcome, note: str | None = None, telemetry: ExportStats | None = None) -> None:
     data = outcome.to_json()
     if note:
         data["note"] = note
+    if telemetry is not None:
+        data["telemetry"] = telemetry.to_json()
     lines: list[str] = []
     if note:
         lines.append(note)

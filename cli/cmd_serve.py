@@ -7,13 +7,18 @@ over to ``truss.mcp`` (imported only when the command runs, so ``truss --help`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from truss_cli._ctx import Ctx
+from truss_cli._telemetry import close_telemetry, open_telemetry
 
 from truss._errors import UsageError
+
+if TYPE_CHECKING:
+    pass
 
 
 def register(sub: Any) -> None:
@@ -95,25 +100,31 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
     if not ctx.verbose:
         for name in ("mcp", "uvicorn", "httpx2", "sse_starlette"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    with ctx.open_runtime(create=True, connector=connect) as runtime:
-        backend = LedgerBackend(runtime)
-        limits = ServeLimits(
-            max_request_bytes=args.max_request_bytes,
-            max_answer_bytes=args.max_answer_bytes,
-            max_concurrent_runs=args.max_concurrent_runs,
-        )
-        config = ServeConfig(
-            contracts_dir=contracts_dir, home=ctx.home, backend=backend, clock=ctx.clock, limits=limits
-        )
-        if args.transport == "stdio":
-            anyio.run(serve_stdio, config, principal)
-        else:
-            fixed = principal if args.unsafe_no_auth and tokens is None else None
+    with ctx.open_runtime(create=True, connector=connect) as opened:
+        telemetry = open_telemetry(ctx, opened.environ, opened.store)
+        try:
+            # Every delegated run's spans, beside its progress: the exporter is one more subscriber.
+            watching = (telemetry,) if telemetry is not None else ()
+            backend = LedgerBackend(dataclasses.replace(opened, events=(*opened.events, *watching)))
+            limits = ServeLimits(
+                max_request_bytes=args.max_request_bytes,
+                max_answer_bytes=args.max_answer_bytes,
+                max_concurrent_runs=args.max_concurrent_runs,
+            )
+            config = ServeConfig(
+                contracts_dir=contracts_dir, home=ctx.home, backend=backend, clock=ctx.clock, limits=limits
+            )
+            if args.transport == "stdio":
+                anyio.run(serve_stdio, config, principal)
+            else:
+                fixed = principal if args.unsafe_no_auth and tokens is None else None
 
-            async def main() -> None:
-                await serve_http(config, host=args.host, port=args.port, tokens=tokens, fixed_principal=fixed)
+                async def main() -> None:
+                    await serve_http(config, host=args.host, port=args.port, tokens=tokens, fixed_principal=fixed)
 
-            anyio.run(main)
+                anyio.run(main)
+        finally:
+            close_telemetry(ctx, telemetry)
     return 0
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from truss._clock import Clock
 from truss.ledger.entry import StoredEntry
@@ -91,6 +91,8 @@ class SessionStarted(Event):
     contract: str
     contract_hash: str
     resumed: bool
+    provider: str | None = None  # the contract's agent.provider and agent.model
+    model: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,6 +232,7 @@ class VerdictReached(Event):
     reason: str | None
     seq: int
     index: int
+    error: str | None = None  # for an ``error`` verdict, its cause (budget, deadline, provider, server, input)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,11 +318,14 @@ class RunEvents:
 
     # -- session --
 
-    def session_started(self, *, contract: str, contract_hash: str, resumed: bool) -> None:
+    def session_started(
+        self, *, contract: str, contract_hash: str, resumed: bool, provider: str | None = None, model: str | None = None
+    ) -> None:
         if self.bus:
             now = self._start(self.span)
             self.bus.emit(SessionStarted(session=self.session, span=self.span, parent=None, time_ms=now,
-                                         contract=contract, contract_hash=contract_hash, resumed=resumed))  # fmt: skip
+                                         contract=contract, contract_hash=contract_hash, resumed=resumed,
+                                         provider=provider, model=model))  # fmt: skip
 
     def session_ended(self, status: str, reason: str | None, last: StoredEntry | None = None) -> None:
         if self.bus:
@@ -342,8 +348,11 @@ class RunEvents:
 
     def verdict(self, status: str, reason: str | None, entry: StoredEntry) -> None:
         if self.bus:
+            error: Any = entry.body.get("error")
+            cause: Any = cast(Mapping[str, Any], error).get("cause") if isinstance(error, Mapping) else None
             self.bus.emit(VerdictReached(session=self.session, span=self.span, parent=None, time_ms=self._now(),
-                                         status=status, reason=reason, seq=entry.seq, index=entry.index))  # fmt: skip
+                                         status=status, reason=reason, seq=entry.seq, index=entry.index,
+                                         error=cause if isinstance(cause, str) else None))  # fmt: skip
 
     def checkpoint_witnessed(
         self, size: int, witnessed: bool, summary: str, outcomes: tuple[tuple[str, str], ...]

@@ -302,7 +302,9 @@ class _Run:
     async def drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
         """The run leg as one span of events: ``SessionStarted`` first, ``SessionEnded`` on every way out."""
         name, resumed = self.contract.contract.name, resumed_from is not None
-        self.events.session_started(contract=name, contract_hash=self.contract.hash, resumed=resumed)
+        agent = self.contract.agent
+        self.events.session_started(contract=name, contract_hash=self.contract.hash, resumed=resumed,
+                                    provider=agent.provider, model=agent.model)  # fmt: skip
         status, reason = "error", None
         try:
             outcome = await self._drive(principal=principal, resumed_from=resumed_from)

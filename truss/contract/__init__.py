@@ -13,6 +13,7 @@ A contract is one TOML file (DESIGN section 2). The package has one module per j
 - ``substitution``: ``${params.X}``/``${env.X}``/``${steps...}``, checked at load, rendered at run time;
 - ``params``: typed param values and narrowed budgets from callers;
 - ``hashing``: the contract hash;
+- ``telemetry``: the operator's ``[telemetry]`` table (never part of the effective contract);
 - ``loading``: ``load_contract``, which ties them together.
 
 Every name below is importable from ``truss.contract`` itself. Reading files is the only I/O.
@@ -62,6 +63,7 @@ from truss.contract.servers import (
     ToolSettings,
 )
 from truss.contract.substitution import render_arguments, render_intent, template_refs
+from truss.contract.telemetry import Telemetry, load_telemetry_config, telemetry_from_text
 
 __all__ = [
     "DONE_CHECKS",
@@ -94,6 +96,7 @@ __all__ = [
     "SecretHeader",
     "Server",
     "Step",
+    "Telemetry",
     "ToolSettings",
     "contract_hash",
     "decode_toml_bytes",
@@ -101,12 +104,14 @@ __all__ = [
     "format_path",
     "load_contract",
     "load_contract_text",
+    "load_telemetry_config",
     "match_value",
     "narrow_budget",
     "parse_param_args",
     "read_toml_file",
     "render_arguments",
     "render_intent",
+    "telemetry_from_text",
     "template_refs",
     "validation_context",
     "value_at",

@@ -9,6 +9,7 @@ general first::
 Tables merge key by key, arrays are replaced whole, and ``[[mcp.servers]]`` merge by ``name``.
 Operator-config servers are definitions that apply only to servers the contract names; an overlay
 may only refine servers the contract has; ``[harness]`` is read only from the operator config.
+``[telemetry]`` too, and it stays out of the effective contract (``truss.contract.telemetry``).
 Each parsed file is a ``Layer`` kept with its text, so that an error found in the merged data is
 blamed on the layer that supplied the value (``error_in``) with its line. Reading files
 (``read_toml_file``) is the only I/O in the contract package.
@@ -34,6 +35,7 @@ __all__ = [
     "CONFIG_KEYS",
     "MAX_FILE_BYTES",
     "MAX_NESTING",
+    "OPERATOR_ONLY",
     "Layer",
     "allowed_remedy",
     "decode_toml_bytes",
@@ -52,8 +54,11 @@ MAX_FILE_BYTES = 1 << 20
 MAX_NESTING = 32
 """Tables and arrays nested deeper than this are refused (the canonical encoder stops at 128)."""
 
-CONFIG_KEYS = ("agent", "budget", "policy", "mcp", "ledger", "harness")
+CONFIG_KEYS = ("agent", "budget", "policy", "mcp", "ledger", "harness", "telemetry")
 """The tables the operator config may hold."""
+
+OPERATOR_ONLY = ("telemetry",)
+"""Operator-config tables that are not part of the effective contract (never hashed or recorded)."""
 
 _MAX_SAFE_INT = 2**53
 
@@ -288,6 +293,12 @@ def merge_layers(config: Layer | None, agent: Layer | None, contract: Layer, ove
                     remedy="Move this table into the contract",
                 )
     for key in contract.data:
+        if key in OPERATOR_ONLY:
+            raise contract.error(
+                f"[{key}] is accepted only in the operator config ($TRUSS_HOME/config.toml)",
+                (key,),
+                remedy="Remove it from the contract; the operator configures telemetry (docs/telemetry.md)",
+            )
         if key == "harness":
             raise contract.error(
                 "[harness] is accepted only in the operator config ($TRUSS_HOME/config.toml)",
@@ -316,7 +327,7 @@ def merge_layers(config: Layer | None, agent: Layer | None, contract: Layer, ove
     config_servers: dict[str, dict[str, Any]] = {}
     if config is not None:
         config_servers = {s["name"]: s for s in servers_of(config)}
-        effective = {k: v for k, v in config.data.items() if k != "mcp"}
+        effective = {k: v for k, v in config.data.items() if k != "mcp" and k not in OPERATOR_ONLY}
     if agent is not None:
         effective = _deep_merge(effective, agent.data)
     effective = _deep_merge(effective, {k: v for k, v in contract.data.items() if k != "mcp"})

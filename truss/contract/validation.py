@@ -24,7 +24,10 @@ __all__ = ["CONTRACT_KEYS", "from_validation"]
 CONTRACT_KEYS = ("contract", "agent", "budget", "policy", "mcp", "done", "ledger")
 """The tables a contract file may hold."""
 
-_DURATION_KEYS = frozenset({"deadline", "call_timeout", "connect_timeout", "request_timeout", "memo"})
+_DURATION_KEYS = frozenset({
+    "deadline", "call_timeout", "connect_timeout", "request_timeout", "memo", "timeout", "schedule_delay",
+    "shutdown_timeout",
+})  # fmt: skip
 
 _TYPE_WORDS = {
     "string_type": "a string",
@@ -55,10 +58,10 @@ def _loc_to_path(data: Any, loc: tuple[str | int, ...], error_type: str) -> KeyP
     return tuple(path)
 
 
-def _model_at(path: KeyPath) -> type[BaseModel] | None:
-    """The model class whose table sits at ``path`` of a contract (for listing the allowed keys)."""
-    model: type[BaseModel] = Contract
-    annotation: Any = Contract
+def _model_at(path: KeyPath, root: type[BaseModel] = Contract) -> type[BaseModel] | None:
+    """The model class whose table sits at ``path`` of a ``root`` (for listing the allowed keys)."""
+    model: type[BaseModel] = root
+    annotation: Any = root
     for seg in path:
         if isinstance(seg, int):
             annotation = _unwrap(annotation, list)
@@ -86,8 +89,14 @@ def _unwrap(annotation: Any, container: type) -> Any:
     return annotation
 
 
-def from_validation(exc: ValidationError, layers: list[Layer], effective: dict[str, Any]) -> ContractError:
-    """The first of pydantic's errors (the deepest) as one located ``ContractError``; pydantic's text never shows."""
+def from_validation(
+    exc: ValidationError, layers: list[Layer], effective: dict[str, Any], *, root: type[BaseModel] = Contract
+) -> ContractError:
+    """The first of pydantic's errors (the deepest) as one located ``ContractError``; pydantic's text never shows.
+
+    ``root`` is the model ``effective`` was validated against (a contract, or another table of the
+    operator config such as ``[telemetry]``).
+    """
     errors = exc.errors(include_url=False)
     # Of a union's failed branches, the one that got deepest into the value says the most.
     paths = [_loc_to_path(effective, tuple(e["loc"]), e["type"]) for e in errors]
@@ -100,8 +109,9 @@ def from_validation(exc: ValidationError, layers: list[Layer], effective: dict[s
     remedy: str | None = None
     if kind == "extra_forbidden":
         message = f"unknown key {key!r}"
-        model = _model_at(path[:-1])
-        allowed = CONTRACT_KEYS if len(path) == 1 else sorted(field_keys(model)) if model else None
+        model = _model_at(path[:-1], root)
+        top = CONTRACT_KEYS if root is Contract else tuple(field_keys(root))
+        allowed = top if len(path) == 1 else sorted(field_keys(model)) if model else None
         remedy = allowed_remedy(sorted(allowed)) if allowed else "Remove it or fix its spelling"
     elif kind == "missing":
         message = f"missing required key {key!r}"
