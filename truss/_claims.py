@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 __all__ = [
+    "CALL_ID_RE",
     "JUDGEMENTS",
     "MAX_ANSWER_CHARS",
     "MAX_CLAIMS",

@@ -66,16 +66,18 @@ class Reviewer(Model):
 
     @model_validator(mode="after")
     def _consistent(self, info: ValidationInfo) -> Reviewer:
-        scripted_keys = [k for k in ("answer", "judge", "stall") if k in self.model_fields_set]
+        # Keys by value, not by presence: the recorded effective contract writes ``stall = false`` out.
+        given = [
+            k
+            for k, v in (("answer", self.answer), ("judge", self.judge), ("stall", self.stall or None))
+            if v is not None
+        ]
         if self.provider == SCRIPTED_REVIEWER:
-            given = [k for k in scripted_keys if k != "stall" or self.stall]
             if len(given) != 1:
                 raise ValueError("a scripted reviewer needs exactly one of answer, judge or stall = true")
-            if "answer" in given and self.answer is None:
-                raise ValueError("a scripted reviewer's answer is a JSON value (a table, or a string for plain text)")
             return self
-        if scripted_keys:
-            raise ValueError(f"{scripted_keys[0]} is for scripted reviewers only, not provider {self.provider!r}")
+        if given:
+            raise ValueError(f"{given[0]} is for scripted reviewers only, not provider {self.provider!r}")
         kind = provider_kinds_in(info.context).get(self.provider)  # None only if _registered refused it
         if kind is not None and kind.capabilities.needs_model and not self.model:
             raise ValueError(f"a reviewer with provider {self.provider!r} needs a model")
