@@ -235,6 +235,7 @@ class ReplayReport:
     turns: int
     calls: int
     reason: str | None = None
+    reviews: int = 0  # panel_review entries: each reviewer's recorded answer
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -244,6 +245,7 @@ class ReplayReport:
             "replayed": self.replayed,
             "turns": self.turns,
             "calls": self.calls,
+            "reviews": self.reviews,
             "reason": self.reason,
         }
 
@@ -411,14 +413,15 @@ async def replay_session(runtime: Runtime, session: str) -> ReplayReport:
     started = entries[0].body
     turns = sum(1 for e in before if e.kind == "model_turn")
     calls = sum(1 for e in before if e.kind in ("mcp_tool_call", "mcp_tool_denied"))
+    reviews = sum(1 for e in before if e.kind == "panel_review")
     try:
         contract = recorded_contract(session, started)
         replayed = await _rederive(store, session, contract, before, recorded_verdict)
     except TrussError as exc:
-        return ReplayReport(session, recorded_verdict, None, False, turns, calls, exc.message)
+        return ReplayReport(session, recorded_verdict, None, False, turns, calls, exc.message, reviews)
     matches = canonical(replayed) == canonical(recorded_verdict)
     reason = None if matches else _difference(recorded_verdict, replayed)
-    return ReplayReport(session, recorded_verdict, replayed, matches, turns, calls, reason)
+    return ReplayReport(session, recorded_verdict, replayed, matches, turns, calls, reason, reviews)
 
 
 async def _rederive(

@@ -230,3 +230,54 @@ async def test_a_run_without_a_final_answer_asks_no_reviewer(tmp_path: Path) -> 
     assert outcome.status == "error"
     assert panel_of(outcome)["outcome"] == "no_answer"
     assert reviews(store) == []
+
+
+async def test_each_review_is_an_event_and_a_progress_line(tmp_path: Path) -> None:
+    from tests.gate.support import contract_from, fake_connector, new_store, scripted
+    from tests.panel.support import transport
+    from truss.events import Event, PanelReviewed, ProgressEvent
+    from truss.session import run_contract
+    from truss.testing import ManualClock
+
+    seen: list[Event] = []
+    progress: list[ProgressEvent] = []
+    store, key = new_store(tmp_path)
+    reviewers = scripted_reviewer(judge="supported", name="ann") + scripted_reviewer(judge="unsupported")
+    await run_contract(contract_from(panel_contract(final=FINAL, reviewers=reviewers, quorum=1)), store=store,
+                       key=key, clock=ManualClock(), home=tmp_path, environ={}, connector=fake_connector(transport()),
+                       session_id=SESSION, provider=scripted(), events=[seen.append],
+                       on_progress=progress.append)  # fmt: skip
+    reviewed = sorted((e.reviewer, e.outcome, e.replayed) for e in seen if isinstance(e, PanelReviewed))
+    assert reviewed == [("ann", "approve", False), ("r1", "reject", False)]
+    assert sorted((p.tool, p.outcome) for p in progress if p.kind == "review") == [("ann", "approve"), ("r1", "reject")]
+    by_seq = {e.seq: e for e in reviews(store)}
+    assert all(by_seq[e.seq].body["name"] == e.reviewer for e in seen if isinstance(e, PanelReviewed))
+
+
+def test_a_panel_with_every_reviewer_key_round_trips_through_its_recorded_json_form() -> None:
+    from tests.gate.support import contract_from
+    from truss.contract import Contract
+
+    reviewers = """
+[[done.checks.reviewers]]
+name = "full"
+provider = "openai"
+model = "m"
+base_url = "https://models.example.com/v1"
+api_key_env = "MODEL_KEY"
+max_output_tokens = 512
+temperature = 0.2
+request_timeout = "30s"
+max_attempts = 2
+[[done.checks.reviewers]]
+provider = "scripted"
+stall = true
+[[done.checks.reviewers]]
+provider = "scripted"
+answer = "plain text"
+"""
+    panel = 'rubric = "strict"\nmax_tokens = 1000\ndeadline = "1m"'
+    contract = contract_from(panel_contract(final=FINAL, reviewers=reviewers, quorum=2, panel=panel))
+    again = Contract.model_validate(contract.to_json())
+    assert again.hash == contract.hash
+    assert again.done.checks[0].reviewers == contract.done.checks[0].reviewers
