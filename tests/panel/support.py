@@ -44,6 +44,7 @@ def panel_contract(
     panel: str = "",
     budget: str = "",
     extra_checks: str = "",
+    agent: str = "",
 ) -> str:
     """A contract whose plan calls ``steps`` (tool names of server ``srv``), answers ``final``, and whose
     one done check is a panel of ``reviewers`` (TOML of ``[[done.checks.reviewers]]`` tables)."""
@@ -54,6 +55,7 @@ name = "panel-test"
 intent = "Find the version in the VERSION file."
 [agent]
 final = {json.dumps(final)}
+{agent}
 {plan}
 [budget]
 max_tool_calls = 10
@@ -108,8 +110,14 @@ def approving(claims: int, calls: list[str]) -> dict[str, Any]:
 
 
 async def run(
-    tmp_path: Path, text: str, *, environ: Mapping[str, str] | None = None, session: str = SESSION
+    tmp_path: Path,
+    text: str,
+    *,
+    environ: Mapping[str, str] | None = None,
+    session: str = SESSION,
+    plan: bool = True,
 ) -> tuple[RunOutcome, SqliteStore]:
+    """A whole run in-process; ``plan=False`` runs the agent the contract names instead of its plan."""
     store, key = new_store(tmp_path)
     outcome = await run_contract(
         contract_from(text),
@@ -120,7 +128,7 @@ async def run(
         environ=dict(environ or {}),
         connector=fake_connector(transport()),
         session_id=session,
-        provider=scripted(),
+        provider=scripted() if plan else None,
     )
     return outcome, store
 

@@ -200,3 +200,44 @@ async def test_a_reviewer_key_that_is_not_set_stops_the_run_before_anything_is_c
     assert caught.value.fields["reviewer"] == "gpt"
     assert caught.value.fields["env"] == "REVIEW_OPENAI_KEY"
     assert anthropic.requests == [] and openai.requests == []
+
+
+async def test_no_reviewer_is_asked_when_the_run_has_no_tokens_left(tmp_path: Path) -> None:
+    turns: list[int] = []
+
+    def agent(request: Recorded) -> Reply:
+        if request.body.get("model") != "agent-model":
+            return Reply(body=openai_review(FORM))
+        turns.append(1)
+        if len(turns) == 1:
+            call = {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "mcp__srv__read", "arguments": '{"path": "VERSION"}'},
+            }
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            return Reply(body={"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                               "usage": {"prompt_tokens": 100, "completion_tokens": 10}})  # fmt: skip
+        message = {"role": "assistant", "content": FINAL}
+        return Reply(body={"choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 180, "completion_tokens": 10}})  # fmt: skip
+
+    server = LoopbackServer(agent).start()
+    try:
+        reviewers = f"""
+[[done.checks.reviewers]]
+provider = "openai"
+model = "gpt-test"
+base_url = "{server.url}/v1"
+"""
+        agent_keys = f'provider = "openai"\nmodel = "agent-model"\nbase_url = "{server.url}/v1"'
+        text = panel_contract(final=FINAL, reviewers=reviewers, quorum=1, agent=agent_keys, budget="max_tokens = 300")
+        outcome, store = await run(tmp_path, text, plan=False)
+    finally:
+        server.close()
+    assert [r.body.get("model") for r in server.requests] == ["agent-model", "agent-model"]
+    assert outcome.status == "error"
+    [reviewer] = panel_of(outcome)["reviewers"]
+    assert (reviewer["outcome"], reviewer["cause"]) == ("failed", "budget")
+    [entry] = reviews(store)
+    assert "response" not in entry.body and entry.body["failure"]["cause"] == "budget"

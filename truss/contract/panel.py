@@ -158,9 +158,9 @@ def _outcome(index: int, reviewer: Reviewer, entry: Any, reading: Reading, evide
     body: Mapping[str, Any] = entry.body
     raw: Any = body.get("failure")
     failure: dict[str, Any] | None = cast(dict[str, Any], raw) if isinstance(raw, dict) else None
-    if failure is not None and failure.get("cause") != "budget":
-        return {**out, "outcome": "failed", "cause": str(failure.get("cause")), "reason": _short(failure.get("detail"))}
     ref = body.get("response")
+    if failure is not None and (failure.get("cause") != "budget" or not isinstance(ref, str)):
+        return {**out, "outcome": "failed", "cause": str(failure.get("cause")), "reason": _short(failure.get("detail"))}
     data = evidence.blob(ref) if isinstance(ref, str) else None
     if data is None:
         return {**out, "outcome": "failed", "cause": "erased", "reason": "the reviewer's answer is not stored"}
