@@ -262,7 +262,7 @@ def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
     return 0
 
 
-def _panel(store: SqliteStore, item: StoredEntry, out: dict[str, Any], lines: list[str], *, payloads: bool) -> None:
+def _panel(store: LedgerStore, item: StoredEntry, out: dict[str, Any], lines: list[str], *, payloads: bool) -> None:
     """A reviewer panel's claims, citations, findings and answers (``cli/_panel_view.py``)."""
     if item.kind == "verdict":
         lines.extend(_panel_view.verdict_lines(item.body))

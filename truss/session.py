@@ -397,9 +397,7 @@ class _Run:
             return await self._suspend(result.waiting_on, result.waiting, result.reason)
         return await self._finish(result)
 
-    async def _review(
-        self, results: list[LoopResult], gates: list[Gate], intent: str, reviewers: ReviewerSet
-    ) -> bool:
+    async def _review(self, results: list[LoopResult], gates: list[Gate], intent: str, reviewers: ReviewerSet) -> bool:
         """The panel checks' reviews, once the run has its final answer (after the servers closed:
         reviewers need none). False when a stop request cancelled them (the run is then interrupted).
         ``results`` and ``gates`` are empty when the stop event cancelled the loop."""

@@ -15,7 +15,8 @@ from typing import Any
 
 from tests.gate.support import contract_from, fake_connector, new_store, scripted
 from truss.ledger.entry import StoredEntry
-from truss.ledger.store import SqliteStore
+from truss.ledger.stores.sqlite import SqliteStore
+from truss.runtime import Runtime
 from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult, error_result
@@ -119,17 +120,16 @@ async def run(
 ) -> tuple[RunOutcome, SqliteStore]:
     """A whole run in-process; ``plan=False`` runs the agent the contract names instead of its plan."""
     store, key = new_store(tmp_path)
-    outcome = await run_contract(
-        contract_from(text),
+    runtime = Runtime(
         store=store,
         key=key,
         clock=ManualClock(),
         home=tmp_path,
         environ=dict(environ or {}),
         connector=fake_connector(transport()),
-        session_id=session,
         provider=scripted() if plan else None,
     )
+    outcome = await run_contract(runtime, contract_from(text), session_id=session)
     return outcome, store
 
 

@@ -18,7 +18,7 @@ from tests.panel.support import (
     run,
     scripted_reviewer,
 )
-from truss.ledger.verify import verify_ledger
+from truss.ledger.verification import verify_ledger
 from truss.turns import rebuild_request
 
 pytestmark = pytest.mark.anyio
@@ -235,7 +235,8 @@ async def test_a_run_without_a_final_answer_asks_no_reviewer(tmp_path: Path) -> 
 async def test_each_review_is_an_event_and_a_progress_line(tmp_path: Path) -> None:
     from tests.gate.support import contract_from, fake_connector, new_store, scripted
     from tests.panel.support import transport
-    from truss.events import Event, PanelReviewed, ProgressEvent
+    from truss.events import Event, PanelReviewed, ProgressEvent, progress_subscriber
+    from truss.runtime import Runtime
     from truss.session import run_contract
     from truss.testing import ManualClock
 
@@ -243,10 +244,11 @@ async def test_each_review_is_an_event_and_a_progress_line(tmp_path: Path) -> No
     progress: list[ProgressEvent] = []
     store, key = new_store(tmp_path)
     reviewers = scripted_reviewer(judge="supported", name="ann") + scripted_reviewer(judge="unsupported")
-    await run_contract(contract_from(panel_contract(final=FINAL, reviewers=reviewers, quorum=1)), store=store,
-                       key=key, clock=ManualClock(), home=tmp_path, environ={}, connector=fake_connector(transport()),
-                       session_id=SESSION, provider=scripted(), events=[seen.append],
-                       on_progress=progress.append)  # fmt: skip
+    runtime = Runtime(store=store, key=key, clock=ManualClock(), home=tmp_path, environ={},
+                      connector=fake_connector(transport()), provider=scripted(),
+                      events=[seen.append, progress_subscriber(progress.append)])  # fmt: skip
+    await run_contract(runtime, contract_from(panel_contract(final=FINAL, reviewers=reviewers, quorum=1)),
+                       session_id=SESSION)  # fmt: skip
     reviewed = sorted((e.reviewer, e.outcome, e.replayed) for e in seen if isinstance(e, PanelReviewed))
     assert reviewed == [("ann", "approve", False), ("r1", "reject", False)]
     assert sorted((p.tool, p.outcome) for p in progress if p.kind == "review") == [("ann", "approve"), ("r1", "reject")]
