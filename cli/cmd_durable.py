@@ -73,7 +73,9 @@ def replay(args: argparse.Namespace, ctx: Ctx) -> int:
         f"replay      {'matches' if report.matches else 'DOES NOT MATCH'}",
         f"recorded    {recorded}",
         f"replayed    {replayed}",
-        f"steps       {report.turns} model turns, {report.calls} tool calls, all from the ledger",
+        f"steps       {report.turns} model turns, {report.calls} tool calls"
+        + (f", {report.reviews} panel reviews" if report.reviews else "")
+        + ", all from the ledger",
         f"session     {report.session}",
     ]
     if report.reason:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from truss_cli import _panel_view
 from truss_cli._ctx import Ctx, table
 from truss_cli._witnessed import (
     add_policy_args,
@@ -248,6 +249,7 @@ def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
             if item.seq < args.from_seq:
                 continue
             entry_json, entry_lines = _render_entry(store, item, erased, payloads=not args.no_payloads, full=args.full)
+            _panel(store, item, entry_json, entry_lines, payloads=not args.no_payloads)
             if request is not None:
                 entry_json["request"] = request[0]
                 entry_lines.append(f"{'':>6}request of turn {item.body.get('turn')}, rebuilt:  {request[1]}")
@@ -258,6 +260,16 @@ def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
         lines.append(f"({len(erased)} payload(s) erased with `truss ledger erase`; their hashes remain signed)")
     ctx.emit({"session": info.to_json(), "entries": entries_json}, "\n".join(lines))
     return 0
+
+
+def _panel(store: LedgerStore, item: StoredEntry, out: dict[str, Any], lines: list[str], *, payloads: bool) -> None:
+    """A reviewer panel's claims, citations, findings and answers (``cli/_panel_view.py``)."""
+    if item.kind == "verdict":
+        lines.extend(_panel_view.verdict_lines(item.body))
+    elif item.kind == "panel_review":
+        view, review_lines = _panel_view.review_view(item.body, store.blob if payloads else lambda _: None)
+        out["review"] = view
+        lines.extend(review_lines)
 
 
 def _fold_request(fold: RequestFold | None, item: StoredEntry) -> tuple[Any, str] | None:

@@ -206,14 +206,14 @@ def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[Event], None]], Any
 
 class _Progress:
     """A subscriber of the run's events (``truss.events``) that prints one stderr line per call:
-    call id, tool, outcome, duration, what is left of the budget; with ``-v`` also model turns and
-    the servers' progress messages."""
+    call id, tool, outcome, duration, what is left of the budget; one per panel reviewer (name,
+    outcome, reason); with ``-v`` also model turns and the servers' progress messages."""
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
 
     def __call__(self, event: Event) -> None:
-        from truss.events import CallEnded, CheckpointWitnessed, ModelAnswered, ToolProgress
+        from truss.events import CallEnded, CheckpointWitnessed, ModelAnswered, PanelReviewed, ToolProgress
 
         if isinstance(event, CallEnded) and event.outcome != "error":  # an error is the run's to report
             outcome = event.outcome
@@ -223,6 +223,10 @@ class _Progress:
             replayed = "  (replayed)" if event.replayed else ""
             left = _left(event.budget_left)
             self.ctx.progress(f"  {event.call:<6} {event.tool}  {outcome}  {duration}  left: {left}{replayed}")
+        elif isinstance(event, PanelReviewed):
+            replayed = "  (replayed)" if event.replayed else ""
+            who = f"{event.reviewer} ({event.provider})"
+            self.ctx.progress(f"  review {who}  {event.outcome}  {event.reason}{replayed}")
         elif isinstance(event, ToolProgress) and self.ctx.verbose:
             self.ctx.progress(f"  {event.call:<6} {event.tool}  progress {event.detail}")
         elif isinstance(event, ModelAnswered) and self.ctx.verbose:

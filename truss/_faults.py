@@ -14,6 +14,8 @@ The points, in the order a call passes them (docs/durability.md):
 - ``during_call``: the server has the request (it reported progress), no answer yet;
 - ``after_call``: the answer arrived, its ``mcp_tool_call`` entry is not written;
 - ``after_result``: the result entry is durable, the model has not seen the result;
+- ``after_review``: a reviewer's ``panel_review`` entry is durable, the panel's other reviewers
+  may not be recorded yet (the reviewer panel, docs/panel.md);
 - ``during_verdict``: the ``verdict`` entry is durable, ``session_ended`` is not;
 - ``task_pending``: an MCP task was created and its ``mcp_tool_pending`` entry is durable; the task
   runs on the server while nobody polls it.
@@ -30,7 +32,16 @@ import signal
 __all__ = ["POINTS", "fault"]
 
 POINTS = frozenset(
-    {"before_intent", "after_intent", "during_call", "after_call", "after_result", "during_verdict", "task_pending"}
+    {
+        "before_intent",
+        "after_intent",
+        "during_call",
+        "after_call",
+        "after_result",
+        "after_review",
+        "during_verdict",
+        "task_pending",
+    }
 )
 
 

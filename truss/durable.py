@@ -9,8 +9,9 @@
   payload as the call's result.
 - ``replay_session``: re-derives a finished session from its ledger alone, with no server and no
   model: the loop is driven with a provider that only has the recorded turns and a transport that
-  refuses every call, so each recorded step must follow from the steps before it; then the
-  verdict is recomputed and compared with the recorded one.
+  refuses every call, so each recorded step must follow from the steps before it; a panel's
+  reviewers are asked through reviewers that refuse, so each recorded review's request must follow
+  from the record too; then the verdict is recomputed and compared with the recorded one.
 
 Resume itself is ``truss.session.resume_session``; the gate (``truss.gate``) turns these entries
 into results. This module never imports the MCP SDK and reads no clock: replay runs on a clock
@@ -40,6 +41,7 @@ from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.stores.base import LedgerStore, SessionInfo, StoredCheckpoint
 from truss.loop import run_loop
+from truss.panel import run_panels
 from truss.providers.base import TurnRequest, TurnResponse
 from truss.runtime import Runtime
 from truss.tools import MountedTool, ProgressFn, ToolResult, error_result, split_namespaced
@@ -233,6 +235,7 @@ class ReplayReport:
     turns: int
     calls: int
     reason: str | None = None
+    reviews: int = 0  # panel_review entries: each reviewer's recorded answer
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -242,6 +245,7 @@ class ReplayReport:
             "replayed": self.replayed,
             "turns": self.turns,
             "calls": self.calls,
+            "reviews": self.reviews,
             "reason": self.reason,
         }
 
@@ -274,6 +278,26 @@ class _RecordOnlyProvider:
     async def next_turn(self, request: TurnRequest) -> TurnResponse:
         self.asked = request.turn
         raise ProviderError(f"model turn {request.turn} is not in the record", provider="replay")
+
+    async def aclose(self) -> None:
+        return None
+
+
+class _RecordOnlyReviewer:
+    """A reviewer that knows nothing: every review must come from the record."""
+
+    name = "replay"
+    capabilities = ProviderCapabilities(needs_model=False)
+
+    def __init__(self, check: int, reviewer: int) -> None:
+        self._where = f"reviewer {reviewer} of done check {check}"
+
+    async def next_turn(self, request: TurnRequest) -> TurnResponse:
+        raise ReplayDivergenceError(
+            f"replay needed a live answer from {self._where}: the record has no review by it",
+            expected="a recorded panel_review",
+            actual=f"a live review by {self._where}",
+        )
 
     async def aclose(self) -> None:
         return None
@@ -389,14 +413,15 @@ async def replay_session(runtime: Runtime, session: str) -> ReplayReport:
     started = entries[0].body
     turns = sum(1 for e in before if e.kind == "model_turn")
     calls = sum(1 for e in before if e.kind in ("mcp_tool_call", "mcp_tool_denied"))
+    reviews = sum(1 for e in before if e.kind == "panel_review")
     try:
         contract = recorded_contract(session, started)
         replayed = await _rederive(store, session, contract, before, recorded_verdict)
     except TrussError as exc:
-        return ReplayReport(session, recorded_verdict, None, False, turns, calls, exc.message)
+        return ReplayReport(session, recorded_verdict, None, False, turns, calls, exc.message, reviews)
     matches = canonical(replayed) == canonical(recorded_verdict)
     reason = None if matches else _difference(recorded_verdict, replayed)
-    return ReplayReport(session, recorded_verdict, replayed, matches, turns, calls, reason)
+    return ReplayReport(session, recorded_verdict, replayed, matches, turns, calls, reason, reviews)
 
 
 async def _rederive(
@@ -445,6 +470,9 @@ async def _rederive(
                 f"replaying session {session} stopped at calls still waiting: {', '.join(result.waiting)}",
                 expected="a settled call", actual="a call still waiting",
             )  # fmt: skip
+        elif result.stop == "done":
+            await run_panels(contract=contract, journal=journal, gate=gate, clock=clock, intent=intent,
+                             redactor=redactor, reviewers=_RecordOnlyReviewer)  # fmt: skip
         verdict = evaluate(contract, before, store.blob, final_text=result.final_text, error=error)
     body = verdict.to_json()
     body["contract_hash"] = contract.hash

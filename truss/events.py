@@ -10,7 +10,8 @@ A run leg (one ``truss run``, or one ``truss resume`` of a session) is a tree of
 
 Point events happen inside a span (``span`` names it): ``ModelAnswered`` (in its turn: the
 recorded ``model_turn``), ``CallDenied`` and ``ToolProgress`` (in their call), and in the
-session ``Suspended``, ``CheckpointSigned``, ``VerdictReached``, ``CheckpointWitnessed`` (after the
+session ``Suspended``, ``CheckpointSigned``, ``VerdictReached``, ``PanelReviewed`` (a reviewer of a
+panel check answered, failed, or was found in the record), ``CheckpointWitnessed`` (after the
 verdict, when the home configures witnesses) and ``ServerEvent`` (what a
 launcher or auth flow reports about a server, e.g. a sandbox's egress decision). Every event
 carries ``session``, ``span``, ``parent`` (the parent of ``span``) and ``time_ms`` from the run's
@@ -53,6 +54,7 @@ __all__ = [
     "Event",
     "EventBus",
     "ModelAnswered",
+    "PanelReviewed",
     "ProgressEvent",
     "ProgressSink",
     "RunEvents",
@@ -236,6 +238,24 @@ class VerdictReached(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PanelReviewed(Event):
+    """A reviewer's ``panel_review`` entry was recorded (or, ``replayed``, found in the record).
+    ``outcome``: approve, reject or failed; ``reason`` is the recorded one-line reason."""
+
+    kind: ClassVar[str] = "panel_reviewed"
+    check: int
+    reviewer: str
+    provider: str
+    outcome: str
+    reason: str
+    replayed: bool
+    input_tokens: int
+    output_tokens: int
+    seq: int
+    index: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerEvent(Event):
     """Something a launcher or an auth flow reports about one server (``name``: what happened)."""
 
@@ -354,6 +374,18 @@ class RunEvents:
                                          status=status, reason=reason, seq=entry.seq, index=entry.index,
                                          error=cause if isinstance(cause, str) else None))  # fmt: skip
 
+    def panel_reviewed(self, entry: StoredEntry, *, replayed: bool) -> None:
+        if self.bus:
+            body: Mapping[str, Any] = entry.body
+            usage: Mapping[str, Any] = body.get("usage") or {}
+            self.bus.emit(PanelReviewed(
+                session=self.session, span=self.span, parent=None, time_ms=self._now(), check=int(body["check"]),
+                reviewer=str(body.get("name")), provider=str(body.get("provider")), outcome=str(body.get("outcome")),
+                reason=str(body.get("reason") or ""), replayed=replayed,
+                input_tokens=int(usage.get("input_tokens") or 0), output_tokens=int(usage.get("output_tokens") or 0),
+                seq=entry.seq, index=entry.index,
+            ))  # fmt: skip
+
     def checkpoint_witnessed(
         self, size: int, witnessed: bool, summary: str, outcomes: tuple[tuple[str, str], ...]
     ) -> None:
@@ -469,8 +501,9 @@ class ProgressEvent:
     """What serve-mcp turns into progress notifications (and ``progress_subscriber`` sinks receive).
 
     ``kind``: ``call`` (a gate outcome), ``turn`` (a model turn), ``tool_progress`` (a server's
-    progress notification), ``suspended``, ``verdict``, ``witness`` (what the witnesses did with the
-    end-of-session checkpoint). Never carries arguments or results.
+    progress notification), ``review`` (a panel reviewer's outcome, ``tool`` its name),
+    ``suspended``, ``verdict``, ``witness`` (what the witnesses did with the end-of-session
+    checkpoint). Never carries arguments or results.
     """
 
     kind: str
@@ -509,6 +542,9 @@ def as_progress(event: Event) -> ProgressEvent | None:
         return ProgressEvent("tool_progress", event.session, event.call, event.tool, detail=event.detail)
     if isinstance(event, ModelAnswered):
         return ProgressEvent("turn", event.session, detail=f"turn {event.turn}", replayed=event.replayed)
+    if isinstance(event, PanelReviewed):
+        return ProgressEvent("review", event.session, tool=event.reviewer, outcome=event.outcome, detail=event.reason,
+                             replayed=event.replayed)  # fmt: skip
     if isinstance(event, Suspended):
         return ProgressEvent("suspended", event.session, outcome=event.reason, detail=event.detail)
     if isinstance(event, VerdictReached):

@@ -11,6 +11,10 @@ tool message per call, in the order the model proposed them, each with a note of
 budget. The loop stops when the model answers without calls (``done``), a budget or the deadline
 refuses the next turn, the provider fails, or a call waits for approval (``suspended``).
 
+When the contract has a ``panel`` check the model is asked to cite, for each claim of its final
+answer, the ids of the calls that support it (``CITATION_SYSTEM`` is added to the system text), and
+each tool result's note starts with the call's id (``[call c2.0]``) so it knows what to cite.
+
 Replay: a recorded turn is matched by its number and its *replay key*, the same hash chain over
 the request without the budget notes (time left differs between a run and its resumption;
 everything else must not), so the first turn whose conversation differs is the one reported. A
@@ -38,7 +42,7 @@ from truss._clock import Clock
 from truss._errors import ProviderError, ReplayDivergenceError, TrussError
 from truss.budget import BudgetState, Charged, Exceeded
 from truss.calls import CallOutcome, CallRequest
-from truss.contract import Contract
+from truss.contract import Contract, uses_panel
 from truss.events import RunEvents
 from truss.gate import Gate
 from truss.ledger.canonical import canonical, sha256_ref
@@ -47,7 +51,7 @@ from truss.providers.base import Provider, ToolCall, ToolSpec, TurnRequest, Turn
 from truss.redaction import Redactor
 from truss.turns import delta
 
-__all__ = ["DEFAULT_SYSTEM", "LoopResult", "StopReason", "run_loop"]
+__all__ = ["CITATION_SYSTEM", "DEFAULT_SYSTEM", "LoopResult", "StopReason", "run_loop"]
 
 _MAX_NAME_CHARS = 200
 
@@ -58,6 +62,14 @@ DEFAULT_SYSTEM = (
     "against a policy and a budget, and a refused call comes back as an error result saying why. "
     "Each tool result is followed by what is left of your budget. When the task is done, answer with "
     "a short summary and no tool calls."
+)
+
+CITATION_SYSTEM = (
+    "Your final answer is checked by a panel of reviewers against the recorded results of the calls it "
+    "cites. After each claim, cite the calls whose results support it: their ids in square brackets, "
+    "e.g. 'The branch is main [c1.0].' or '... [c1.0, c2.1]'. Each tool result is followed by its call "
+    "id ('[call c1.0]'). Cite only calls whose results support the claim; citing a call that does not "
+    "exist, was refused or returned an error fails the check."
 )
 
 
@@ -147,6 +159,8 @@ async def run_loop(
     """
     tools = sorted(gate.tools.values(), key=lambda t: t.name)
     specs = [ToolSpec(t.provider_name, t.description, dict(t.input_schema)) for t in tools]
+    cites = uses_panel(contract.done.checks)
+    system = contract.agent.system or DEFAULT_SYSTEM
     run = _Loop(
         contract=contract,
         gate=gate,
@@ -156,10 +170,11 @@ async def run_loop(
         events=events if events is not None and events.active else None,
         specs=specs,
         by_provider={t.provider_name: t.name for t in tools},
-        system=contract.agent.system or DEFAULT_SYSTEM,
+        system=f"{system}\n\n{CITATION_SYSTEM}" if cites else system,
         conversation=_Conversation(intent),
         chain=_chain(redactor, specs),
         limiter=anyio.CapacityLimiter(contract.agent.max_parallel_calls),
+        cites=cites,
     )
     turn = 0
     while True:
@@ -205,6 +220,7 @@ class _Loop:
     chain: _Chain
     limiter: anyio.CapacityLimiter
     outcomes: list[CallOutcome] = field(default_factory=list[CallOutcome])
+    cites: bool = False  # a panel will read the answer's citations: notes name each call's id
 
     async def turn(self, turn: int) -> LoopResult | None:
         """One turn (already charged): the model's answer, then its calls. None: the run goes on."""
@@ -244,7 +260,8 @@ class _Loop:
         results = await _run_calls(gate, requests, self.limiter)
         outcomes.extend(results)
         for call, outcome in zip(response.tool_calls, results, strict=True):
-            self.conversation.add(_tool_message(call, outcome), _budget_note(gate.remaining()))
+            note = _budget_note(gate.remaining())
+            self.conversation.add(_tool_message(call, outcome), f"[call {outcome.call}] {note}" if self.cites else note)
         waiting = tuple(o.call for o in results if o.outcome == "suspended")
         if waiting:
             codes = {o.code for o in results if o.outcome == "suspended"}

@@ -11,7 +11,9 @@
    (contract name, hash and effective JSON, pins, servers' protocol versions, info and how each
    was reached, principal, truss version). A server that cannot start still gets a session:
    ``session_started`` with the failure, then an ``error`` verdict, so every attempt is on the record;
-3. drive the loop (``truss.loop``) through the gate (``truss.gate``);
+3. drive the loop (``truss.loop``) through the gate (``truss.gate``); with the final answer, ask the
+   reviewers of the contract's ``panel`` checks (``truss.panel``; built when the run starts, so a
+   reviewer's missing API key stops it before anything is called), each answer a ``panel_review``;
 4. end: ``verdict`` {status, checks, contract_hash, reason}, ``session_ended``, a signed
    checkpoint, and the DSSE verdict envelope (in-toto Statement v1 whose subject digest is the
    ``session_ended`` entry hash) stored beside the chain; then, when the home configures
@@ -67,6 +69,7 @@ from truss.ledger.keys import IdentityKey
 from truss.ledger.note import sign_checkpoint
 from truss.ledger.stores.base import LedgerStore
 from truss.loop import LoopResult, run_loop
+from truss.panel import ReviewerSet, open_reviewers, run_panels
 from truss.providers.base import Provider
 from truss.runtime import Connector, ProviderFactory, Runtime
 from truss.tools import MountedTool, ToolTransport
@@ -322,8 +325,15 @@ class _Run:
         log_dir.mkdir(parents=True, exist_ok=True)
         intent = render_intent(self.contract, self.environ)
         provider = self._make_provider()
+        try:
+            reviewers = await open_reviewers(self.contract, environ=self.environ, clock=self.clock)
+        except BaseException:
+            await provider.aclose()
+            raise
         entered = False
         results: list[LoopResult] = []  # stays empty when the stop event cancelled the loop
+        gates: list[Gate] = []
+        reviewed = False
         try:
             # A stop request (Ctrl-C, SIGTERM) cancels connecting as well as the loop; the servers'
             # shutdown in the connector's exit is shielded, so they are ended either way.
@@ -362,6 +372,8 @@ class _Run:
                     events=self.events,
                 )
                 results.append(result)
+                gates.append(gate)
+            reviewed = await self._review(results, gates, intent, reviewers)
         except InDoubtError as exc:
             return await self._suspend("in_doubt", (str(exc.fields.get("call")),), exc.message)
         except ReplayDivergenceError as exc:
@@ -379,12 +391,27 @@ class _Run:
             return await self._start_failed(exc, principal)
         finally:
             await provider.aclose()
-        if not results:
+            await reviewers.aclose()
+        if not results or not reviewed:
             return await self._suspend("interrupted", (), "the run was interrupted (Ctrl-C or SIGTERM)")
         result = results[0]
         if result.stop == "suspended":
             return await self._suspend(result.waiting_on, result.waiting, result.reason)
         return await self._finish(result)
+
+    async def _review(self, results: list[LoopResult], gates: list[Gate], intent: str, reviewers: ReviewerSet) -> bool:
+        """The panel checks' reviews, once the run has its final answer (after the servers closed:
+        reviewers need none). False when a stop request cancelled them (the run is then interrupted).
+        ``results`` and ``gates`` are empty when the stop event cancelled the loop."""
+        if not results or not gates or results[0].stop != "done" or not len(reviewers):
+            return True
+        gate = gates[0]
+        done = False
+        async with _stoppable(self.stop):
+            await run_panels(contract=self.contract, journal=self.journal, gate=gate, clock=self.clock, intent=intent,
+                             redactor=self.redactor, reviewers=reviewers, events=self.events)  # fmt: skip
+            done = True
+        return done
 
     def _make_provider(self) -> Provider:
         if self.provider_factory is not None:

@@ -13,7 +13,8 @@ raises fails its check the same way.
 Status: ``error`` when the run could not finish (a budget or the deadline stopped it, the provider
 failed) or when a check failed and a call had failed *below* the tool (a server crashed, timed out
 or broke the protocol) or had been refused for budget: then the work could not be done, which is
-not the same as done wrong.
+not the same as done wrong. A check whose kind says it could not be *decided* (``Checked.cause``:
+a reviewer panel whose reviewers could not answer) makes the verdict ``error`` with that cause too.
 Otherwise ``pass`` when every check holds and ``fail`` naming the first that does not. The checks
 are evaluated and reported in every case. This module is pure: no I/O.
 """
@@ -21,7 +22,7 @@ are evaluated and reported in every case. This module is pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 from truss._errors import TrussError
@@ -38,7 +39,8 @@ _BELOW_TOOL = {"timeout", "connection_closed", "server_error", "protocol_error",
 
 @dataclass(frozen=True)
 class RunError:
-    """Why a run could not finish: ``cause`` is ``budget``, ``deadline``, ``provider`` or ``server``."""
+    """Why a run could not finish: ``cause`` is ``budget``, ``deadline``, ``provider``, ``server``, ``input``
+    or ``panel`` (a reviewer panel could not decide)."""
 
     cause: str
     detail: str
@@ -52,11 +54,15 @@ class CheckResult:
     ok: bool
     detail: str
     tool: str | None = None
+    extra: Mapping[str, Any] | None = None  # the kind's own members (a panel's ``panel``)
+    cause: str | None = None  # a failure that means "could not be decided" (``Checked.cause``)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"index": self.index, "kind": self.kind, "ok": self.ok, "detail": self.detail}
         if self.tool is not None:
             out["tool"] = self.tool
+        for key, value in (self.extra or {}).items():
+            out.setdefault(key, value)
         return out
 
 
@@ -96,6 +102,7 @@ def evaluate(
     calls: list[CallRecord] = []
     denials: list[str] = []
     budget_denial: tuple[str, str, str | None] | None = None  # call, reason, limit of the first
+    entries = list(entries)
     for entry in entries:
         body: Mapping[str, Any] = entry.body
         if entry.kind == "mcp_tool_call":
@@ -114,12 +121,17 @@ def evaluate(
             if body.get("code") == "budget" and budget_denial is None:
                 limit = body.get("limit")
                 budget_denial = (str(body.get("call")), str(body.get("reason")), str(limit) if limit else None)
-    evidence = Evidence(calls=tuple(calls), denials=tuple(denials), final_text=final_text, blob=blob)
+    evidence = Evidence(calls=tuple(calls), denials=tuple(denials), final_text=final_text, blob=blob,
+                        entries=tuple(entries))  # fmt: skip
     registry = kinds or DONE_CHECKS
     checks = [_check(i, c, registry, evidence) for i, c in enumerate(contract.done.checks)]
     failed = next((c for c in checks if not c.ok), None)
     if error is not None:
         return Verdict("error", checks, f"the run could not finish: {error.detail}", error)
+    undecided = next((c for c in checks if not c.ok and c.cause), None)
+    if undecided is not None and undecided.cause is not None:
+        detail = f"check {undecided.index} ({undecided.kind}) could not be decided: {undecided.detail}"
+        return Verdict("error", checks, f"the run could not finish: {detail}", RunError(undecided.cause, detail))
     if failed is not None:
         broken = next((c for c in calls if c.failure in _BELOW_TOOL), None)
         if broken is not None:
@@ -150,13 +162,17 @@ def _check(index: int, check: DoneCheck, kinds: Registry[CheckKind], evidence: E
         detail = f"done-check kind {check.kind!r} has no evaluation here"
         return CheckResult(index, check.kind, False, detail, check.tool)
     try:
-        checked = kind.evaluate(check, evidence)
+        checked = kind.evaluate(check, replace(evidence, check_index=index))
     except TrussError:
         raise  # the record could not be read (a store error): not the check's answer
     except Exception as exc:
         # A kind's own bug fails its check rather than leaving the session without a verdict.
         return CheckResult(index, check.kind, False, f"the evaluation raised {type(exc).__name__}", check.tool)
-    return CheckResult(index, check.kind, checked.ok, checked.detail, check.tool)
+    extra = {k: v for k, v in (checked.extra or {}).items() if k not in _OWN_MEMBERS} or None
+    return CheckResult(index, check.kind, checked.ok, checked.detail, check.tool, extra, checked.cause)
+
+
+_OWN_MEMBERS = frozenset({"index", "kind", "ok", "detail", "tool"})
 
 
 def _as_dict(value: Any) -> dict[str, Any] | None:

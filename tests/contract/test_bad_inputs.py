@@ -83,6 +83,26 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "overlay_names_unknown_server": ("overlay_names_unknown_server.overlay.toml", "mcp.servers[0].name", 3),
     "overlay_with_policy_table": ("overlay_with_policy_table.overlay.toml", "policy", 5),
     "param_default_of_wrong_type": ("param_default_of_wrong_type.toml", "contract.params.replicas", 6),
+    "panel_key_on_another_kind": ("panel_key_on_another_kind.toml", "done.checks[0]", 5),
+    "panel_quorum_above_reviewers": ("panel_quorum_above_reviewers.toml", "done.checks[0]", 5),
+    "panel_reviewer_name_used_twice": ("panel_reviewer_name_used_twice.toml", "done.checks[0]", 5),
+    "panel_reviewer_with_unknown_provider": (
+        "panel_reviewer_with_unknown_provider.toml",
+        "done.checks[0].reviewers[0].provider",
+        10,
+    ),
+    "panel_reviewer_without_model": ("panel_reviewer_without_model.toml", "done.checks[0].reviewers[0]", 9),
+    "panel_scripted_answer_on_a_model_reviewer": (
+        "panel_scripted_answer_on_a_model_reviewer.toml",
+        "done.checks[0].reviewers[1]",
+        13,
+    ),
+    "panel_scripted_reviewer_without_an_answer": (
+        "panel_scripted_reviewer_without_an_answer.toml",
+        "done.checks[0].reviewers[0]",
+        9,
+    ),
+    "panel_without_reviewers": ("panel_without_reviewers.toml", "done.checks[0]", 5),
     "param_reference_in_server_args": ("param_reference_in_server_args.toml", "mcp.servers[0].args[1]", 11),
     "param_regex_with_nested_repetition": (
         "param_regex_with_nested_repetition.toml",

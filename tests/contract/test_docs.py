@@ -26,6 +26,7 @@ MODELS: list[type[BaseModel]] = [
     models.AsyncPending,
     models.Elicitation,
     models.DoneCheck,
+    models.Reviewer,
     models.LedgerSettings,
     models.Harness,
 ]
@@ -44,6 +45,7 @@ TABLES = [
     "[policy]",
     "[[mcp.servers]]",
     "[[done.checks]]",
+    "[[done.checks.reviewers]]",
     "[ledger]",
     "[harness]",
 ]
@@ -51,4 +53,4 @@ TABLES = [
 
 @pytest.mark.parametrize("table", TABLES)
 def test_every_table_has_a_section(table: str) -> None:
-    assert f"## `{table}`" in DOC
+    assert f"## `{table}`" in DOC or f"### `{table}`" in DOC

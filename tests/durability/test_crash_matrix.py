@@ -21,7 +21,9 @@ from tests.durability.support import cli, counting_contract, invocations, kinds,
 from truss._faults import POINTS
 
 RETRYABLE, NOT_RETRYABLE = "other", "count"
-CALL_POINTS = POINTS - {"task_pending"}  # the six; task_pending needs a task server (test_tasks.py)
+# The six: task_pending needs a task server (test_tasks.py), after_review a panel check
+# (tests/panel/test_durability.py).
+CALL_POINTS = POINTS - {"task_pending", "after_review"}
 CASES = [(point, tool) for point in sorted(CALL_POINTS) for tool in (NOT_RETRYABLE, RETRYABLE)]
 IN_DOUBT_POINTS = {"after_intent", "during_call", "after_call"}  # the intent is durable, the result is not
 SENT_POINTS = {"during_call", "after_call"}  # ...and the server has the request

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -50,10 +52,22 @@ class Recorded:
     body: Any
 
 
-class LoopbackServer:
-    """Answers requests in order from the replies given to ``reply``; records what it received."""
+class _QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-answer (a run killed on purpose) is not an error of the server."""
 
-    def __init__(self) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
+
+
+class LoopbackServer:
+    """Answers requests in order from the replies given to ``reply`` (or, given ``respond``, with what
+    it returns for each request: for clients that send several requests at once); records what it
+    received."""
+
+    def __init__(self, respond: Callable[[Recorded], Reply] | None = None) -> None:
+        self._respond = respond
         self._replies: deque[Reply] = deque()
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
@@ -69,11 +83,13 @@ class LoopbackServer:
                     body: Any = json.loads(raw)
                 except ValueError:
                     body = raw
+                recorded = Recorded("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
                 with server._lock:
-                    server.requests.append(
-                        Recorded("POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                    )
-                    reply = server._replies.popleft() if server._replies else Reply(599, {"error": "no reply"})
+                    server.requests.append(recorded)
+                    if server._respond is not None:
+                        reply = server._respond(recorded)
+                    else:
+                        reply = server._replies.popleft() if server._replies else Reply(599, {"error": "no reply"})
                 if reply.drop:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
@@ -89,7 +105,7 @@ class LoopbackServer:
             def log_message(self, format: str, *args: Any) -> None:
                 return None
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         # A short poll interval only bounds how long ``close`` waits for the serving thread.
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)

@@ -6,6 +6,7 @@ A contract is one TOML file (DESIGN section 2). The package has one module per j
 - ``models``: the tables (``Contract`` and everything in it but servers and done checks);
 - ``servers``: ``[[mcp.servers]]``;
 - ``checks``: ``[[done.checks]]`` and the registry of done-check kinds with their evaluations;
+- ``reviewers`` and ``panel``: the ``panel`` kind's reviewers and its (pure) evaluation;
 - ``providers``: the registry of provider kinds ``[agent] provider`` may name, and their capabilities;
 - ``layers``: reading files and merging operator config, agent file, contract and overlay;
 - ``validation``: pydantic's errors as one located ``ContractError``;
@@ -50,8 +51,10 @@ from truss.contract.models import (
     PolicyRule,
     Step,
 )
+from truss.contract.panel import PANEL, PANEL_KIND, panel_checks, reviewer_name, uses_panel
 from truss.contract.params import narrow_budget, parse_param_args
 from truss.contract.providers import PROVIDER_KINDS, ProviderCapabilities, ProviderKind
+from truss.contract.reviewers import Reviewer
 from truss.contract.servers import (
     AsyncDecl,
     AsyncPending,
@@ -69,6 +72,8 @@ __all__ = [
     "DONE_CHECKS",
     "MAX_FILE_BYTES",
     "MAX_NESTING",
+    "PANEL",
+    "PANEL_KIND",
     "PROVIDER_KINDS",
     "AgentConfig",
     "ArgCondition",
@@ -93,6 +98,7 @@ __all__ = [
     "PolicyRule",
     "ProviderCapabilities",
     "ProviderKind",
+    "Reviewer",
     "SecretHeader",
     "Server",
     "Step",
@@ -107,12 +113,15 @@ __all__ = [
     "load_telemetry_config",
     "match_value",
     "narrow_budget",
+    "panel_checks",
     "parse_param_args",
     "read_toml_file",
     "render_arguments",
     "render_intent",
+    "reviewer_name",
     "telemetry_from_text",
     "template_refs",
+    "uses_panel",
     "validation_context",
     "value_at",
 ]

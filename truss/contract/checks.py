@@ -21,6 +21,9 @@ The built-in kinds:
 - ``final_matches``: the model's final answer, with ``equals`` or ``regex`` as above.
 - ``no_denials``: no call was denied (by policy, budget, a person or a bad request); with
   ``tool`` set, no call of that tool was.
+- ``panel`` (``truss.contract.panel``): reviewers judge the final answer's claims against the
+  calls they cite; its keys are ``reviewers``, ``quorum``, ``rubric``, ``max_tokens`` and
+  ``deadline``, which no other kind takes.
 
 Pure: evaluation reads payloads only through the ``blob`` function it is given.
 """
@@ -33,11 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from pydantic import ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from truss._pointer import resolve_pointer
 from truss._registry import Registry
-from truss.contract.fields import TOOL_REF_RE, KeyValueError, Model, Pointer, Regex
+from truss.contract.fields import TOOL_REF_RE, Duration, KeyValueError, Model, Pointer, PositiveInt, Regex
+from truss.contract.reviewers import Reviewer
 from truss.ledger.canonical import CanonicalError, canonical
 
 __all__ = [
@@ -55,6 +59,9 @@ __all__ = [
 MAX_MATCH_CHARS = 1_048_576
 """The most text a ``regex`` check searches (checks run on recorded results, which ``max_result_bytes`` bounds)."""
 
+KIND_KEYS = frozenset({"reviewers", "quorum", "rubric", "max_tokens", "deadline"})
+"""Keys only the kinds that declare them (``CheckKind.keys``) take: a check of another kind refuses them."""
+
 
 class DoneCheck(Model):
     """One ``[[done.checks]]`` table. Which keys a check needs depends on its kind."""
@@ -64,6 +71,11 @@ class DoneCheck(Model):
     pointer: Pointer = ""
     regex: Regex | None = None
     equals: Any = None
+    reviewers: list[Reviewer] | None = None
+    quorum: int | None = None
+    rubric: str | None = Field(default=None, min_length=1, max_length=20_000)
+    max_tokens: PositiveInt | None = None
+    deadline: Duration | None = None
 
     @field_validator("kind")
     @classmethod
@@ -81,6 +93,9 @@ class DoneCheck(Model):
         kind = check_kinds_in(info.context).get(self.kind)
         if kind is None:  # _registered refused it already
             return self
+        foreign = sorted(k for k in KIND_KEYS & self.model_fields_set if k not in kind.keys)
+        if foreign:
+            raise ValueError(f"a {self.kind} check takes no {foreign[0]}")
         if kind.needs_tool and not self.tool:
             raise ValueError(f"a {self.kind} check needs a tool")
         if self.tool is not None and not TOOL_REF_RE.match(self.tool):
@@ -106,12 +121,19 @@ class CallRecord:
 
 @dataclass(frozen=True)
 class Evidence:
-    """What a session recorded, as done checks read it: calls and denials in order, the final answer."""
+    """What a session recorded, as done checks read it: calls and denials in order, the final answer.
+
+    ``entries`` are the session's entries (``kind``, ``body``, ``seq``, ``hash``) for kinds that read
+    more than calls (the panel reads its ``panel_review`` entries); ``check_index`` is the position
+    of the check being evaluated in ``[[done.checks]]``.
+    """
 
     calls: Sequence[CallRecord]
     denials: Sequence[str]  # the tool of each denied call
     final_text: str | None
     blob: Callable[[str], bytes | None]
+    entries: Sequence[Any] = ()
+    check_index: int = -1
 
     def calls_of(self, tool: str | None) -> list[CallRecord]:
         return [c for c in self.calls if c.tool == tool]
@@ -124,8 +146,14 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Checked:
+    """A check's result. ``extra``: more members for the check's entry in the verdict (never ``index``,
+    ``kind``, ``ok``, ``detail`` or ``tool``). ``cause``: set on a failure that means the check could
+    not be decided rather than that it does not hold: the verdict is then ``error`` with this cause."""
+
     ok: bool
     detail: str
+    extra: Mapping[str, Any] | None = None
+    cause: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +166,7 @@ class CheckKind:
     needs_match: bool = False  # regex or equals
     validate: Callable[[DoneCheck], str | None] | None = None  # more checks at load: the problem, or None
     summary: str = ""
+    keys: frozenset[str] = frozenset()  # which of KIND_KEYS it takes
 
 
 def match_value(check: DoneCheck, value: Any) -> Checked:

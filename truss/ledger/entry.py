@@ -64,6 +64,7 @@ KINDS: frozenset[str] = frozenset(
         "in_doubt_resolved",
         "session_suspended",
         "session_resumed",
+        "panel_review",
         "verdict",
         "session_ended",
         # The log's own entries, in the reserved session ``@log`` (``keyhistory``).

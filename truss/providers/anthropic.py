@@ -3,7 +3,8 @@
 Wire format (``POST {base_url}/v1/messages``, headers ``x-api-key`` and ``anthropic-version:
 2023-06-01``): tools go as ``{name, description, input_schema}``; the neutral conversation becomes
 alternating ``user``/``assistant`` messages, the assistant's calls ``tool_use`` blocks and tool
-results ``tool_result`` blocks (with ``is_error``) in the next ``user`` message. The answer's
+results ``tool_result`` blocks (with ``is_error``) in the next ``user`` message; a request's
+``tool_choice`` (the reviewer panel's form) becomes ``{"type": "tool", "name": ...}``. The answer's
 ``text`` blocks are joined, ``tool_use`` blocks become ``ToolCall``s, ``stop_reason`` is mapped and
 ``usage`` counts every input token the request cost (plain, cache writes and cache reads).
 
@@ -162,6 +163,8 @@ def to_wire(
                 tool["description"] = spec.description
             tools.append(tool)
         body["tools"] = tools
+    if request.tool_choice is not None:
+        body["tool_choice"] = {"type": "tool", "name": request.tool_choice}
     if temperature is not None:
         body["temperature"] = temperature
     return body

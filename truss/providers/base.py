@@ -78,18 +78,25 @@ class Usage:
 
 @dataclass(frozen=True)
 class TurnRequest:
+    """One turn's request. ``tool_choice`` names a tool the model must call (the reviewer panel's
+    form); None leaves the choice to the model, as the agent loop does."""
+
     system: str
     messages: list[dict[str, Any]]
     tools: list[ToolSpec]
     turn: int  # 1-based
+    tool_choice: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "system": self.system,
             "messages": self.messages,
             "tools": [t.to_json() for t in self.tools],
             "turn": self.turn,
         }
+        if self.tool_choice is not None:
+            out["tool_choice"] = self.tool_choice
+        return out
 
 
 @dataclass(frozen=True)

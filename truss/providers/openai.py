@@ -3,7 +3,8 @@
 Wire format (``POST {base_url}/chat/completions``, ``Authorization: Bearer <key>`` when there is a
 key): tools go as ``{"type": "function", "function": {name, description, parameters}}``; the
 neutral conversation becomes ``system``/``user``/``assistant``/``tool`` messages, the assistant's
-calls ``tool_calls`` with JSON-*string* arguments. The first choice of the answer is read:
+calls ``tool_calls`` with JSON-*string* arguments; a request's ``tool_choice`` (the reviewer
+panel's form) becomes ``{"type": "function", "function": {"name": ...}}``. The first choice of the answer is read:
 ``content`` (or ``refusal``), ``tool_calls``, ``finish_reason`` and ``usage``.
 
 Many servers speak this format (Ollama, vLLM, llama.cpp, LM Studio), each a little differently,
@@ -203,6 +204,8 @@ def to_wire(
             }
             for t in request.tools
         ]
+    if request.tool_choice is not None:
+        body["tool_choice"] = {"type": "function", "function": {"name": request.tool_choice}}
     if temperature is not None:
         body["temperature"] = temperature
     return body

@@ -1100,6 +1100,11 @@
         return [`${str(own(b, "status"))} (${passed}/${checks.length} checks)`, own(b, "status") === "pass" ? "ok" : "bad"];
       }
       case "session_ended": return [str(own(b, "status")), own(b, "status") === "pass" ? "ok" : own(b, "status") === "suspended" ? "wait" : "bad"];
+      case "panel_review": {
+        const outcome = str(own(b, "outcome"));
+        const cause = isObj(own(b, "failure")) ? ` (${str(own(b.failure, "cause"))})` : "";
+        return [outcome + cause, outcome === "approve" ? "ok" : "bad"];
+      }
       default: {
         // A kind this page does not know (e.g. a later sandbox_egress): shown as recorded, never dropped.
         for (const k of ["decision", "outcome", "effect", "status", "action"]) if (typeof own(b, k) === "string") return [b[k], /deny|denied|block|refus/i.test(b[k]) ? "bad" : "neutral"];
@@ -1113,7 +1118,7 @@
     mcp_tool_denied: "call denied", mcp_tool_pending: "call pending", signal_received: "signal received",
     approval_requested: "approval requested", approval_decided: "approval decided", in_doubt: "in doubt",
     in_doubt_resolved: "in-doubt resolved", session_suspended: "session suspended", session_resumed: "session resumed",
-    verdict: "verdict", session_ended: "session ended", sandbox_egress: "egress decision",
+    verdict: "verdict", session_ended: "session ended", sandbox_egress: "egress decision", panel_review: "panel review",
   };
   function detailOf(row, view) {
     const b = row.body;
@@ -1133,6 +1138,8 @@
       case "mcp_tool_pending": return own(b, "signal") !== undefined ? `signal ${str(b.signal)}` : own(b, "task") !== undefined ? `task ${str(b.task)}` : "";
       case "signal_received": return own(b, "signal") !== undefined ? `signal ${str(b.signal)}` : "";
       case "verdict": return str(own(b, "reason"));
+      case "panel_review": return [`${str(own(b, "name"))} (${[str(own(b, "provider")), str(own(b, "model"))].filter(Boolean).join(" ")})`,
+        `check ${str(own(b, "check"))}`, str(own(b, "reason"))].filter(Boolean).join(" \u00b7 ");
       default:
         if (LABELS[row.kind]) return "";
         return (() => { const t = JSON.stringify(b); return t.length > 240 ? t.slice(0, 240) + "\u2026" : t; })();
@@ -1312,6 +1319,53 @@
           el("td", { class: "num" }, str(c.index !== undefined ? c.index : i)), el("td", { class: "mono" }, str(c.kind)), el("td", { class: "mono" }, str(c.tool)),
           el("td", { class: c.ok === true ? "ok" : "bad" }, c.ok === true ? "ok" : "FAIL"), el("td", {}, str(c.detail))) : null))));
     }
+    checks.forEach((c, i) => { if (isObj(c) && isObj(own(c, "panel"))) node.append(renderPanel(c, i)); });
+  }
+
+  // A panel check's claims, the calls they cite, Truss's findings and each reviewer's answer, as the
+  // verdict entry records them (truss.contract.panel). Everything from the record is shown as text.
+  function renderPanel(check, position) {
+    const p = check.panel;
+    const list = (v) => (Array.isArray(v) ? v.filter(isObj) : []);
+    const cited = new Map(list(own(p, "cited")).map((c) => [str(own(c, "call")), c]));
+    const index = own(check, "index") !== undefined ? check.index : position;
+    const box = el("div", { class: "panel", "data-check": str(index), "data-outcome": str(own(p, "outcome")) },
+      el("h3", {}, `Panel (check ${str(index)}): `, pill(str(own(p, "outcome")), check.ok === true ? "ok" : "bad"), " ",
+        `${str(own(p, "approvals"))} approval(s), quorum ${str(own(p, "quorum"))}`));
+    const citeOf = (id) => {
+      const call = cited.get(str(id));
+      const label = call ? `${str(id)} (${str(own(call, "status"))}, seq ${str(own(call, "seq"))})` : `${str(id)} (not in the session)`;
+      const cls = call && own(call, "status") === "ok" ? "ok" : "bad";
+      return el("span", { class: `sub ${cls}`, title: call ? `entry ${str(own(call, "hash"))}` : "" }, label);
+    };
+    const claimRow = (c) => el("tr", { "data-claim": str(own(c, "claim")) },
+      el("td", { class: "num" }, str(own(c, "claim"))), el("td", {}, str(own(c, "text"))),
+      el("td", { class: "mono" }, (Array.isArray(own(c, "cites")) ? c.cites : []).map(citeOf)));
+    const claims = list(own(p, "claims"));
+    if (claims.length) {
+      box.append(el("table", { class: "claims" },
+        el("thead", {}, el("tr", {}, ["claim", "text", "cites"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, claims.map(claimRow))));
+    }
+    const findings = list(own(p, "findings"));
+    if (findings.length) {
+      box.append(el("ul", { class: "findings" }, findings.map((f) => el("li", { class: "bad" }, `${str(own(f, "finding"))}: ${str(own(f, "detail"))}`))));
+    }
+    const judgement = (j) => el("span", { class: "sub" },
+      `${str(own(j, "claim"))}: ${str(own(j, "judgement"))} [${(Array.isArray(own(j, "calls")) ? j.calls : []).map(str).join(", ")}]`);
+    const reviewerRow = (r) => el("tr", { "data-reviewer": str(own(r, "name")), "data-outcome": str(own(r, "outcome")) },
+      el("td", { class: "mono" }, str(own(r, "name"))),
+      el("td", {}, [str(own(r, "provider")), str(own(r, "model"))].filter(Boolean).join(" ")),
+      el("td", { class: own(r, "outcome") === "approve" ? "ok" : "bad" }, str(own(r, "outcome")) + (own(r, "cause") ? ` (${str(r.cause)})` : "")),
+      el("td", {}, str(own(r, "reason"))),
+      el("td", { class: "mono" }, list(own(r, "judgements")).map(judgement)));
+    const reviewers = list(own(p, "reviewers"));
+    if (reviewers.length) {
+      box.append(el("table", { class: "reviewers" },
+        el("thead", {}, el("tr", {}, ["reviewer", "model", "outcome", "reason", "judgements"].map((h) => el("th", {}, h)))),
+        el("tbody", {}, reviewers.map(reviewerRow))));
+    }
+    return box;
   }
 
   function renderBudget(view) {
@@ -1333,8 +1387,8 @@
       const b = row.body, call = own(b, "call");
       if (row.kind === "session_started" || row.kind === "session_resumed") legStart = row.ts;
       if (typeof call === "string" && !charged.has(call) && (row.kind === "mcp_tool_intent" || (row.kind === "mcp_tool_call" && own(b, "replayed_from") && chargeMemo))) charged.add(call);
-      if (row.kind === "model_turn") {
-        turns++;
+      if (row.kind === "model_turn") turns++;
+      if (row.kind === "model_turn" || row.kind === "panel_review") {  // a panel's reviewers spend the run's tokens too
         const usage = isObj(own(b, "usage")) ? b.usage : {};
         for (const k of ["input_tokens", "output_tokens"]) if (Number.isInteger(own(usage, k)) && usage[k] > 0) tokens += usage[k];
       }
