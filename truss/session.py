@@ -34,6 +34,7 @@ on the same index.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 from collections.abc import AsyncGenerator, Mapping
@@ -47,6 +48,7 @@ from truss import _faults
 from truss._errors import (
     InDoubtError,
     InputError,
+    LoginRequiredError,
     McpError,
     NotFoundError,
     ReplayDivergenceError,
@@ -448,7 +450,10 @@ class _Run:
         cause = "server" if isinstance(exc, McpError) else "input"
         error = RunError(cause, self.redactor.scrub_text(exc.message))
         verdict = evaluate(self.contract, self.journal.entries, self.store.blob, final_text=None, error=error)
-        return await self._seal(verdict)
+        outcome = await self._seal(verdict)
+        if isinstance(exc, LoginRequiredError):  # an OAuth server needs `truss mcp login` first: exit 5
+            outcome = dataclasses.replace(outcome, exit_code=exc.exit_code)
+        return outcome
 
     async def _finish(self, result: LoopResult) -> RunOutcome:
         error: RunError | None = None
