@@ -27,7 +27,7 @@ import pydantic
 from truss_cli._ctx import Ctx, table
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
-from truss._errors import ContractError, UsageError
+from truss._errors import ContractError, ServerStartError, UsageError
 from truss.contract import Contract, load_contract
 
 T = TypeVar("T")
@@ -303,7 +303,14 @@ def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
         data["round_trip_method"] = method
         return data
 
-    data = _run(work)
+    try:
+        data = _run(work)
+    except ServerStartError as exc:
+        found = _oauth_found(server, exc)
+        if found is None:
+            raise
+        ctx.emit(found, _oauth_text(found))
+        return 0
     drift = _drift(against, server["name"], data) if against is not None else None
     if drift is not None:
         data["drift"] = drift
@@ -311,6 +318,43 @@ def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
     if drift is not None and any(d["state"] in ("changed", "missing") for d in drift["tools"]):
         return 1
     return 0
+
+
+def _oauth_found(server: Mapping[str, Any], exc: ServerStartError) -> dict[str, Any] | None:
+    """An http server that refused to connect without OAuth: what it says about its OAuth, or None."""
+    if server.get("transport") != "http" or not (
+        exc.fields.get("status") in (401, 403) or exc.kind == "login_required"
+    ):
+        return None
+    from truss.contract.fields import duration_ms
+    from truss.mcp.oauth.discover import discover
+
+    url, timeout_s = str(server["url"]), duration_ms(str(server["connect_timeout"])) / 1000.0
+    try:
+        oauth = _run(lambda: discover(url, timeout_s=timeout_s))
+    except Exception:
+        return None
+    if oauth is None:
+        return None
+    return {"server": server["name"], "url": url, "connected": False, "needs": "oauth", "oauth": oauth}
+
+
+def _oauth_text(found: Mapping[str, Any]) -> str:
+    oauth: Mapping[str, Any] = found["oauth"]
+    authz: Mapping[str, Any] = oauth.get("authorization_server") or {}
+    lines = [
+        f"server        {found['server']} ({found['url']}): asks for OAuth (HTTP {oauth['status']}), not connected",
+        f"resource      {oauth.get('resource') or '(no protected resource metadata)'}",
+        f"authorization {', '.join(oauth.get('authorization_servers') or []) or '(none advertised)'}",
+        f"issuer        {authz.get('issuer') or '(no authorization server metadata)'}",
+        f"grants        {' '.join(authz.get('grant_types_supported') or []) or '-'}",
+        f"scopes        {' '.join(oauth.get('scopes_supported') or authz.get('scopes_supported') or []) or '-'}"
+        + (f" (the challenge asks for: {oauth['challenge_scope']})" if oauth.get("challenge_scope") else ""),
+        f"registration  {'dynamic' if authz.get('dynamic_registration') else 'no dynamic registration'}"
+        + (", client ID metadata documents" if authz.get("client_id_metadata_document_supported") else ""),
+        "declare [mcp.servers.oauth] for it and run `truss mcp login SERVER` (docs/oauth.md)",
+    ]
+    return "\n".join(lines)
 
 
 def _drift(contract: Contract, name: str, live: Mapping[str, Any]) -> dict[str, Any]:

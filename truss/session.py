@@ -373,6 +373,13 @@ class _Run:
                     await self.journal.append(Record("session_suspended", {"reason": "diverged", **found}))
             self.store.set_status(self.session, "diverged")
             return RunOutcome(self.session, "diverged", None, self._head(), None, 4, exc.message)
+        except LoginRequiredError as exc:
+            if not entered:
+                return await self._start_failed(exc, principal)
+            # A call needed a person (an OAuth step-up): recorded as that call's failure; the run ends.
+            error = RunError("server", self.redactor.scrub_text(exc.message))
+            verdict = evaluate(self.contract, self.journal.entries, self.journal.blob, final_text=None, error=error)
+            return dataclasses.replace(await self._seal(verdict), exit_code=exc.exit_code)
         except TrussError as exc:
             if entered or not isinstance(exc, McpError | InputError):
                 raise

@@ -38,11 +38,11 @@ class Servers:
     key: Path
 
     def admin(self, what: str) -> Any:
-        method = "GET" if what == "log" else "POST"
+        method = "GET" if what in ("log", "seen") else "POST"
         request = urllib.request.Request(
             f"{self.issuer}/admin/{what}", method=method, data=None if method == "GET" else b""
         )
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback test server
+        with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
 
 
@@ -126,7 +126,7 @@ def contract(
 
 
 def server(name: str, url: str, oauth: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"name": name, "transport": "http", "url": url, "allow_tools": ["echo", "whoami", "leak"],
+    return {"name": name, "transport": "http", "url": url, "allow_tools": ["echo", "whoami", "leak", "expire_tokens"],
             "connect_timeout": "20s", "oauth": oauth, **extra}  # fmt: skip
 
 
@@ -211,3 +211,115 @@ def test_login_then_runs_refresh_before_the_first_call_and_status_shows_no_token
     grants = json.loads(status.stdout)["grants"]
     assert [g["server"] for g in grants] == ["a"] and grants[0]["scopes"] == ["mcp:read"]
     assert "canary-" not in status.stdout
+
+
+def grants(server: Servers) -> list[str]:
+    return [r["grant"] for r in server.admin("log")]
+
+
+def test_a_token_that_expires_mid_run_is_refreshed_and_the_call_retried(
+    oauth: Servers, home: Path, tmp_path: Path
+) -> None:
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("mcp:a:whoami", {}), ("mcp:a:expire_tokens", {}), ("mcp:a:echo", {"text": "after"})
+    ]  # fmt: skip
+    file = contract(tmp_path / "c.toml", [server("a", oauth.a, CODE)], steps, ("mcp:a:echo", "^after$"))
+    logged_in(home, file)
+    assert ran(truss(home, "--json", "run", str(file)))["status"] == "pass"
+    assert grants(oauth) == ["authorization_code", "refresh_token"]
+
+
+def test_a_resumed_run_refreshes_a_token_that_expired_while_it_waited_for_approval(
+    oauth: Servers, home: Path, tmp_path: Path
+) -> None:
+    policy = {"default": "allow", "rules": [{"tool": "mcp:a:echo", "effect": "ask", "reason": "a person looks"}]}
+    file = contract(tmp_path / "c.toml", [server("a", oauth.a, CODE)], [("mcp:a:echo", {"text": "later"})],
+                    ("mcp:a:echo", "^later$"), policy=policy)  # fmt: skip
+    logged_in(home, file)
+    held = truss(home, "--json", "run", str(file))
+    assert held.returncode == 3, held.stdout + held.stderr
+    out = json.loads(held.stdout)
+    oauth.admin("expire")  # the approval took longer than the token lives
+    approved = truss(home, "--json", "approve", out["session"], out["waiting"][0])
+    assert approved.returncode == 0, approved.stderr
+    assert ran(truss(home, "--json", "resume", out["session"]))["status"] == "pass"
+    assert grants(oauth) == ["authorization_code", "refresh_token"]
+
+
+def test_a_revoked_refresh_token_stops_the_run_cleanly_with_the_login_message(
+    oauth: Servers, home: Path, tmp_path: Path
+) -> None:
+    file = contract(tmp_path / "c.toml", [server("a", oauth.a, CODE)], [("mcp:a:echo", {"text": "x"})])
+    logged_in(home, file)
+    oauth.admin("revoke")
+    done = truss(home, "run", str(file))
+    assert done.returncode == 5, done.stdout + done.stderr
+    assert "truss mcp login a" in done.stdout + done.stderr and "Traceback" not in done.stderr
+    verify = truss(home, "ledger", "verify", "--all")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+def test_a_token_for_server_a_is_never_sent_to_server_b(oauth: Servers, home: Path, tmp_path: Path) -> None:
+    servers = [server("a", oauth.a, CODE), server("b", oauth.b, CODE)]
+    steps: list[tuple[str, dict[str, Any]]] = [("mcp:a:whoami", {}), ("mcp:b:whoami", {})]
+    file = contract(tmp_path / "c.toml", servers, steps)
+    logged_in(home, file, "a")
+    done = truss(home, "--json", "run", str(file))
+    assert done.returncode == 5 and "truss mcp login b" in json.loads(done.stdout)["reason"]
+    logged_in(home, file, "b")
+    assert ran(truss(home, "--json", "run", str(file)))["status"] == "pass"
+    seen = oauth.admin("seen")
+    assert seen["A"] and seen["B"] and not set(seen["A"]) & set(seen["B"])
+    resources = {r["resource"] for r in oauth.admin("log")}
+    assert resources == {oauth.a, oauth.b}
+
+
+def test_the_memo_never_answers_one_oauth_identity_with_another_identitys_result(
+    oauth: Servers, home: Path, tmp_path: Path
+) -> None:
+    jwt = {"grant": "private_key_jwt", "client_id": "jwt-client", "private_key_file": str(oauth.key)}
+    memo = [{"name": "whoami", "memo": "1h"}]
+    first = contract(tmp_path / "cc.toml", [server("a", oauth.a, CC, tools=memo)], [("mcp:a:whoami", {})],
+                     ("mcp:a:whoami", "^cc-client"))  # fmt: skip
+    second = contract(tmp_path / "jwt.toml", [server("a", oauth.a, jwt, tools=memo)], [("mcp:a:whoami", {})],
+                      ("mcp:a:whoami", "^jwt-client"))  # fmt: skip
+    assert ran(truss(home, "--json", "run", str(first), env=CC_ENV))["status"] == "pass"
+    assert ran(truss(home, "--json", "run", str(second)))["status"] == "pass"  # not the memoized cc-client answer
+    again = ran(truss(home, "--json", "run", str(first), env=CC_ENV))
+    assert again["status"] == "pass"
+    calls = [e["entry"]["body"] for e in entries(home, again["session"]) if e["kind"] == "mcp_tool_call"]
+    assert calls and calls[0].get("replayed_from")  # the same identity is answered from the memo
+
+
+def test_canary_tokens_appear_nowhere_but_the_token_store(oauth: Servers, home: Path, tmp_path: Path) -> None:
+    steps: list[tuple[str, dict[str, Any]]] = [("mcp:a:leak", {}), ("mcp:a:expire_tokens", {}), ("mcp:a:leak", {})]
+    file = contract(tmp_path / "c.toml", [server("a", oauth.a, CODE)], steps, ("mcp:a:leak", "redacted"))
+    login = truss(home, "--verbose", "--json", "mcp", "login", "a", "--contract", str(file))
+    run = truss(home, "--verbose", "--json", "run", str(file))
+    out = ran(run)
+    assert out["status"] == "pass"
+    bundle = tmp_path / "bundle.json"
+    exported = truss(home, "ledger", "export", out["session"], "-o", str(bundle))
+    assert exported.returncode == 0, exported.stderr
+    status = truss(home, "--verbose", "--json", "mcp", "auth", "status")
+    seen = {token for tokens in oauth.admin("seen").values() for token in tokens}
+    assert any(t.startswith("canary-at-") for t in seen)
+    texts = [login.stdout, login.stderr, run.stdout, run.stderr, status.stdout, status.stderr, bundle.read_text()]
+    for path in home.rglob("*"):
+        if path.is_file():
+            texts.append(path.read_bytes().decode("latin-1"))
+    for text in texts:
+        assert "canary-at-" not in text and "canary-rt-" not in text
+    index = home / "oauth" / "index.json"
+    assert stat.S_IMODE(index.stat().st_mode) == 0o600
+
+
+def test_probe_url_reports_an_oauth_servers_metadata_without_a_login(oauth: Servers, home: Path) -> None:
+    done = truss(home, "--json", "mcp", "probe", "--url", oauth.a)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(done.stdout)
+    assert found["needs"] == "oauth" and found["oauth"]["resource"] == oauth.a
+    authz = found["oauth"]["authorization_server"]
+    assert authz["issuer"].rstrip("/") == oauth.issuer and "authorization_code" in authz["grant_types_supported"]
+    assert authz["dynamic_registration"] is True
+    assert oauth.admin("log") == []  # no token was asked for

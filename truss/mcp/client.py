@@ -169,7 +169,7 @@ class Mounts:
         except PinMismatchError:
             raise
         except Exception as exc:
-            error = to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s)
+            error = live.auth_failure() or to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s)
             if live.log is not None and error.cause in ("connection_closed", "transport"):
                 error.fields["stderr_log"] = str(live.log)
                 error.remedy = f"The server exited or failed; its stderr is in {live.log}"

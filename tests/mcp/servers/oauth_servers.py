@@ -8,13 +8,15 @@ lacks (``client_secret_basic``/``client_secret_post`` for ``cc-client``, ``priva
 (``A`` and ``B``, SDK ``MCPServer``s with the SDK's bearer middleware and protected resource
 metadata) accept only tokens issued for their own resource. Tools: ``echo``, ``whoami`` (the
 token's client id and scopes), ``leak`` (returns the bearer token it was sent: a server that
-echoes the token).
+echoes the token), ``expire_tokens`` (every access token stops working: a token that expires
+mid-run).
 
 Tokens look like ``canary-at-<hex>`` and ``canary-rt-<hex>`` so tests can look for them.
 
 Test controls on the authorization server (no auth; loopback only): ``POST /admin/expire``
 (every access token stops working: the servers answer 401), ``POST /admin/revoke`` (that, and
-every refresh token is revoked), ``GET /admin/log`` (the token requests: grant, client, resource).
+every refresh token is revoked), ``GET /admin/log`` (the token requests: grant, client,
+resource), ``GET /admin/seen`` (every bearer token each MCP server was sent).
 
 Prints ``AS=<url> A=<url> B=<url>`` once all three listen.
 """
@@ -62,6 +64,7 @@ class Provider:
         self.access: dict[str, AccessToken] = {}
         self.refresh: dict[str, RefreshToken] = {}
         self.log: list[dict[str, Any]] = []
+        self.seen: dict[str, list[str]] = {}  # server name -> every bearer token it was sent
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
@@ -146,10 +149,11 @@ class _Asgi:
 class Verifier:
     """A resource server's check: a live token issued for this resource (RFC 8707)."""
 
-    def __init__(self, provider: Provider, resource: str) -> None:
-        self.provider, self.resource = provider, resource
+    def __init__(self, provider: Provider, resource: str, name: str) -> None:
+        self.provider, self.resource, self.name = provider, resource, name
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        self.provider.seen.setdefault(self.name, []).append(token)
         found = await self.provider.load_access_token(token)
         if found is None or found.resource != self.resource:
             return None
@@ -240,12 +244,16 @@ def authorization_server(provider: Provider, issuer: str, jwt_public_key: str | 
     async def log(request: Request) -> Response:
         return JSONResponse(provider.log)
 
+    async def seen(request: Request) -> Response:
+        return JSONResponse(provider.seen)
+
     routes = [r for r in routes if not (isinstance(r, Route) and r.path == "/token")]
     routes += [
         Route("/token", _Asgi(token), methods=["POST", "OPTIONS"]),
         Route("/admin/expire", expire, methods=["POST"]),
         Route("/admin/revoke", revoke, methods=["POST"]),
         Route("/admin/log", log, methods=["GET"]),
+        Route("/admin/seen", seen, methods=["GET"]),
     ]
     return Starlette(routes=routes)
 
@@ -253,7 +261,7 @@ def authorization_server(provider: Provider, issuer: str, jwt_public_key: str | 
 def resource_server(name: str, provider: Provider, issuer: str, url: str) -> Any:
     app = MCPServer(
         f"oauth-{name}",
-        token_verifier=Verifier(provider, url),
+        token_verifier=Verifier(provider, url, name),
         auth=AuthSettings(
             issuer_url=AnyHttpUrl(issuer),
             resource_server_url=AnyHttpUrl(url),
@@ -278,6 +286,13 @@ def resource_server(name: str, provider: Provider, issuer: str, url: str) -> Any
         """The bearer token this call carried (a server that echoes it)."""
         token = get_access_token()
         return f"your token is {token.token}" if token else "no token"
+
+    @app.tool()
+    def expire_tokens() -> str:
+        """Every access token stops working now (this call's answer still arrives)."""
+        for found in provider.access.values():
+            found.expires_at = 0
+        return "expired"
 
     return app.streamable_http_app(stateless_http=True)
 

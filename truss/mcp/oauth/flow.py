@@ -170,6 +170,8 @@ class _Hooks:
 
     context: Any
     _truss: _Wiring
+    failure: TrussError | None = None
+    """The last error this flow raised: the connector reports it instead of the closed connection."""
 
     async def _initialize(self) -> None:
         await super()._initialize()  # type: ignore[misc]
@@ -185,12 +187,12 @@ class _Hooks:
             self.context.token_expiry_time = calculate_token_expiry(max(0, int(remaining - REFRESH_MARGIN_S)))
 
     async def _handle_refresh_response(self, response: httpx2.Response) -> bool:
-        ok = await super()._handle_refresh_response(response)  # type: ignore[misc]
+        ok = bool(await super()._handle_refresh_response(response))  # type: ignore[misc]  # pyright: ignore[reportUnknownMemberType]
         wiring = self._truss
         wiring.report("oauth_token_refreshed" if ok else "oauth_refresh_refused", {"status": response.status_code})
         if not ok:
             wiring.refresh_failed = True
-        return bool(ok)
+        return ok
 
     async def _perform_authorization(self) -> httpx2.Request:
         wiring = self._truss
@@ -230,9 +232,9 @@ class _Hooks:
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         wiring = self._truss
-        inner: AsyncGenerator[httpx2.Request, httpx2.Response] = super()._auth_flow(request)  # type: ignore[misc]
+        inner = cast(AsyncGenerator[httpx2.Request, httpx2.Response], super()._auth_flow(request))  # type: ignore[misc]  # pyright: ignore[reportUnknownMemberType]
         try:
-            outgoing = await inner.__anext__()
+            outgoing: httpx2.Request = await inner.__anext__()
             while True:
                 response = yield outgoing
                 if outgoing is request and response.status_code == 403:
@@ -240,18 +242,21 @@ class _Hooks:
                 outgoing = await inner.asend(response)
         except StopAsyncIteration:
             return
-        except TrussError:
+        except TrussError as exc:
+            self.failure = exc  # the transport reports only a closed connection; the connector asks for this
             raise
         except Exception as exc:
             if wiring.refresh_tried and wiring.interactive is None:
                 why = "the authorization server refused to refresh the stored token"
-                raise _login_needed(wiring.server, "refresh_failed", wiring.storage.issuer(), why) from None
-            raise ServerStartError(
+                self.failure = _login_needed(wiring.server, "refresh_failed", wiring.storage.issuer(), why)
+                raise self.failure from None
+            self.failure = ServerStartError(
                 f"OAuth with MCP server {wiring.server.name!r} failed: {scrub_secrets(str(exc))[:500]}",
                 remedy="Check [mcp.servers.oauth] (issuer, client id, grant), or log in again with `truss mcp login`",
                 server=wiring.server.name,
                 cause="oauth",
-            ) from None
+            )
+            raise self.failure from None
 
 
 class _AuthCode(_Hooks, OAuthClientProvider):

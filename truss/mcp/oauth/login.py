@@ -131,12 +131,13 @@ async def login(
     )
     only = contract.model_copy(update={"mcp": contract.mcp.model_copy(update={"servers": [updated]})})
     loopback = _Loopback()
-    listener: anyio.abc.SocketListener | None = None
+    listener: anyio.abc.Listener[anyio.abc.SocketStream] | None = None
     port = oauth.redirect_port
     if not paste and oauth.grant == "authorization_code":
         multi = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=port or 0)
-        listener = multi.listeners[0]
-        port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+        first = multi.listeners[0]
+        listener = first
+        port = int(first.extra(anyio.abc.SocketAttribute.local_port))  # noqa: S610 - anyio, not Django
     redirect_uri = f"http://127.0.0.1:{port or PASTE_PORT}/callback"
 
     async def show(url: str) -> None:

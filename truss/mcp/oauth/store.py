@@ -252,10 +252,10 @@ class TokenStore:
             server=str(facts.get("server") or ""),
             grant=str(facts.get("grant") or ""),
             client_id=facts.get("client_id"),
-            scopes=[str(s) for s in facts.get("scopes") or []],
+            scopes=_strings(facts.get("scopes")),
             expires_at_ms=facts.get("expires_at_ms"),
             obtained_at_ms=int(facts.get("obtained_at_ms") or 0),
-            wanted_scopes=[str(s) for s in facts.get("wanted_scopes") or []],
+            wanted_scopes=_strings(facts.get("wanted_scopes")),
             tokens=dict(secret.get("tokens") or {}),
             client=dict(secret.get("client") or {}),
             metadata=dict(secret.get("metadata") or {}),
@@ -286,6 +286,10 @@ class TokenStore:
     def facts(self) -> list[dict[str, Any]]:
         """Every stored grant's non-secret facts, by resource then issuer."""
         return sorted(self._index().values(), key=lambda f: (str(f.get("resource")), str(f.get("issuer"))))
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(item) for item in cast(list[Any], value)] if isinstance(value, list) else []
 
 
 def _same_issuer(a: Any, b: str) -> bool:
