@@ -26,6 +26,7 @@ Never a token, never a hash of one.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from mcp.shared.auth import (
     OAuthToken,
 )
 from mcp.shared.auth_utils import calculate_token_expiry, resource_url_from_server_url
+from mcp.shared.exceptions import MCPDeprecationWarning
 
 from truss._clock import Clock
 from truss._errors import InputError, LoginRequiredError, ServerStartError, TrussError
@@ -97,7 +99,7 @@ class _Storage:
     ) -> None:
         self.flows, self.server, self.oauth, self.preset = flows, server, oauth, preset
         self.resource = resource_of(server)
-        self.grant: Grant | None = flows.store.find(self.resource, oauth.issuer)
+        self.grant: Grant | None = flows.store.find(self.resource, oauth.issuer, oauth.client_id)
         self.client: OAuthClientInformationFull | None = None
         self.provider: OAuthClientProvider | None = None
 
@@ -315,7 +317,7 @@ class OAuthFlows:
         oauth = server.oauth
         if oauth is None:
             return {"kind": "static_headers", "headers": sorted(server.headers)}
-        grant = self.store.find(resource_of(server), oauth.issuer) if oauth.grant == "authorization_code" else None
+        grant = self.store.find(resource_of(server), oauth.issuer, oauth.client_id)
         described: dict[str, Any] = {
             "kind": "oauth",
             "grant": oauth.grant,
@@ -365,6 +367,18 @@ class OAuthFlows:
             raise _login_needed(server, "no_credentials", oauth.issuer, "no token is stored for it")
         wiring = _Wiring(self, server, oauth, storage, report, self.interactive)
         provider: OAuthClientProvider
+        with warnings.catch_warnings():  # the SDK warns when no issuer is given; docs/oauth.md says so
+            warnings.simplefilter("ignore", MCPDeprecationWarning)
+            provider = self._provider(server, oauth, storage, scope=scope, secret=secret, redirect=redirect)
+        cast(Any, provider)._truss = wiring
+        storage.provider = provider
+        return provider
+
+    def _provider(
+        self, server: Server, oauth: OAuth, storage: _Storage, *, scope: str | None, secret: str | None, redirect: str
+    ) -> OAuthClientProvider:
+        assert server.url is not None
+        provider: OAuthClientProvider
         if oauth.grant == "client_credentials":
             assert oauth.client_id is not None and secret is not None
             provider = _ClientCredentials(
@@ -394,8 +408,6 @@ class OAuthFlows:
                 callback_handler=interactive.wait if interactive is not None else _never_result,
                 client_metadata_url=oauth.client_metadata_url,
             )
-        cast(Any, provider)._truss = wiring
-        storage.provider = provider
         return provider
 
     # -- helpers -------------------------------------------------------------------------------------

@@ -121,7 +121,7 @@ async def login(
         )
     oauth = server.oauth
     resource = resource_of(server)
-    previous = store.find(resource, oauth.issuer)
+    previous = store.find(resource, oauth.issuer, oauth.client_id)
     scopes = list(oauth.scopes)
     if previous is not None:
         scopes += [s for s in [*previous.scopes, *previous.wanted_scopes] if s not in scopes]
@@ -173,7 +173,7 @@ async def login(
     finally:
         if listener is not None:
             await listener.aclose()
-    stored = store.find(resource, oauth.issuer)
+    stored = store.find(resource, oauth.issuer, oauth.client_id)
     if stored is None:
         raise ServerStartError(
             f"MCP server {name!r} accepted the connection without asking for a token, so there is nothing to store",

@@ -61,7 +61,7 @@ class Grant:
 
     @property
     def key(self) -> str:
-        return grant_key(self.issuer, self.resource)
+        return grant_key(self.issuer, self.resource, self.client_id)
 
     def facts(self) -> dict[str, Any]:
         """What may be shown and indexed: never a token, never a secret."""
@@ -82,8 +82,9 @@ class Grant:
         return {"tokens": self.tokens, "client": self.client, "metadata": self.metadata}
 
 
-def grant_key(issuer: str, resource: str) -> str:
-    return f"{issuer} {resource}"
+def grant_key(issuer: str, resource: str, client_id: str | None = None) -> str:
+    """The store's key: (issuer, resource), and the client, so two clients of one server never share tokens."""
+    return f"{issuer} {resource} {client_id or ''}".rstrip()
 
 
 def remember_all(value: Any) -> None:
@@ -233,18 +234,20 @@ class TokenStore:
 
     # -- grants ---------------------------------------------------------------------------------
 
-    def find(self, resource: str, issuer: str | None = None) -> Grant | None:
-        """The grant for ``resource`` (from ``issuer`` when given; else the newest for the resource)."""
+    def find(self, resource: str, issuer: str | None = None, client_id: str | None = None) -> Grant | None:
+        """The grant for ``resource`` (from ``issuer`` and for ``client_id`` when given; else the newest)."""
         index = self._index()
         candidates = [
-            facts
-            for facts in index.values()
-            if facts.get("resource") == resource and (issuer is None or _same_issuer(facts.get("issuer"), issuer))
+            (key, facts)
+            for key, facts in index.items()
+            if facts.get("resource") == resource
+            and (issuer is None or _same_issuer(facts.get("issuer"), issuer))
+            and (client_id is None or facts.get("client_id") == client_id)
         ]
         if not candidates:
             return None
-        facts = max(candidates, key=lambda f: int(f.get("obtained_at_ms") or 0))
-        secret = self._secret_get(grant_key(str(facts["issuer"]), resource)) or {}
+        key, facts = max(candidates, key=lambda kf: int(kf[1].get("obtained_at_ms") or 0))
+        secret = self._secret_get(key) or {}
         remember_all(secret)
         return Grant(
             issuer=str(facts["issuer"]),
