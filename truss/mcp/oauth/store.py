@@ -26,7 +26,6 @@ import base64
 import contextlib
 import json
 import os
-import secrets as _secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -182,7 +181,7 @@ class TokenStore:
         except FileNotFoundError:
             if not create:
                 return None
-            raw = base64.b64encode(_secrets.token_bytes(32))
+            raw = base64.b64encode(os.urandom(32))
             _write_private(path, raw, exclusive=True)
             return base64.b64decode(raw)
         _check_private(path)
@@ -228,7 +227,7 @@ class TokenStore:
 
         key = self._file_key(create=True)
         assert key is not None
-        nonce = _secrets.token_bytes(12)
+        nonce = os.urandom(12)
         sealed = AESGCM(key).encrypt(nonce, json.dumps(everything, sort_keys=True).encode(), b"truss-oauth-v1")
         _write_private(self.directory / "tokens.enc", b"\x01" + nonce + sealed)
 
@@ -318,7 +317,7 @@ def _write_private(path: Path, data: bytes, *, exclusive: bool = False) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         return
-    temporary = path.with_name(f".{path.name}.{_secrets.token_bytes(6).hex()}")
+    temporary = path.with_name(f".{path.name}.{os.urandom(6).hex()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as handle:
