@@ -421,9 +421,11 @@ HANDLERS: dict[str, Callable[[Scenario], int]] = {
 
 
 @contextlib.contextmanager
-def one_at_a_time() -> Iterator[None]:
+def one_at_a_time(name: str) -> Iterator[None]:
     lock = os.environ.get("TRUSS_CONFORMANCE_LOCK")
-    if not lock:
+    # The auth scenarios time nothing, and each runs Truss three or four times: they run at once,
+    # so the timed scenarios queued on the lock are not held up past the suite's client timeout.
+    if not lock or name.startswith("auth/"):
         yield
         return
     with open(lock, "a") as handle:
@@ -453,7 +455,7 @@ def main(argv: list[str]) -> int:
     home = Path(given) if given else work / "home"
     try:
         scenario = Scenario(name, argv[-1], context if isinstance(context, dict) else {}, protocol, home, work)
-        with one_at_a_time():
+        with one_at_a_time(name):
             init = scenario.truss("init")
             if init.returncode != 0:
                 return fail(UNKNOWN, f"truss init failed in {home}")

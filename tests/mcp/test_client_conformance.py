@@ -32,7 +32,7 @@ def test_the_client_tier_passes_every_required_client_scenario_but_the_listed_on
         capture_output=True,
         text=True,
         env=peers_path_env(),
-        timeout=1200,
+        timeout=2400,
         check=False,
     )
     if done.returncode == SKIP:
