@@ -1,11 +1,14 @@
-"""``truss mcp list|probe|import``: look at MCP servers before trusting them with a run.
+"""``truss mcp list|probe|import|login|logout|auth status``: look at MCP servers before trusting them with a run.
 
 ``list`` connects a contract's servers and shows, per server, its transport, protocol version and
 server info, and per tool whether it is mounted or filtered, its annotations and its pin.
 ``probe`` connects one server (from a contract, a command or a URL) and reports everything it
 says about itself, a round-trip time and, with ``--against``, how its live pins differ from a
 contract's. ``import`` turns a Claude-style ``{"mcpServers": ...}`` file into ``[[mcp.servers]]``
-TOML. The MCP SDK is imported inside the handlers only. Exit codes: 0 ok, 1 pin drift
+TOML. ``login`` runs the OAuth authorization code flow once for a server with
+``[mcp.servers.oauth]`` (a person, a browser or a pasted redirect), ``logout`` forgets its tokens,
+``auth status`` lists the stored grants (issuer, scopes, expiry; never a token): docs/oauth.md.
+The MCP SDK is imported inside the handlers only. Exit codes: 0 ok, 1 pin drift
 (``probe --against``), 2 bad input, 4 a server failed, 130 interrupted.
 """
 
@@ -24,7 +27,7 @@ import pydantic
 from truss_cli._ctx import Ctx, table
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
-from truss._errors import ContractError, UsageError
+from truss._errors import ContractError, ServerStartError, UsageError
 from truss.contract import Contract, load_contract
 
 T = TypeVar("T")
@@ -74,6 +77,30 @@ def register(sub: Any) -> None:
         "--probe", action="store_true", help="connect each server and list its tools (read-only ones allowed)"
     )
     imp.set_defaults(handler=run_import)
+
+    log_in = commands.add_parser("login", help="log in to an OAuth MCP server once (a browser or a pasted redirect)")
+    log_in.add_argument("server", metavar="SERVER", help="the server's name")
+    log_in.add_argument("--contract", metavar="FILE", help="the contract declaring it (default: the operator config)")
+    log_in.add_argument("--paste", action="store_true", help="no loopback listener: paste the URL the browser lands on")
+    log_in.add_argument("--no-browser", action="store_true", help="print the authorization URL, do not open it")
+    log_in.add_argument("--timeout", default="5m", help="how long to wait for the person (default 5m)")
+    log_in.set_defaults(handler=run_login)
+
+    log_out = commands.add_parser("logout", help="forget the OAuth tokens stored for a server")
+    log_out.add_argument("server", metavar="SERVER", help="the server's name")
+    log_out.add_argument("--contract", metavar="FILE", help="the contract declaring it (default: the operator config)")
+    log_out.set_defaults(handler=run_logout)
+
+    auth = commands.add_parser("auth", help="the OAuth credentials Truss holds")
+    auth_commands = auth.add_subparsers(dest="auth_command", metavar="SUBCOMMAND")
+    auth_status = auth_commands.add_parser("status", help="which servers have credentials: issuer, scopes, expiry")
+    auth_status.set_defaults(handler=run_auth_status)
+
+    def auth_usage(args: argparse.Namespace, ctx: Ctx) -> int:
+        auth.print_help()
+        return 2
+
+    auth.set_defaults(handler=auth_usage)
 
     def usage(args: argparse.Namespace, ctx: Ctx) -> int:
         parser.print_help()
@@ -126,6 +153,12 @@ def _run(fn: Callable[[], Awaitable[T]]) -> T:
         raise KeyboardInterrupt(str(exc)) from None
 
 
+def _auth(ctx: Ctx) -> Any:
+    from truss.mcp.oauth import OAuthFlows
+
+    return OAuthFlows.for_home(ctx.home, ctx.clock)
+
+
 def _log_dir(ctx: Ctx) -> Path:
     return ctx.home / "logs" / ctx.clock.new_id("mcp")
 
@@ -141,7 +174,8 @@ def run_list(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.mcp.client import ServerStatus, connect
 
     async def work() -> list[ServerStatus]:
-        async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose) as mounts:
+        async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose,
+                           auth=_auth(ctx)) as mounts:  # fmt: skip
             return [mounts.servers[s.name] for s in contract.mcp.servers]
 
     statuses = _run(work)
@@ -260,7 +294,8 @@ def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.mcp.client import connect
 
     async def work() -> dict[str, Any]:
-        async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose) as mounts:
+        async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose,
+                           auth=_auth(ctx)) as mounts:  # fmt: skip
             status = mounts.servers[server["name"]]
             rtt, method = await mounts.round_trip(server["name"])
         data = status.to_json()
@@ -268,7 +303,14 @@ def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
         data["round_trip_method"] = method
         return data
 
-    data = _run(work)
+    try:
+        data = _run(work)
+    except ServerStartError as exc:
+        found = _oauth_found(server, exc)
+        if found is None:
+            raise
+        ctx.emit(found, _oauth_text(found))
+        return 0
     drift = _drift(against, server["name"], data) if against is not None else None
     if drift is not None:
         data["drift"] = drift
@@ -276,6 +318,43 @@ def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
     if drift is not None and any(d["state"] in ("changed", "missing") for d in drift["tools"]):
         return 1
     return 0
+
+
+def _oauth_found(server: Mapping[str, Any], exc: ServerStartError) -> dict[str, Any] | None:
+    """An http server that refused to connect without OAuth: what it says about its OAuth, or None."""
+    if server.get("transport") != "http" or not (
+        exc.fields.get("status") in (401, 403) or exc.kind == "login_required"
+    ):
+        return None
+    from truss.contract.fields import duration_ms
+    from truss.mcp.oauth.discover import discover
+
+    url, timeout_s = str(server["url"]), duration_ms(str(server["connect_timeout"])) / 1000.0
+    try:
+        oauth = _run(lambda: discover(url, timeout_s=timeout_s))
+    except Exception:
+        return None
+    if oauth is None:
+        return None
+    return {"server": server["name"], "url": url, "connected": False, "needs": "oauth", "oauth": oauth}
+
+
+def _oauth_text(found: Mapping[str, Any]) -> str:
+    oauth: Mapping[str, Any] = found["oauth"]
+    authz: Mapping[str, Any] = oauth.get("authorization_server") or {}
+    lines = [
+        f"server        {found['server']} ({found['url']}): asks for OAuth (HTTP {oauth['status']}), not connected",
+        f"resource      {oauth.get('resource') or '(no protected resource metadata)'}",
+        f"authorization {', '.join(oauth.get('authorization_servers') or []) or '(none advertised)'}",
+        f"issuer        {authz.get('issuer') or '(no authorization server metadata)'}",
+        f"grants        {' '.join(authz.get('grant_types_supported') or []) or '-'}",
+        f"scopes        {' '.join(oauth.get('scopes_supported') or authz.get('scopes_supported') or []) or '-'}"
+        + (f" (the challenge asks for: {oauth['challenge_scope']})" if oauth.get("challenge_scope") else ""),
+        f"registration  {'dynamic' if authz.get('dynamic_registration') else 'no dynamic registration'}"
+        + (", client ID metadata documents" if authz.get("client_id_metadata_document_supported") else ""),
+        "declare [mcp.servers.oauth] for it and run `truss mcp login SERVER` (docs/oauth.md)",
+    ]
+    return "\n".join(lines)
 
 
 def _drift(contract: Contract, name: str, live: Mapping[str, Any]) -> dict[str, Any]:
@@ -360,7 +439,8 @@ def run_import(args: argparse.Namespace, ctx: Ctx) -> int:
 
         async def work() -> dict[str, list[ProbedTool]]:
             found: dict[str, list[ProbedTool]] = {}
-            async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose) as mounts:
+            async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose,
+                           auth=_auth(ctx)) as mounts:  # fmt: skip
                 for name, status in mounts.servers.items():
                     found[name] = [
                         ProbedTool(
@@ -408,3 +488,105 @@ def _contract_with_all(tables: list[dict[str, Any]]) -> Contract:
         return Contract.model_validate({"contract": {"name": "import", "intent": "probe"}, "mcp": {"servers": servers}})
     except ValueError as exc:
         raise UsageError(f"truss mcp import: {_first_error(exc)}") from None
+
+
+# -- OAuth: login, logout, auth status -------------------------------------------------------------
+
+
+def _servers_contract(args: argparse.Namespace, ctx: Ctx) -> Contract:
+    """The contract named by ``--contract``, else the servers of the operator config alone."""
+    if args.contract:
+        return load_contract(Path(args.contract), home=ctx.home)
+    from truss.contract import load_contract_text
+
+    config = ctx.config_file
+    if not config.exists():
+        raise UsageError(
+            f"truss mcp {args.mcp_command}: no --contract given and no operator config at {config}",
+            remedy="Name the contract that declares the server: --contract FILE",
+        )
+    text = '[contract]\nname = "login"\nintent = "log in to an MCP server"\n'
+    return load_contract_text(text, source="(login)", config=(str(config), config.read_text(encoding="utf-8")))
+
+
+def _seconds(text: str) -> float:
+    from truss.contract.fields import duration_ms
+
+    try:
+        return duration_ms(text) / 1000.0
+    except ValueError:
+        raise UsageError(f"--timeout {text!r} is not a duration like 90s or 5m") from None
+
+
+def _when(ms: Any) -> str:
+    if not isinstance(ms, int):
+        return "no expiry given"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def run_login(args: argparse.Namespace, ctx: Ctx) -> int:
+    import sys
+
+    from truss.mcp.oauth import TokenStore
+    from truss.mcp.oauth.login import login
+
+    contract = _servers_contract(args, ctx)
+    timeout_s = _seconds(args.timeout)
+    store = TokenStore(ctx.home / "oauth")
+
+    async def work() -> dict[str, Any]:
+        return await login(
+            contract, args.server, store=store, clock=ctx.clock, log_dir=_log_dir(ctx), say=ctx.progress,
+            read_line=sys.stdin.readline, paste=args.paste, browser=not args.no_browser, timeout_s=timeout_s,
+        )  # fmt: skip
+
+    facts = _run(work)
+    facts = {**facts, "store": store.backend}
+    human = (
+        f"logged in to {args.server}: issuer {facts['issuer']}, scopes {' '.join(facts['scopes']) or '(none)'}, "
+        f"expires {_when(facts.get('expires_at_ms'))}{', refreshable' if facts.get('refreshable') else ''} "
+        f"(kept in the {store.backend} store)"
+    )
+    ctx.emit(facts, human)
+    return 0
+
+
+def run_logout(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.mcp.oauth import TokenStore, resource_of
+
+    contract = _servers_contract(args, ctx)
+    server = contract.mcp.server(args.server)
+    if server is None or server.transport != "http":
+        raise UsageError(f"no http MCP server named {args.server!r} is declared")
+    store = TokenStore(ctx.home / "oauth")
+    issuer = server.oauth.issuer if server.oauth is not None else None
+    removed = store.delete(resource_of(server), issuer)
+    ctx.emit(
+        {"server": args.server, "removed": removed},
+        f"forgot {len(removed)} stored grant(s) for {args.server}" if removed else f"nothing stored for {args.server}",
+    )
+    return 0
+
+
+def run_auth_status(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.mcp.oauth import TokenStore
+
+    store = TokenStore(ctx.home / "oauth")
+    grants = store.facts()
+    now = ctx.clock.now_ms()
+    for grant in grants:
+        expires = grant.get("expires_at_ms")
+        grant["expired"] = isinstance(expires, int) and expires <= now
+    rows = [
+        [str(g.get("server")), str(g.get("issuer")), " ".join(g.get("scopes") or []) or "-",
+         ("expired " if g["expired"] else "") + _when(g.get("expires_at_ms")),
+         "yes" if g.get("refreshable") else "no"]
+        for g in grants
+    ]  # fmt: skip
+    human = (
+        table(rows, ["server", "issuer", "scopes", "expires", "refreshable"]) if rows else "no OAuth credentials stored"
+    )
+    ctx.emit({"store": store.backend, "grants": grants}, human + f"\n(store: {store.backend})")
+    return 0

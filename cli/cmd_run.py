@@ -167,8 +167,11 @@ def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
 
     def connector(contract: Any, **kwargs: Any) -> AbstractAsyncContextManager[Any]:
         from truss.mcp.client import connect
+        from truss.mcp.oauth import OAuthFlows
 
-        return connect(contract, verbose=verbose, no_wait=no_wait, **kwargs)
+        # OAuth servers get their token from the home's store and never wait for a person (docs/oauth.md).
+        auth = OAuthFlows.for_home(ctx.home, ctx.clock)
+        return connect(contract, verbose=verbose, no_wait=no_wait, auth=auth, **kwargs)
 
     return connector
 

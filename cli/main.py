@@ -118,13 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(exc: TrussError, *, verbose: bool, json_out: bool) -> int:
+    from truss.redaction import scrub_secrets  # tokens Truss learned while running (OAuth) never show
+
     if verbose:
-        sys.stderr.write(safe_human(traceback.format_exc()))
+        sys.stderr.write(safe_human(scrub_secrets(traceback.format_exc())))
     if json_out:
         import json
 
-        sys.stdout.write(json.dumps(exc.to_json(), indent=2) + "\n")
-    text = safe_human(exc.diagnostics())  # messages may quote a server or a model: no escapes
+        sys.stdout.write(scrub_secrets(json.dumps(exc.to_json(), indent=2)) + "\n")
+    text = safe_human(scrub_secrets(exc.diagnostics()))  # messages may quote a server or a model: no escapes
     sys.stderr.write(text + "\n" if text.startswith("truss") else f"truss: {text}\n")
     return exc.exit_code
 

@@ -25,8 +25,15 @@ holds an exclusive lock on while Truss runs. The suite starts every scenario's c
 ``conformance/run.py`` sets the lock so that Truss runs one scenario at a time, which keeps timing
 checks (the SSE retry delay is measured to within 200 ms) from measuring the machine's load.
 
-Adding a scenario (the ``auth/*`` ones come with OAuth, issue 19): write a handler taking a
-``Scenario`` and returning an exit code, and add it to ``HANDLERS`` under the scenario's name.
+The ``auth/*`` scenarios: the contract's server gets an ``[mcp.servers.oauth]`` table. For the
+authorization code grant the handler runs ``truss mcp login`` once, with ``BROWSER`` set to this
+script's ``--browse`` mode (a person who approves: it opens the authorization URL and follows the
+redirects to Truss's loopback listener), then ``truss run`` unattended. A run that stops for a
+scope step-up (exit 5, "log in again") is followed by one more login, which asks for the union of
+the scopes, and one more run. The client credentials scenarios need no login at all.
+
+Adding a scenario: write a handler taking a ``Scenario`` and returning an exit code, and add it to
+``HANDLERS`` under the scenario's name.
 """
 
 from __future__ import annotations
@@ -65,19 +72,26 @@ class Scenario:
     home: Path
     work: Path
 
-    def truss(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def truss(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """Run ``truss --home HOME --json ARGS`` and echo what it printed (the suite keeps both streams)."""
         command = [sys.executable, "-m", "truss", "--home", str(self.home), "--json", *args]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=_TRUSS_TIMEOUT_S, check=False)
+        environ = {**os.environ, **(env or {})}
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=_TRUSS_TIMEOUT_S, check=False, env=environ
+        )
         sys.stdout.write(done.stdout)
         sys.stderr.write(done.stderr)
         return done
 
-    def run(self, contract: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
-        """``truss run`` the contract; its exit code and the session's entries (empty when none was recorded)."""
+    def write(self, contract: dict[str, Any]) -> Path:
         path = self.work / "contract.toml"
         path.write_text(tomli_w.dumps(contract), encoding="utf-8")
-        done = self.truss("run", str(path))
+        return path
+
+    def run(self, contract: dict[str, Any], env: dict[str, str] | None = None) -> tuple[int, list[dict[str, Any]]]:
+        """``truss run`` the contract; its exit code and the session's entries (empty when none was recorded)."""
+        path = self.write(contract)
+        done = self.truss("run", str(path), env=env)
         try:
             session = json.loads(done.stdout)["session"]
         except (ValueError, KeyError, TypeError):
@@ -105,6 +119,7 @@ def contract_for(
     *,
     allow: list[str] | None = None,
     elicitation: dict[str, Any] | None = None,
+    oauth: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A contract calling ``steps`` (tool, arguments) on the scenario's server, judged by ``checks``."""
     for _, arguments in steps:
@@ -120,6 +135,8 @@ def contract_for(
     }
     if elicitation is not None:
         server["elicitation"] = elicitation
+    if oauth is not None:
+        server["oauth"] = oauth
     name = "conformance-" + scenario.name.replace("/", "-").replace("_", "-")
     return {
         "contract": {"name": name, "intent": f"The MCP conformance scenario {scenario.name}."},
@@ -289,6 +306,97 @@ def request_state(scenario: Scenario) -> int:
     return finish(scenario, code, entries, answered_both)
 
 
+# -- auth/* -------------------------------------------------------------------------------------
+
+LOGIN_REQUIRED = 5  # Truss's exit code when an OAuth server needs `truss mcp login` first
+CIMD_URL = "https://conformance-test.local/client-metadata.json"  # the suite's client metadata document
+SECRET_ENV = "CONFORMANCE_CLIENT_SECRET"  # noqa: S105 - the variable's name
+
+
+def browse(url: str) -> int:
+    """``--browse URL`` (BROWSER for ``truss mcp login``): approve, and follow redirects to the loopback."""
+    import urllib.error
+    import urllib.request
+    from urllib.parse import urljoin
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    for _ in range(10):
+        try:
+            with opener.open(url, timeout=30) as response:
+                response.read()
+                return 0
+        except urllib.error.HTTPError as exc:
+            if exc.code not in (301, 302, 303, 307, 308) or not exc.headers.get("Location"):
+                return fail(MISBEHAVED, f"the authorization URL answered {exc.code}")
+            url = urljoin(url, exc.headers["Location"])
+        except OSError as exc:  # the redirect may name a host the suite never serves: the login reports it
+            return fail(MISBEHAVED, f"could not open {url}: {exc}")
+    return fail(MISBEHAVED, "too many redirects")
+
+
+def _browser_env() -> dict[str, str]:
+    return {"BROWSER": f"{sys.executable} {Path(__file__).resolve()} --browse %s"}
+
+
+def auth_code(scenario: Scenario) -> int:
+    """``truss mcp login`` once (a person approving in a browser), then an unattended ``truss run``."""
+    oauth: dict[str, Any] = {"grant": "authorization_code"}
+    env = _browser_env()
+    if "client_id" in scenario.context:  # pre-registration: the suite's client and secret
+        oauth["client_id"] = str(scenario.context["client_id"])
+        if scenario.context.get("client_secret"):
+            oauth["client_secret_env"] = SECRET_ENV
+            env[SECRET_ENV] = str(scenario.context["client_secret"])
+    else:
+        oauth["client_metadata_url"] = CIMD_URL  # used only where the server offers CIMD; else DCR
+    contract = contract_for(scenario, [("test-tool", {})], [succeeded("test-tool")], oauth=oauth)
+    path = scenario.write(contract)
+    code, entries = 0, []
+    for _ in range(3):  # a login, and one more for each step-up the run stops at (bounded)
+        login = scenario.truss("mcp", "login", SERVER, "--contract", str(path), "--timeout", "60s", env=env)
+        if login.returncode != 0:
+            return login.returncode
+        code, entries = scenario.run(contract, env=env)
+        if code != LOGIN_REQUIRED:
+            break
+    return finish(scenario, code, entries)
+
+
+def client_credentials(scenario: Scenario) -> int:
+    """A headless grant: ``truss run`` alone, no login."""
+    context = scenario.context
+    oauth: dict[str, Any] = {"client_id": str(context.get("client_id", ""))}
+    env: dict[str, str] = {}
+    if "private_key_pem" in context:
+        key = scenario.work / "client.key"
+        key.write_text(str(context["private_key_pem"]), encoding="utf-8")
+        key.chmod(0o600)
+        oauth.update(grant="private_key_jwt", private_key_file=str(key),
+                     key_algorithm=str(context.get("signing_algorithm") or "RS256"))  # fmt: skip
+    else:
+        oauth.update(grant="client_credentials", client_secret_env=SECRET_ENV)
+        env[SECRET_ENV] = str(context.get("client_secret", ""))
+    if context.get("issuer"):
+        oauth["issuer"] = str(context["issuer"])
+    contract = contract_for(scenario, [("test-tool", {})], [succeeded("test-tool")], oauth=oauth)
+    return finish(scenario, *scenario.run(contract, env=env))
+
+
+_AUTH_CODE_SCENARIOS = (
+    "metadata-default", "metadata-var1", "metadata-var2", "metadata-var3", "basic-cimd",
+    "scope-from-www-authenticate", "scope-from-scopes-supported", "scope-omitted-when-undefined",
+    "scope-step-up", "scope-retry-limit", "token-endpoint-auth-basic", "token-endpoint-auth-post",
+    "token-endpoint-auth-none", "pre-registration", "2025-03-26-oauth-metadata-backcompat",
+    "2025-03-26-oauth-endpoint-fallback", "resource-mismatch", "offline-access-scope",
+    "offline-access-not-supported", "authorization-server-migration", "iss-supported", "iss-not-advertised",
+    "iss-supported-missing", "iss-wrong-issuer", "iss-unexpected", "iss-normalized", "metadata-issuer-mismatch",
+)  # fmt: skip
+
+
 HANDLERS: dict[str, Callable[[Scenario], int]] = {
     # 2025-11-25
     "initialize": connect_only,
@@ -302,6 +410,10 @@ HANDLERS: dict[str, Callable[[Scenario], int]] = {
     "http-custom-headers": custom_headers,
     "http-invalid-tool-headers": invalid_tool_headers,
     "json-schema-ref-no-deref": connect_only,
+    # OAuth (both eras)
+    **{f"auth/{name}": auth_code for name in _AUTH_CODE_SCENARIOS},
+    "auth/client-credentials-basic": client_credentials,
+    "auth/client-credentials-jwt": client_credentials,
 }
 
 
@@ -309,9 +421,11 @@ HANDLERS: dict[str, Callable[[Scenario], int]] = {
 
 
 @contextlib.contextmanager
-def one_at_a_time() -> Iterator[None]:
+def one_at_a_time(name: str) -> Iterator[None]:
     lock = os.environ.get("TRUSS_CONFORMANCE_LOCK")
-    if not lock:
+    # The auth scenarios time nothing, and each runs Truss three or four times: they run at once,
+    # so the timed scenarios queued on the lock are not held up past the suite's client timeout.
+    if not lock or name.startswith("auth/"):
         yield
         return
     with open(lock, "a") as handle:
@@ -323,13 +437,14 @@ def one_at_a_time() -> Iterator[None]:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--browse":
+        return browse(argv[2])
     name = os.environ.get("MCP_CONFORMANCE_SCENARIO", "")
     if len(argv) < 2 or not name:
         return fail(UNKNOWN, "usage: MCP_CONFORMANCE_SCENARIO=NAME client.py [ARG...] URL (the suite sets both)")
     handler = HANDLERS.get(name)
     if handler is None:
-        why = "the auth scenarios need Truss's OAuth flow (issue 19)" if name.startswith("auth/") else "no handler"
-        return fail(UNKNOWN, f"unknown scenario {name!r}: {why}; known: {', '.join(sorted(HANDLERS))}")
+        return fail(UNKNOWN, f"unknown scenario {name!r}: no handler; known: {', '.join(sorted(HANDLERS))}")
     try:
         context = json.loads(os.environ.get("MCP_CONFORMANCE_CONTEXT") or "{}")
     except ValueError:
@@ -340,7 +455,7 @@ def main(argv: list[str]) -> int:
     home = Path(given) if given else work / "home"
     try:
         scenario = Scenario(name, argv[-1], context if isinstance(context, dict) else {}, protocol, home, work)
-        with one_at_a_time():
+        with one_at_a_time(name):
             init = scenario.truss("init")
             if init.returncode != 0:
                 return fail(UNKNOWN, f"truss init failed in {home}")

@@ -71,7 +71,7 @@ def main() -> int:
         print("network namespaces are not permitted here (unshare --net failed); not running", file=sys.stderr)
         return SKIP
     command = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--inside"]
-    return subprocess.run(["unshare", "--net", "--map-root-user", *command], check=False, timeout=900).returncode
+    return subprocess.run(["unshare", "--net", "--map-root-user", *command], check=False, timeout=1800).returncode
 
 
 def _loopback_up() -> None:
@@ -168,7 +168,7 @@ def inside_client(revision: str, output: str | None) -> int:
         if any(" " in part for part in (sys.executable, str(HERE))):
             print("the suite cannot run a client whose path holds a space", file=sys.stderr)
             return SKIP
-        code = subprocess.run(suite, env=env, check=False, timeout=900).returncode
+        code = subprocess.run(suite, env=env, check=False, timeout=1700).returncode
         _print_not_scored(revision, Path(results), env)
         verified = subprocess.run([*truss, "ledger", "verify", "--all"], env=env, check=False, timeout=300)
         if verified.returncode != 0:

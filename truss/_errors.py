@@ -20,7 +20,8 @@ specific first, so the CLI and serve-mcp need exactly one handler::
         │   └── StoreBusyError          the store is locked by another process for too long
         ├── McpError                    an MCP server or transport failed (server, tool, retryable)
         │   ├── ServerStartError        could not start or connect a server
-        │   │   └── SandboxError        a server's sandbox cannot be set up (cause, remedy)
+        │   │   ├── SandboxError        a server's sandbox cannot be set up (cause, remedy)
+        │   │   └── LoginRequiredError  exit 5: an OAuth server needs `truss mcp login` first
         │   ├── ToolNotAdvertisedError  an allowlisted tool the server does not list
         │   ├── PinMismatchError        a tool definition differs from its pin (expected, actual)
         │   └── ToolCallError           a call failed (timeout, connection closed, protocol error)
@@ -44,6 +45,7 @@ __all__ = [
     "InDoubtError",
     "InputError",
     "KeyFileError",
+    "LoginRequiredError",
     "McpError",
     "NotFoundError",
     "PinMismatchError",
@@ -252,6 +254,15 @@ class ServerStartError(McpError):
     """A server could not be started or connected (bad command, exit at start, refused, 401)."""
 
     kind = "server_start"
+
+
+class LoginRequiredError(ServerStartError):
+    """An OAuth server needs a person to log in (or to consent to more scopes), and this command
+    never waits for one: ``truss mcp login SERVER`` first. Exit 5. Fields: ``server``, ``issuer``
+    when known, ``cause`` (``no_credentials``, ``refresh_failed``, ``step_up``)."""
+
+    kind = "login_required"
+    exit_code = 5
 
 
 class SandboxError(ServerStartError):

@@ -5,7 +5,8 @@ ledger instead of its server: the gate asks ``MemoIndex.lookup`` for the newest 
 of the same namespaced tool, with the same tool pin, the same canonical (recorded) arguments and
 a server declared the same way (transport, command, args, cwd, env, url, the names of its
 credentials: secret_env, headers, and its elicitation policy) and reached the same way (the ``launcher`` and ``auth``
-descriptions ``session_started`` recorded for it: a sandbox or an account changes the answer),
+descriptions ``session_started`` recorded for it: a sandbox or an account changes the answer; an
+OAuth server by its OAuth identity, issuer and client id),
 recorded no longer ago than the TTL, that succeeded (no ``isError``, no failure) and whose
 result payload is still stored, in a session of the same
 principal (serve-mcp's callers never see each other's results; sessions without a principal,
@@ -43,8 +44,21 @@ def server_identity(server: Mapping[str, Any] | None, reached: Mapping[str, Any]
     if server is None:
         return None
     identity = {k: server[k] for k in _IDENTITY_KEYS if k in server}
-    identity.update({f"reached_{k}": reached[k] for k in _REACHED_KEYS if reached is not None and k in reached})
+    identity.update(
+        {f"reached_{k}": _reached(reached[k]) for k in _REACHED_KEYS if reached is not None and k in reached}
+    )
     return canonical(identity)
+
+
+def _reached(description: Any) -> Any:
+    """How a server was reached, for the memo. An OAuth description (truss.mcp.oauth) counts by its
+    kind, grant and ``identity`` (issuer, client id) only: its scopes and expiry change with every
+    refresh, and one account's result may answer the same account's later call."""
+    if isinstance(description, dict):
+        oauth = cast(dict[str, Any], description)
+        if oauth.get("kind") == "oauth" and "identity" in oauth:
+            return {"kind": "oauth", "grant": oauth.get("grant"), "identity": oauth["identity"]}
+    return cast(Any, description)
 
 
 class MemoSource(Protocol):

@@ -40,7 +40,7 @@ from truss import budget as budget_mod
 from truss import pending as pending_mod
 from truss import policy as policy_mod
 from truss._clock import Clock
-from truss._errors import McpError, PinMismatchError, ToolCallError
+from truss._errors import LoginRequiredError, McpError, PinMismatchError, ToolCallError
 from truss._memo import MemoIndex
 from truss.budget import BudgetState, Charged, Exceeded
 from truss.calls import CallOutcome, CallRequest, Outcome, waiting
@@ -249,6 +249,7 @@ class Gate:
         timeout_s = self._call_timeout_s(tool.name)
         started = self.clock.monotonic()
         failure: dict[str, Any] | None = None
+        login_needed: LoginRequiredError | None = None
         try:
             if timeout_s <= 0:
                 raise ToolCallError(
@@ -265,6 +266,9 @@ class Gate:
         except McpError as exc:  # ToolCallError, or PinMismatchError after the server changed the tool
             failure, result = self._failed(exc)
             elicited = exc.fields.get("elicitations")
+            # An OAuth server that needs a person (a scope step-up): recorded as this call's failure,
+            # then the run stops with the "log in again" message (docs/oauth.md).
+            login_needed = exc if isinstance(exc, LoginRequiredError) else None
         _faults.fault("after_call")
         duration_ms = round((self.clock.monotonic() - started) * 1000, 3)
         wire: Any = self.redactor.scrub(dict(result.wire))
@@ -297,6 +301,8 @@ class Gate:
             return waiting(request, "signal", f"waiting for signal {signal!r}")
         # Durable before dependent: the model sees the result only after it is committed.
         await self.journal.append(Record("mcp_tool_call", body, blobs), durable=True)
+        if login_needed is not None:
+            raise login_needed
         _faults.fault("after_result")
         return CallOutcome(request.call, tool.name, _outcome(failure, result), result, duration_ms,
                            code=failure["cause"] if failure else None)  # fmt: skip

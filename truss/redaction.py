@@ -6,6 +6,11 @@ hashed or stored, and scrubs every known secret value (secret arguments seen in 
 in the redactor's memory; nothing derived from them, not even a hash, is written anywhere (a hash
 of a short secret is a dictionary-attack target).
 
+Secrets that Truss learns while it runs rather than from the environment (OAuth access and
+refresh tokens, client secrets, signed assertions: ``truss.mcp.oauth``) are registered with
+``remember_secret`` the moment they are seen; every ``Redactor`` of the process scrubs them too,
+and ``scrub_secrets`` scrubs them from any text (error messages, progress lines, logs).
+
 What this module does not do: decide what is stored (the gate, the loop and the session do), or
 read the environment itself (it is given one).
 """
@@ -18,10 +23,50 @@ from typing import Any, cast
 
 from truss.contract import Contract
 
-__all__ = ["REDACTED", "Redactor"]
+__all__ = ["REDACTED", "Redactor", "remember_secret", "scrub_secrets"]
 
 REDACTED = "[redacted]"
 _MIN_SCRUB_LEN = 4  # shorter "secrets" would scrub ordinary text; they are too weak to protect anyway
+
+
+class _Seen:
+    """The secrets this process learned at run time (see the module docstring): values only, in memory."""
+
+    def __init__(self) -> None:
+        self.values: set[str] = set()
+        self.generation = 0
+        self._pattern: re.Pattern[str] | None = None
+
+    def add(self, value: str) -> None:
+        if len(value) >= _MIN_SCRUB_LEN and value not in self.values:
+            self.values.add(value)
+            self.generation += 1
+            self._pattern = None
+
+    def pattern(self) -> re.Pattern[str] | None:
+        if self._pattern is None and self.values:
+            self._pattern = _alternation(self.values)
+        return self._pattern
+
+
+_SEEN = _Seen()
+
+
+def remember_secret(value: str | None) -> None:
+    """Register a secret Truss has just seen (a token, a client secret): from now on it is scrubbed everywhere."""
+    if value:
+        _SEEN.add(value)
+
+
+def scrub_secrets(text: str) -> str:
+    """``text`` with every secret registered by ``remember_secret`` replaced by ``"[redacted]"``."""
+    pattern = _SEEN.pattern()
+    return pattern.sub(REDACTED, text) if pattern is not None else text
+
+
+def _alternation(values: set[str]) -> re.Pattern[str]:
+    ordered = sorted(values, key=len, reverse=True)  # longest first: no partial leftovers
+    return re.compile("|".join(re.escape(v) for v in ordered))
 
 
 class Redactor:
@@ -33,11 +78,14 @@ class Redactor:
         for server in contract.mcp.servers:
             names = list(server.secret_env)
             names += [h.secret_env for h in server.headers.values() if not isinstance(h, str)]
+            if server.oauth is not None and server.oauth.client_secret_env is not None:
+                names.append(server.oauth.client_secret_env)
             for name in names:
                 value = environ.get(name)
                 if value:
                     self.remember(value)
         self._pattern: re.Pattern[str] | None = None
+        self._generation = -1
 
     def remember(self, value: str) -> None:
         if len(value) >= _MIN_SCRUB_LEN and value not in self._values:
@@ -76,11 +124,14 @@ class Redactor:
 
     def scrub(self, value: Any) -> Any:
         """``value`` with every known secret value inside its strings replaced by ``"[redacted]"``."""
-        if not self._values:
+        if self._generation != _SEEN.generation:  # secrets learned at run time (remember_secret) count too
+            self._generation = _SEEN.generation
+            self._pattern = None
+        values = self._values | _SEEN.values
+        if not values:
             return value
         if self._pattern is None:
-            ordered = sorted(self._values, key=len, reverse=True)  # longest first: no partial leftovers
-            self._pattern = re.compile("|".join(re.escape(v) for v in ordered))
+            self._pattern = _alternation(values)
         return _scrub(value, self._pattern)
 
     def scrub_text(self, text: str) -> str:

@@ -36,6 +36,7 @@ on the same index.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 from collections.abc import AsyncGenerator, Mapping
@@ -49,6 +50,7 @@ from truss import _faults
 from truss._errors import (
     InDoubtError,
     InputError,
+    LoginRequiredError,
     McpError,
     NotFoundError,
     ReplayDivergenceError,
@@ -385,6 +387,13 @@ class _Run:
                     await self.journal.append(Record("session_suspended", {"reason": "diverged", **found}))
             self.store.set_status(self.session, "diverged")
             return RunOutcome(self.session, "diverged", None, self._head(), None, 4, exc.message)
+        except LoginRequiredError as exc:
+            if not entered:
+                return await self._start_failed(exc, principal)
+            # A call needed a person (an OAuth step-up): recorded as that call's failure; the run ends.
+            error = RunError("server", self.redactor.scrub_text(exc.message))
+            verdict = evaluate(self.contract, self.journal.entries, self.journal.blob, final_text=None, error=error)
+            return dataclasses.replace(await self._seal(verdict), exit_code=exc.exit_code)
         except TrussError as exc:
             if entered or not isinstance(exc, McpError | InputError):
                 raise
@@ -477,7 +486,10 @@ class _Run:
         cause = "server" if isinstance(exc, McpError) else "input"
         error = RunError(cause, self.redactor.scrub_text(exc.message))
         verdict = evaluate(self.contract, self.journal.entries, self.store.blob, final_text=None, error=error)
-        return await self._seal(verdict)
+        outcome = await self._seal(verdict)
+        if isinstance(exc, LoginRequiredError):  # an OAuth server needs `truss mcp login` first: exit 5
+            outcome = dataclasses.replace(outcome, exit_code=exc.exit_code)
+        return outcome
 
     async def _finish(self, result: LoopResult) -> RunOutcome:
         error: RunError | None = None

@@ -6,7 +6,8 @@ header whose value is a secret is ``{ secret_env = "VAR", format = "Bearer {}" }
 looks like a credential (by its name) is refused, because the effective contract is recorded. Tool
 settings, ``retry_in_doubt`` and ``[[mcp.servers.async]]`` may name only allowlisted tools.
 ``[mcp.servers.elicitation]`` says how a server's elicitation requests are answered
-(``truss.elicitation``). Pure.
+(``truss.elicitation``). ``[mcp.servers.oauth]`` says how an http server is reached through OAuth
+2.1 (``truss.mcp.oauth``; docs/oauth.md): the grant, and the *names* of its secrets. Pure.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from truss.contract.fields import (
     check_env_name,
 )
 
-__all__ = ["AsyncDecl", "AsyncPending", "Elicitation", "McpConfig", "SecretHeader", "Server", "ToolSettings"]
+__all__ = ["AsyncDecl", "AsyncPending", "Elicitation", "McpConfig", "OAuth", "SecretHeader", "Server", "ToolSettings"]
 
 
 class SecretHeader(Model):
@@ -107,6 +108,86 @@ class Elicitation(Model):
         return self
 
 
+OAuthGrant = Literal["authorization_code", "client_credentials", "private_key_jwt"]
+
+
+class OAuth(Model):
+    """``[mcp.servers.oauth]``: OAuth 2.1 for an http server (docs/oauth.md).
+
+    ``grant`` is ``authorization_code`` (PKCE, a person logs in once with ``truss mcp login``),
+    ``client_credentials`` (``client_id`` and the secret in the variable ``client_secret_env``) or
+    ``private_key_jwt`` (``client_id`` and a signing key in ``private_key_file``; RFC 7523). The
+    authorization code grant registers itself dynamically unless ``client_id`` (pre-registered,
+    with ``client_secret_env`` for a confidential client) or ``client_metadata_url`` (a client ID
+    metadata document) is given. ``issuer`` pins the authorization server: credentials are only
+    ever sent to that one. Secrets are names of variables or files, never values.
+    """
+
+    grant: OAuthGrant = "authorization_code"
+    issuer: str | None = None
+    client_id: str | None = Field(default=None, min_length=1, max_length=1024)
+    client_metadata_url: str | None = None
+    client_secret_env: EnvName | None = None
+    token_endpoint_auth: Literal["client_secret_basic", "client_secret_post"] = "client_secret_basic"  # noqa: S105
+    private_key_file: str | None = Field(default=None, min_length=1)
+    key_algorithm: Literal["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA"] = "RS256"
+    scopes: list[str] = Field(default_factory=list[str])
+    redirect_port: int | None = Field(default=None, ge=0, le=65535)
+    max_step_ups: int = Field(default=2, ge=0, le=10)
+
+    @field_validator("issuer")
+    @classmethod
+    def _issuer(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s?#@]+$", value):
+            raise ValueError(
+                f"issuer {value!r} must be the authorization server's http(s) URL, without query or user info"
+            )
+        return value
+
+    @field_validator("client_metadata_url")
+    @classmethod
+    def _metadata_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https://[^\s/?#@]+/[^\s?#]+$", value):
+            raise ValueError(
+                f"client_metadata_url {value!r} must be an https URL with a path (a client ID metadata document)"
+            )
+        return value
+
+    @field_validator("scopes")
+    @classmethod
+    def _scopes(cls, value: list[str]) -> list[str]:
+        for scope in value:
+            if not scope or any(c in scope for c in ' "\\') or any(ord(c) < 0x21 or ord(c) > 0x7E for c in scope):
+                raise ValueError(
+                    f"scope {scope!r} is not an OAuth scope token (printable ASCII, no space, quote or backslash)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _grant_fields(self) -> OAuth:
+        if self.grant != "authorization_code":
+            if not self.client_id:
+                raise ValueError(f"the {self.grant} grant needs a client_id")
+            if self.client_metadata_url is not None or self.redirect_port is not None:
+                raise ValueError("client_metadata_url and redirect_port belong to the authorization_code grant")
+        if self.grant == "client_credentials" and self.client_secret_env is None:
+            raise ValueError(
+                "the client_credentials grant needs client_secret_env (the name of the variable holding the secret)"
+            )
+        if self.grant == "private_key_jwt":
+            if self.private_key_file is None:
+                raise ValueError("the private_key_jwt grant needs private_key_file (the PEM signing key's path)")
+            if self.client_secret_env is not None:
+                raise ValueError("the private_key_jwt grant signs an assertion; it takes no client_secret_env")
+        elif self.private_key_file is not None:
+            raise ValueError("private_key_file belongs to the private_key_jwt grant")
+        if self.client_metadata_url is not None and self.client_id is not None:
+            raise ValueError("give client_id or client_metadata_url, not both (the document's URL is the client id)")
+        if self.client_secret_env is not None and self.grant == "authorization_code" and self.client_id is None:
+            raise ValueError("client_secret_env with the authorization_code grant is for a pre-registered client_id")
+        return self
+
+
 class Server(Model):
     name: str
     transport: Literal["stdio", "http"] = "stdio"
@@ -126,6 +207,7 @@ class Server(Model):
     tools: list[ToolSettings] = Field(default_factory=list[ToolSettings])
     async_: list[AsyncDecl] = Field(default_factory=list[AsyncDecl], alias="async")
     elicitation: Elicitation | None = None
+    oauth: OAuth | None = None
 
     @field_validator("name")
     @classmethod
@@ -198,13 +280,18 @@ class Server(Model):
         if self.transport == "stdio":
             if not self.command:
                 raise ValueError(f"server {self.name!r}: a stdio server needs a command")
-            if self.url is not None or self.headers:
-                raise ValueError(f"server {self.name!r}: url and headers belong to http servers")
+            if self.url is not None or self.headers or self.oauth is not None:
+                raise ValueError(f"server {self.name!r}: url, headers and oauth belong to http servers")
         else:
             if not self.url or not re.match(r"^https?://[^\s]+$", self.url):
                 raise ValueError(f"server {self.name!r}: an http server needs a url starting with http:// or https://")
             if self.command is not None or self.args or self.env or self.cwd is not None:
                 raise ValueError(f"server {self.name!r}: command, args, env and cwd belong to stdio servers")
+            if self.oauth is not None and any(h.lower() == "authorization" for h in self.headers):
+                raise ValueError(
+                    f"server {self.name!r}: a server with [mcp.servers.oauth] gets its Authorization header from "
+                    "OAuth; remove the static Authorization header"
+                )
         names = [t.name for t in self.tools]
         seen: set[str] = set()
         for name in names:  # a set, not list.count: a large file must not cost quadratic time

@@ -211,11 +211,21 @@ class Live:
         self.http_statuses: list[int] = []
         self.launcher_json: dict[str, Any] | None = None
         self.auth_json: dict[str, Any] | None = None
+        self.auth_flow: httpx2.Auth | None = None
         self.refused: dict[str, tuple[str, str]] = {}  # tool -> (why the SDK dropped it from the listing, pin)
         self.inflight: dict[int, elicitation.CallElicitations] = {}  # Mounts.call in progress -> its elicitations
         self.report: Report | None = None
         self.wire: Wire | None = None
         self.schemas = SchemaChecks()
+
+    def auth_failure(self) -> McpError | None:
+        """The Truss error an auth flow raised inside the transport (which reports only a closed
+        connection), taken once: an OAuth flow keeps it as ``failure`` (truss.mcp.oauth)."""
+        failure = getattr(self.auth_flow, "failure", None)
+        if isinstance(failure, McpError):
+            setattr(self.auth_flow, "failure", None)  # noqa: B010 - a duck-typed seam attribute
+            return failure
+        return None
 
     # -- elicitation (truss.elicitation) ------------------------------------------------------
 
@@ -449,9 +459,10 @@ async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
             if not live.ready.is_set():  # only connect-time statuses are reported
                 live.http_statuses.append(response.status_code)
 
+        live.auth_flow = reach.auth.flow(server, reach.report(server.name))
         http = httpx2.AsyncClient(
             headers=headers,
-            auth=reach.auth.flow(server, reach.report(server.name)),
+            auth=live.auth_flow,
             timeout=httpx2.Timeout(connect_s, read=_longest_call_s(reach.contract, server) + 30.0),
             event_hooks={"response": [on_response]},
         )
@@ -575,6 +586,9 @@ async def run_server(live: Live, reach: Reach) -> None:
 
 def _start_error(exc: BaseException, live: Live) -> McpError:
     server = live.settings
+    failure = live.auth_failure()
+    if failure is not None:
+        return failure
     errors = [s for s in live.http_statuses if s >= 400]
     fields: dict[str, Any] = {}
     if errors:

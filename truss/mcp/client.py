@@ -229,8 +229,8 @@ class Mounts:
                 cause="invalid_result",
             )
         else:
-            error = to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s,
-                                  answered=slot.server_error)  # fmt: skip
+            error = live.auth_failure() or to_call_error(exc, server=tool.server, tool=tool.tool,
+                                                         timeout_s=timeout_s, answered=slot.server_error)  # fmt: skip
         if live.log is not None and error.fields.get("cause") in ("connection_closed", "transport"):
             error.fields["stderr_log"] = str(live.log)
             error.remedy = f"The server exited or failed; its stderr is in {live.log}"
