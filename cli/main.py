@@ -59,6 +59,11 @@ def _add_globals(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="identity key (default: HOME/identity.key)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and server stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    from truss import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"truss {__version__}", help="print the version and exit"
+    )
 
 
 def _split_globals(argv: list[str]) -> list[str]:
