@@ -75,6 +75,12 @@ class Ctx:
     def config_file(self) -> Path:
         return self.home / "config.toml"
 
+    def definitions(self) -> Any:
+        """The home's store of tool definitions by pin (``truss.pins.DefinitionStore``, ``HOME/pins``)."""
+        from truss.pins import DefinitionStore
+
+        return DefinitionStore(self.home / "pins")
+
     def emit(self, data: Any, human: str | None = None) -> None:
         """Print ``data`` as one JSON document with ``--json``, else the human text."""
         if self.json:

@@ -208,11 +208,12 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
 def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
     """The MCP client tier (``truss.mcp.client.connect``), imported only when a run connects."""
     verbose = ctx.verbose
+    definitions = ctx.definitions()  # every definition seen, by pin: a pin mismatch can say what changed
 
     def connector(contract: Any, **kwargs: Any) -> AbstractAsyncContextManager[Any]:
         from truss.mcp.client import connect
 
-        return connect(contract, verbose=verbose, no_wait=no_wait, **kwargs)
+        return connect(contract, verbose=verbose, no_wait=no_wait, definitions=definitions, **kwargs)
 
     return connector
 

@@ -11,7 +11,7 @@ import importlib
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from truss_cli._ctx import Ctx
 from truss_cli._term import safe_human
@@ -130,6 +130,9 @@ def _report(exc: TrussError, *, verbose: bool, json_out: bool) -> int:
 
         sys.stdout.write(json.dumps(exc.to_json(), indent=2) + "\n")
     text = safe_human(exc.diagnostics())  # messages may quote a server or a model: no escapes
+    changes: Any = exc.fields.get("changes")  # a pin mismatch: what changed since the pinned definition
+    if isinstance(changes, list) and changes:
+        text += "\n" + "\n".join("  " + safe_human(str(line)) for line in cast(list[Any], changes))
     sys.stderr.write(text + "\n" if text.startswith("truss") else f"truss: {text}\n")
     return exc.exit_code
 

@@ -61,6 +61,7 @@ from truss.mcp._stderr import StderrSink
 from truss.mcp._tasks import offers_tasks
 from truss.mcp.auth import HttpAuth
 from truss.mcp.launch import Launch, Launcher, Report
+from truss.pins import DefinitionStore
 from truss.tools import MountedTool
 
 __all__ = ["CALLING", "ELICITING", "Live", "Reach", "quiet_sdk_logs", "run_server"]
@@ -90,6 +91,7 @@ class Reach:
     launcher: Launcher
     auth: HttpAuth
     on_event: ServerEvents | None = None
+    definitions: DefinitionStore | None = None  # every advertised definition, kept by pin (truss.pins)
 
     def report(self, server: str) -> Report:
         """What a launcher or auth flow of ``server`` calls to report an event (never raises)."""
@@ -509,10 +511,14 @@ async def run_server(live: Live, reach: Reach) -> None:
                 client = await _open(live, stack, reach)
                 live.client = client
                 tools = await list_all(client)
+                store = reach.definitions
+                if store is not None:
+                    await anyio.to_thread.run_sync(lambda: [store.put(tool_definition(t)) for t in tools])
                 mounted = mount(
                     server, client, tools, transport="inprocess" if live.inprocess is not None else server.transport,
                     connect_ms=(clock.monotonic() - start) * 1000.0, pid=live.pid, log=log,
                     launcher=live.launcher_json, auth=live.auth_json, refused=live.refused,
+                    known=store.get if store is not None else None,
                 )  # fmt: skip
                 live.mounted, live.task_support, live.status = mounted.tools, mounted.task_support, mounted.status
                 live.offers_tasks = offers_tasks(mounted.status.capabilities)

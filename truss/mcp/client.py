@@ -44,6 +44,7 @@ from truss.mcp._results import closed, result_of, safe_progress
 from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
 from truss.mcp.auth import HttpAuth, StaticHeaders
 from truss.mcp.launch import Launcher, PlainLauncher
+from truss.pins import DefinitionStore
 from truss.tools import MountedTool, ProgressFn, ToolResult, namespaced
 
 __all__ = ["Mounts", "ServerStatus", "ToolStatus", "connect", "tool_definition"]
@@ -255,6 +256,7 @@ async def connect(
     auth: HttpAuth | None = None,
     no_wait: bool = False,
     on_event: ServerEvents | None = None,
+    definitions: DefinitionStore | None = None,
 ) -> AsyncGenerator[Mounts]:
     """Connect every server of ``contract`` (or the ``only`` named ones) at once and yield ``Mounts``.
 
@@ -266,7 +268,8 @@ async def connect(
     headers only); both describe themselves in each ``ServerStatus`` (``launcher``, ``auth``).
     ``no_wait``: an MCP task not finished at the first look is left running (``task_result``
     returns None). ``on_event(server, name, attributes)`` receives what launchers and auth flows
-    report.
+    report. ``definitions``: where every advertised tool's definition is kept by pin
+    (``truss.pins``), so that a pin mismatch can say what changed since the pinned definition.
 
     Raises ``ServerStartError``, ``ToolNotAdvertisedError`` or ``PinMismatchError`` (the first
     failing server in declaration order; ``others`` names the rest) before yielding. On exit, by
@@ -287,7 +290,8 @@ async def connect(
             )
         declared = [s for s in declared if s.name in only]
     reach = Reach(contract=contract, log_dir=log_dir, environ=env, clock=clock, verbose=verbose,
-                  launcher=launcher or PlainLauncher(), auth=auth or StaticHeaders(), on_event=on_event)  # fmt: skip
+                  launcher=launcher or PlainLauncher(), auth=auth or StaticHeaders(), on_event=on_event,
+                  definitions=definitions)  # fmt: skip
     lives = [Live(s, (inprocess or {}).get(s.name)) for s in declared]
     body_error: BaseException | None = None
     async with anyio.create_task_group() as tg:
