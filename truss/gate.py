@@ -331,7 +331,11 @@ class Gate:
         """The recorded ``failure`` and the model's error result for a call that failed below the tool."""
         cause = str(exc.fields.get("cause") or ("pin_changed" if isinstance(exc, PinMismatchError) else "transport"))
         text = self.redactor.scrub_text(f"the call failed below the tool ({cause}): {exc.message}")
-        return {"cause": cause, "retryable": exc.retryable}, error_result(text)
+        failure: dict[str, Any] = {"cause": cause, "retryable": exc.retryable}
+        status = exc.fields.get("status")
+        if isinstance(status, int) and not isinstance(status, bool):
+            failure["status"] = status  # an HTTP refusal (cause auth_failed): 401, 403
+        return failure, error_result(text)
 
     def _too_large(
         self, tool: MountedTool, result: ToolResult, size: int

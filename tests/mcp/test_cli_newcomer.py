@@ -211,3 +211,95 @@ def test_pin_with_an_unknown_server_is_a_usage_error(tmp_path: Path, truss_home:
     contract = raw_contract(tmp_path / "c.toml")
     done = truss(truss_home, "mcp", "pin", str(contract), "--server", "nope", *([flag] if flag else []))
     assert done.returncode == 2 and "declares no such server" in done.stderr
+
+
+# -- errors that name their target ------------------------------------------------------------------
+
+
+def test_a_command_that_is_not_found_is_named_with_the_path_searched(tmp_path: Path, truss_home: Path) -> None:
+    done = truss(truss_home, "mcp", "probe", "--command", "truss-no-such-server", env={"PATH": "/nonexistent/bin"})
+    assert done.returncode == 4
+    assert "the command 'truss-no-such-server' was not found on the server's PATH (/nonexistent/bin)" in done.stderr
+    relative = truss(truss_home, "mcp", "probe", "--command", "./bin/missing-server")
+    assert relative.returncode == 4
+    assert "the command './bin/missing-server' was not found (no file " in relative.stderr
+    assert "Traceback" not in done.stderr + relative.stderr
+
+
+def test_a_refused_http_connection_names_the_url_without_its_query(truss_home: Path) -> None:
+    done = truss(truss_home, "mcp", "probe", "--url", "http://127.0.0.1:9/mcp?page=2", "--timeout", "10s")
+    assert done.returncode == 4
+    assert "HTTP transport failed (ConnectError) reaching http://127.0.0.1:9/mcp." in done.stderr, done.stderr
+    assert "page=2" not in done.stderr
+
+
+def test_a_404_at_a_url_without_a_path_suggests_mcp(everything_http: str, truss_home: Path) -> None:
+    root = everything_http.removesuffix("/mcp")
+    done = truss(truss_home, "mcp", "probe", "--url", root, "--timeout", "20s")
+    assert done.returncode == 4
+    assert f"HTTP status 404 at {root}" in done.stderr, done.stderr
+    assert f"try {root}/mcp" in done.stderr
+    assert truss(truss_home, "mcp", "probe", "--url", f"{root}/mcp", "--timeout", "20s").returncode == 0
+
+
+def test_a_401_without_declared_headers_does_not_advise_secret_env(bad_http: str, truss_home: Path) -> None:
+    done = truss(truss_home, "mcp", "probe", "--json", "--url", f"{bad_http}/status401/mcp")
+    assert done.returncode == 4
+    error = json.loads(done.stdout)
+    assert (error["cause"], error["status"]) == ("auth_failed", 401)
+    assert "secret_env variables" not in error["remedy"] and "declares no credentials" in error["remedy"]
+    assert "oauth" not in error
+
+
+def test_a_401_with_a_declared_header_names_the_variable_to_check(bad_http: str, truss_home: Path) -> None:
+    done = truss(truss_home, "mcp", "probe", "--url", f"{bad_http}/auth/mcp", "--header-env",
+                 "Authorization=WRONG_TOKEN:Bearer {}", env={"WRONG_TOKEN": "wrong"})  # fmt: skip
+    assert done.returncode == 4
+    assert "refused the credentials" in done.stderr
+    assert "Check the secret_env variables the server's headers read (Authorization from WRONG_TOKEN)" in done.stderr
+    assert "wrong" not in done.stderr.replace("wrong-token", "")
+
+
+def test_a_401_asking_for_oauth_says_so_with_the_resource_metadata_url(bad_http: str, truss_home: Path) -> None:
+    done = truss(truss_home, "mcp", "probe", "--json", "--url", f"{bad_http}/oauth/mcp")
+    assert done.returncode == 4
+    error = json.loads(done.stdout)
+    assert error["oauth"] is True and error["cause"] == "auth_failed"
+    assert error["resource_metadata"] == f"{bad_http}/.well-known/oauth-protected-resource/oauth/mcp"
+    assert "asks for OAuth authorization" in error["message"]
+    human = truss(truss_home, "mcp", "probe", "--url", f"{bad_http}/oauth/mcp")
+    assert "asks for OAuth authorization" in human.stderr and "secret_env variables" not in human.stderr
+
+
+def test_a_401_in_the_middle_of_a_run_is_recorded_as_an_auth_failure_with_the_status(
+    bad_http: str, tmp_path: Path, truss_home: Path
+) -> None:
+    subprocess.run([*truss_cmd(), "init"], env={**os.environ, "TRUSS_HOME": str(truss_home)}, check=True,
+                   capture_output=True, timeout=TIMEOUT)  # fmt: skip
+    contract = tmp_path / "expire.toml"
+    contract.write_text(
+        f"""[contract]
+name = "expire"
+intent = "a token that stops working"
+[agent]
+final = "done"
+[[agent.steps]]
+tool = "mcp:web:echo"
+arguments = {{}}
+[[mcp.servers]]
+name = "web"
+transport = "http"
+url = "{bad_http}/expire/mcp"
+allow_tools = ["echo"]
+[policy]
+default = "allow"
+""",
+        encoding="utf-8",
+    )
+    ran = truss(truss_home, "run", str(contract), "--session", "expire")
+    assert "failed (auth_failed)" in ran.stderr, ran.stdout + ran.stderr
+    entries = json.loads(truss(truss_home, "ledger", "show", "expire", "--json").stdout)["entries"]
+    (call,) = [e for e in entries if e["kind"] == "mcp_tool_call"]
+    failure = call["entry"]["body"]["failure"]
+    assert failure == {"cause": "auth_failed", "retryable": False, "status": 401}
+    assert "-32603" not in json.dumps(entries)

@@ -28,12 +28,14 @@ import contextlib
 import contextvars
 import logging
 import math
+import os
 import sys
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -53,6 +55,7 @@ from truss._errors import McpError, PinMismatchError, ServerStartError
 from truss.contract import Contract, SecretHeader, Server, duration_ms
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.mcp import _procs
+from truss.mcp._authfail import AUTH_FAILED, auth_failure
 from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
 from truss.mcp._mount import UNPINNABLE, list_all, mount, pin_or_none
 from truss.mcp._results import closed
@@ -187,6 +190,8 @@ class Live:
         self.log: Path | None = None
         self.sink: StderrSink | None = None
         self.http_statuses: list[int] = []
+        self.auth_refusals = 0  # 401/403 responses so far (a call compares before and after)
+        self.auth_challenge: tuple[int, str | None] | None = None  # the last one: status, WWW-Authenticate
         self.launcher_json: dict[str, Any] | None = None
         self.auth_json: dict[str, Any] | None = None
         self.refused: dict[str, tuple[str, str]] = {}  # tool -> (why the SDK dropped it from the listing, pin)
@@ -422,6 +427,9 @@ async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
         async def on_response(response: httpx2.Response) -> None:
             if not live.ready.is_set():  # only connect-time statuses are reported
                 live.http_statuses.append(response.status_code)
+            if response.status_code in (401, 403):
+                live.auth_refusals += 1
+                live.auth_challenge = (response.status_code, response.headers.get("www-authenticate"))
 
         http = httpx2.AsyncClient(
             headers=headers,
@@ -555,8 +563,9 @@ def _start_error(exc: BaseException, live: Live) -> McpError:
     fields: dict[str, Any] = {}
     if errors:
         fields["status"] = errors[0]
-    if server.transport == "http" and live.inprocess is None and server.url:
-        fields["url"] = safe_url(server.url)
+    http = server.transport == "http" and live.inprocess is None and server.url
+    if http:
+        fields["url"] = safe_url(server.url or "")
     elif server.command is not None:
         fields["command"] = server.command
         if live.log is not None:
@@ -567,7 +576,46 @@ def _start_error(exc: BaseException, live: Live) -> McpError:
                 leaf.fields.setdefault(key, value)
             leaf.fields.setdefault("server", server.name)
             return leaf
+    status = fields.get("status")
+    if http and status in (401, 403):
+        challenge = live.auth_challenge[1] if live.auth_challenge is not None else None
+        failure = auth_failure(server, status, challenge)
+        fields.update(failure.fields)
+        return to_start_error(exc, server=server.name, text=failure.text, cause=AUTH_FAILED, retryable=False,
+                              remedy=failure.remedy, **fields)  # fmt: skip
+    if http and status == 404:
+        url = fields["url"]
+        if urlsplit(url).path in ("", "/"):
+            remedy = (
+                f"The URL has no path; MCP servers usually serve Streamable HTTP at /mcp: try {url.rstrip('/')}/mcp"
+            )
+        else:
+            remedy = f"Nothing answers at {url}; check the URL's path (MCP servers often use /mcp)"
+        return to_start_error(exc, server=server.name, text=f"HTTP status 404 at {url}", remedy=remedy, **fields)
+    found = [leaf for leaf in leaves(exc) if isinstance(leaf, FileNotFoundError)]
+    if not http and server.command is not None and found:
+        text, remedy = _not_found(server)
+        return to_start_error(exc, server=server.name, text=text, remedy=remedy, **fields)
+    if http:
+        error = to_start_error(exc, server=server.name, **fields)
+        if error.fields.get("cause") == "transport" and fields["url"] not in error.message:
+            error.message += f" reaching {fields['url']}"
+        return error
     return to_start_error(exc, server=server.name, **fields)
+
+
+def _not_found(server: Server) -> tuple[str, str]:
+    """Where a stdio server's command was looked for: a path (against ``cwd``) or the child's PATH."""
+    command = server.command or ""
+    if "/" in command:
+        base = Path(server.cwd) if server.cwd else Path.cwd()
+        where = Path(command) if Path(command).is_absolute() else base / command
+        return (f"the command {command!r} was not found (no file {where})",
+                "Check the path, or give the command's absolute path")  # fmt: skip
+    path = server.env.get("PATH") or os.environ.get("PATH") or os.defpath
+    shown = path if len(path) <= 400 else path[:399] + "…"
+    return (f"the command {command!r} was not found on the server's PATH ({shown})",
+            f"Install {command}, give its absolute path, or set PATH in the server's env")  # fmt: skip
 
 
 def quiet_sdk_logs() -> None:

@@ -38,6 +38,7 @@ from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCall
 from truss.contract import Contract
 from truss.elicitation import CallElicitations
 from truss.mcp import _tasks
+from truss.mcp._authfail import AUTH_FAILED, auth_failure
 from truss.mcp._connection import CALLING, ELICITING, Live, Reach, ServerEvents, quiet_sdk_logs, run_server
 from truss.mcp._errmap import to_call_error
 from truss.mcp._results import closed, result_of, safe_progress
@@ -158,6 +159,7 @@ class Mounts:
         live.inflight[key] = elicited
         token = CALLING.set((tool.server, tool.tool))
         eliciting = ELICITING.set(elicited)
+        refusals = live.auth_refusals
         try:
             # The SDK's per-request timer bounds the call (also against a body that drips bytes
             # forever) and sends the courtesy cancel; an extra cancel scope here would only add cost.
@@ -171,6 +173,8 @@ class Mounts:
             raise
         except Exception as exc:
             error = to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s)
+            if live.auth_refusals > refusals and live.auth_challenge is not None:
+                error = _refused_call(live, tool, *live.auth_challenge)
             if live.log is not None and error.cause in ("connection_closed", "transport"):
                 error.fields["stderr_log"] = str(live.log)
                 error.remedy = f"The server exited or failed; its stderr is in {live.log}"
@@ -240,6 +244,21 @@ class Mounts:
         if client is None or live.dead is not None:
             raise closed(tool.server, tool.tool, live.dead)
         return live, client
+
+
+def _refused_call(live: Live, tool: MountedTool, status: int, challenge: str | None) -> ToolCallError:
+    """A call the server refused with 401/403 (say, a token that expired): an authentication failure
+    with the HTTP status, not the JSON-RPC error the SDK turns the response into."""
+    failure = auth_failure(live.settings, status, challenge)
+    return ToolCallError(
+        f"calling tool {tool.tool!r} on MCP server {tool.server!r} failed: {failure.text}",
+        remedy=failure.remedy,
+        retryable=False,
+        server=tool.server,
+        tool=tool.tool,
+        cause=AUTH_FAILED,
+        **failure.fields,
+    )
 
 
 @asynccontextmanager
