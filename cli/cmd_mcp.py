@@ -83,11 +83,22 @@ def register(sub: Any) -> None:
     pin.add_argument("--server", action="append", default=[], metavar="NAME", help="only this server (repeatable)")
     pin.set_defaults(handler=run_pin)
 
-    imp = commands.add_parser("import", help="turn a Claude-style mcpServers JSON file into [[mcp.servers]] TOML")
+    imp = commands.add_parser(
+        "import",
+        help="turn a Claude-style mcpServers JSON file into a contract skeleton (or operator config)",
+        description='Read a Claude-style {"mcpServers": ...} file and write a contract skeleton ([contract] '
+        "and [[mcp.servers]]; allow_tools left to you, or the read-only tools allowed and pinned with "
+        "--probe), or with --config the server definitions for HOME/config.toml.",
+    )
     imp.add_argument("file", metavar="FILE", help="the JSON file")
     imp.add_argument("-o", "--output", metavar="OUT", help="write the TOML here (refuses to overwrite)")
     imp.add_argument(
         "--probe", action="store_true", help="connect each server and list its tools (read-only ones allowed)"
+    )
+    imp.add_argument(
+        "--config",
+        action="store_true",
+        help="write operator config (server definitions for HOME/config.toml) instead of a contract skeleton",
     )
     imp.set_defaults(handler=run_import)
 
@@ -294,7 +305,17 @@ def _probe_target(args: argparse.Namespace, ctx: Ctx) -> tuple[dict[str, Any], C
     timeout = args.timeout
     if args.contract:
         file, name = args.contract
-        contract = load_contract(Path(file), home=ctx.home, require_params=False)
+        try:
+            contract = load_contract(Path(file), home=ctx.home, require_params=False)
+        except ContractError as exc:
+            # Probing is how allow_tools gets decided: a contract that is refused only for that (an
+            # imported skeleton's `allow_tools = []`) can still have its server probed as written.
+            raw = _raw_server(Path(file), name)
+            if raw is None or not _only_allowlist_problem(exc):
+                raise
+            ctx.progress(f"truss: note: {file} does not load yet ({exc.message}); probing server {name!r} as written")
+            raw.update({"allow_tools": ["*"], "tools": [], "connect_timeout": timeout})
+            return raw, None
         server = contract.mcp.server(name)
         if server is None:
             declared = ", ".join(s.name for s in contract.mcp.servers) or "none"
@@ -332,6 +353,26 @@ def _probe_target(args: argparse.Namespace, ctx: Ctx) -> tuple[dict[str, Any], C
         "allow_tools": ["*"],
         "connect_timeout": timeout,
     }, None
+
+
+def _only_allowlist_problem(exc: ContractError) -> bool:
+    path = str(exc.fields.get("path") or "")
+    return path.startswith("mcp.servers[") and "allow_tools is empty" in exc.message
+
+
+def _raw_server(path: Path, name: str) -> dict[str, Any] | None:
+    """Server ``name``'s table as the file writes it (no layers), or None."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    servers: Any = cast(dict[str, Any], data.get("mcp") or {}).get("servers")
+    for entry in cast(list[Any], servers) if isinstance(servers, list) else []:
+        if isinstance(entry, dict) and cast(dict[str, Any], entry).get("name") == name:
+            return dict(cast(dict[str, Any], entry))
+    return None
 
 
 def _contract_with(server: dict[str, Any]) -> Contract:
@@ -599,7 +640,7 @@ def run_import(args: argparse.Namespace, ctx: Ctx) -> int:
         probed = _run(work)
         for server in servers:
             server.tools = probed.get(server.table["name"], [])
-    rendered = render_toml(servers, source=source.name)
+    rendered = render_toml(servers, source=source.name, config=bool(args.config))
     if out is not None:
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(rendered, encoding="utf-8")
@@ -617,9 +658,20 @@ def run_import(args: argparse.Namespace, ctx: Ctx) -> int:
             for s in servers
         ],
         "output": str(out) if out is not None else None,
+        "form": "config" if args.config else "contract",
         "toml": rendered,
     }
-    human = rendered if out is None else f"wrote {len(servers)} server(s) to {out}; review allow_tools before use"
+    if out is None:
+        human = rendered
+    elif args.config:
+        human = (f"wrote {len(servers)} server definition(s) to {out}; as HOME/config.toml they are offered to "
+                 "every contract, which mounts one by naming it with its own allow_tools")  # fmt: skip
+    else:
+        names = [s.table["name"] for s in servers]
+        todo = ("check it with: truss contract check " + str(out) if args.probe
+                else f"fill in allow_tools (truss mcp probe --contract {out} {names[0] if names else 'NAME'} "
+                "lists the tools), then: truss contract check " + str(out))  # fmt: skip
+        human = f"wrote a contract skeleton with {len(servers)} server(s) to {out}; {todo}"
     ctx.emit(summary, human)
     return 0
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -303,3 +304,134 @@ default = "allow"
     failure = call["entry"]["body"]["failure"]
     assert failure == {"cause": "auth_failed", "retryable": False, "status": 401}
     assert "-32603" not in json.dumps(entries)
+
+
+# -- truss mcp import that leads somewhere --------------------------------------------------------
+
+
+def _git_repo(path: Path) -> Path:
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"]
+    path.mkdir()
+    subprocess.run([*git, "init", "-q", "-b", "main"], cwd=path, check=True, timeout=30)
+    (path / "notes.txt").write_text("one\n")
+    subprocess.run([*git, "add", "notes.txt"], cwd=path, check=True, timeout=30)
+    subprocess.run([*git, "commit", "-q", "-m", "first"], cwd=path, check=True, timeout=30)
+    return path
+
+
+def _claude_file(tmp_path: Path, *, git: bool = False, everything: bool = False) -> Path:
+    servers: dict[str, object] = {"Time": {"command": python_peer("mcp-server-time")}}
+    if git:
+        repo = _git_repo(tmp_path / "repo")
+        servers["git"] = {"command": python_peer("mcp-server-git"), "args": ["--repository", str(repo)]}
+    if everything:
+        node, script = node_peer("server-everything")
+        servers["everything"] = {"command": node, "args": [script]}
+    path = tmp_path / "claude_desktop_config.json"
+    path.write_text(json.dumps({"mcpServers": servers}), encoding="utf-8")
+    return path
+
+
+def _init(home: Path) -> None:
+    subprocess.run([*truss_cmd(), "init"], env={**os.environ, "TRUSS_HOME": str(home)}, check=True,
+                   capture_output=True, timeout=TIMEOUT)  # fmt: skip
+
+
+TIME_AGENT = """
+[agent]
+final = "done"
+[[agent.steps]]
+tool = "mcp:time:get_current_time"
+arguments = { timezone = "Etc/UTC" }
+[[done.checks]]
+kind = "tool_succeeded"
+tool = "mcp:time:get_current_time"
+"""
+
+
+def test_import_without_probe_makes_a_skeleton_whose_suggested_probe_works(tmp_path: Path, truss_home: Path) -> None:
+    out = tmp_path / "imported.toml"
+    done = truss(truss_home, "mcp", "import", str(_claude_file(tmp_path)), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert f"truss mcp probe --contract {out} time" in done.stdout
+    text = out.read_text(encoding="utf-8")
+    assert 'name = "claude-desktop-config"' in text and "`truss mcp probe --contract FILE time`" in text
+    # Fail closed: the empty allowlist is refused until someone decides ...
+    check = truss(truss_home, "contract", "check", str(out))
+    assert check.returncode == 2 and "allow_tools is empty" in check.stderr
+    # ... and the probe the skeleton suggests works on it as written.
+    probed = truss(truss_home, "mcp", "probe", "--contract", str(out), "time")
+    assert probed.returncode == 0, probed.stderr
+    assert "get_current_time" in probed.stdout and "does not load yet" in probed.stderr
+    out.write_text(text.replace("allow_tools = []", 'allow_tools = ["get_current_time"]'), encoding="utf-8")
+    assert truss(truss_home, "mcp", "pin", str(out), "--write").returncode == 0
+    assert truss(truss_home, "contract", "check", str(out)).returncode == 0
+    assert truss(truss_home, "mcp", "list", str(out)).returncode == 0
+
+
+@pytest.mark.slow
+def test_import_with_probe_makes_a_contract_that_checks_lists_and_runs_as_written(
+    tmp_path: Path, truss_home: Path
+) -> None:
+    _init(truss_home)
+    out = tmp_path / "imported.toml"
+    claude = _claude_file(tmp_path, git=True, everything=True)
+    done = truss(truss_home, "mcp", "import", "--probe", str(claude), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert truss(truss_home, "contract", "check", str(out)).returncode == 0
+    listed = truss(truss_home, "mcp", "list", str(out), "--json")
+    assert listed.returncode == 0, listed.stderr
+    servers = {s["name"]: s for s in json.loads(listed.stdout)["servers"]}
+    assert set(servers) == {"time", "git", "everything"}
+    mounted = {name: {t["name"] for t in s["tools"] if t["mounted"]} for name, s in servers.items()}
+    assert "get_current_time" in mounted["time"] and "git_status" in mounted["git"] and "echo" in mounted["everything"]
+    assert "git_commit" not in mounted["git"]  # not read-only: written commented out, for review
+    assert truss(truss_home, "mcp", "pin", str(out)).returncode == 0  # import wrote the current pins
+    out.write_text(out.read_text(encoding="utf-8") + TIME_AGENT, encoding="utf-8")
+    ran = truss(truss_home, "run", str(out))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+@pytest.mark.slow
+def test_import_as_operator_config_serves_a_contract_that_allowlists_fewer_tools(
+    tmp_path: Path, truss_home: Path
+) -> None:
+    _init(truss_home)
+    config = truss_home / "config.toml"
+    done = truss(truss_home, "mcp", "import", "--config", "--probe", str(_claude_file(tmp_path)), "-o", str(config))
+    assert done.returncode == 0, done.stderr
+    text = config.read_text(encoding="utf-8")
+    (server,) = tomllib.loads(text)["mcp"]["servers"]
+    assert server["name"] == "time" and "allow_tools" not in server and "tools" not in server
+    assert "#   get_current_time" in text  # what it offers, as a comment
+    contract = tmp_path / "time.toml"
+    contract.write_text(
+        '[contract]\nname = "time"\nintent = "what time is it"\n'
+        '[[mcp.servers]]\nname = "time"\nallow_tools = ["get_current_time"]\n' + TIME_AGENT,
+        encoding="utf-8",
+    )
+    assert truss(truss_home, "contract", "check", str(contract)).returncode == 0
+    assert truss(truss_home, "mcp", "pin", str(contract), "--write").returncode == 0
+    assert "pin = " in contract.read_text(encoding="utf-8")
+    ran = truss(truss_home, "run", str(contract))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+def test_a_tool_entry_in_operator_config_outside_the_allowlist_names_config_toml(
+    tmp_path: Path, truss_home: Path
+) -> None:
+    (truss_home / "config.toml").write_text(
+        '[[mcp.servers]]\nname = "time"\ncommand = "mcp-server-time"\n'
+        '[[mcp.servers.tools]]\nname = "get_current_time"\n[[mcp.servers.tools]]\nname = "convert_time"\n',
+        encoding="utf-8",
+    )
+    contract = tmp_path / "c.toml"
+    contract.write_text(
+        '[contract]\nname = "c"\nintent = "x"\n[[mcp.servers]]\nname = "time"\nallow_tools = ["get_current_time"]\n',
+        encoding="utf-8",
+    )
+    done = truss(truss_home, "contract", "check", str(contract), "--json")
+    assert done.returncode == 2
+    error = json.loads(done.stdout)
+    assert error["file"] == str(truss_home / "config.toml") and error["line"] == 6
+    assert error["path"] == "mcp.servers[0].tools[1]" and "'convert_time'" in error["message"]
