@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from truss_cli._term import safe_human, safe_json_text
 
 from truss._clock import Clock, SystemClock
+from truss._errors import UsageError
 
 if TYPE_CHECKING:  # the store and key modules load only when a command opens the ledger
     from truss.runtime import Connector, Runtime
@@ -75,6 +76,12 @@ class Ctx:
     def config_file(self) -> Path:
         return self.home / "config.toml"
 
+    def definitions(self) -> Any:
+        """The home's store of tool definitions by pin (``truss.pins.DefinitionStore``, ``HOME/pins``)."""
+        from truss.pins import DefinitionStore
+
+        return DefinitionStore(self.home / "pins")
+
     def emit(self, data: Any, human: str | None = None) -> None:
         """Print ``data`` as one JSON document with ``--json``, else the human text."""
         if self.json:
@@ -98,3 +105,10 @@ def table(rows: list[list[str]], header: list[str] | None = None) -> str:
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(all_rows[0]))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(r)).rstrip() for r in all_rows]
     return "\n".join(lines)
+
+
+def row_limit(value: int) -> int | None:
+    """A command's ``--limit N``: at most N rows; 0 means all (None); a negative number is refused."""
+    if value < 0:
+        raise UsageError(f"--limit {value}: give a number of rows, or 0 for all", remedy="See the command's --help")
+    return None if value == 0 else value

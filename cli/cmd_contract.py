@@ -37,7 +37,9 @@ def add_contract_args(parser: argparse.ArgumentParser, *, positional: bool = Tru
     )
 
 
-def load_from_args(args: argparse.Namespace, ctx: Ctx, *, environ: Mapping[str, str] | None = None) -> Contract:
+def load_from_args(
+    args: argparse.Namespace, ctx: Ctx, *, environ: Mapping[str, str] | None = None, require_params: bool = True
+) -> Contract:
     """The effective contract named by ``args.contract`` with the flags of ``add_contract_args``.
 
     The operator config is ``ctx.home / "config.toml"`` when it exists. Pass ``environ`` (commands
@@ -51,6 +53,7 @@ def load_from_args(args: argparse.Namespace, ctx: Ctx, *, environ: Mapping[str, 
         overlay=args.mcp_config,
         param_args=list(args.param or []),
         environ=environ,
+        require_params=require_params,
     )
 
 

@@ -17,11 +17,11 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 from truss_cli import _panel_view
-from truss_cli._ctx import Ctx, table
+from truss_cli._ctx import Ctx, row_limit, table
 from truss_cli._witnessed import (
     add_policy_args,
     policy_for_bundle,
@@ -200,7 +200,7 @@ def register(sub: Any) -> None:
 def list_sessions(args: argparse.Namespace, ctx: Ctx) -> int:
     with ctx.open_runtime(signing=False) as runtime:
         store = runtime.store
-        limit = None if args.limit == 0 else args.limit
+        limit = row_limit(args.limit)
         # The log's own session (key rotations, witness outcomes) is not a run: `ledger show @log`.
         rows = [s for s in store.sessions(status=args.status, limit=None if limit is None else limit + 1)
                 if not is_log_session(s.id)][:limit]  # fmt: skip
@@ -294,6 +294,9 @@ def _render_entry(
     if not full and len(summary) > _PREVIEW_CHARS:
         summary = summary[:_PREVIEW_CHARS] + "..."
     lines = [f"{item.seq:>4}  #{item.index:<6} {_time(item.ts)}  {item.kind:<20} {summary}"]
+    memo = _memo_origin(item)
+    if memo is not None:
+        lines.append(f"{'':>6}memo hit: answered from session {memo['session']} entry {memo['seq']}; nothing was sent")
     views: dict[str, dict[str, Any]] = {}
     for ref in item.refs():
         if ref in erased:
@@ -319,8 +322,18 @@ def _render_entry(
         "keyid": item.keyid,
         "entry": item.entry,
         "payloads": views,
+        **({"memo_hit": memo} if memo is not None else {}),
     }
     return out, lines
+
+
+def _memo_origin(item: StoredEntry) -> dict[str, Any] | None:
+    """Where a memo hit's result came from (``replayed_from`` of an ``mcp_tool_call``), else None."""
+    origin: Any = item.body.get("replayed_from") if item.kind == "mcp_tool_call" else None
+    if not isinstance(origin, dict):
+        return None
+    held = cast(dict[str, Any], origin)
+    return {"session": str(held.get("session")), "seq": held.get("seq"), "hash": held.get("hash")}
 
 
 def verify(args: argparse.Namespace, ctx: Ctx) -> int:

@@ -1,15 +1,16 @@
-"""``truss mcp list|probe|import|login|logout|auth status``: look at MCP servers before trusting them with a run.
+"""``truss mcp list|probe|pin|import|login|logout|auth status``: look at MCP servers before trusting them with a run.
 
 ``list`` connects a contract's servers and shows, per server, its transport, protocol version and
 server info, and per tool whether it is mounted or filtered, its annotations and its pin.
 ``probe`` connects one server (from a contract, a command or a URL) and reports everything it
 says about itself, a round-trip time and, with ``--against``, how its live pins differ from a
-contract's. ``import`` turns a Claude-style ``{"mcpServers": ...}`` file into ``[[mcp.servers]]``
+contract's. ``pin`` writes the live pins into a contract's tool entries (a text edit, after
+printing what changed). ``import`` turns a Claude-style ``{"mcpServers": ...}`` file into ``[[mcp.servers]]``
 TOML. ``login`` runs the OAuth authorization code flow once for a server with
 ``[mcp.servers.oauth]`` (a person, a browser or a pasted redirect), ``logout`` forgets its tokens,
 ``auth status`` lists the stored grants (issuer, scopes, expiry; never a token): docs/oauth.md.
 The MCP SDK is imported inside the handlers only. Exit codes: 0 ok, 1 pin drift
-(``probe --against``), 2 bad input, 4 a server failed, 130 interrupted.
+(``probe --against``, ``pin`` without ``--write``), 2 bad input, 4 a server failed, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import pydantic
@@ -28,6 +29,7 @@ from truss_cli._ctx import Ctx, table
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
 from truss._errors import ContractError, ServerStartError, UsageError
+from truss._suggest import closest
 from truss.contract import Contract, load_contract
 
 T = TypeVar("T")
@@ -70,11 +72,36 @@ def register(sub: Any) -> None:
     probe.add_argument("--command", nargs=argparse.REMAINDER, metavar="CMD", help="a stdio server command line")
     probe.set_defaults(handler=run_probe)
 
-    imp = commands.add_parser("import", help="turn a Claude-style mcpServers JSON file into [[mcp.servers]] TOML")
+    pin = commands.add_parser(
+        "pin",
+        help="connect a contract's servers and write their current pins into its tool entries",
+        description="Connect CONTRACT's servers (their pins ignored), compare each allowlisted tool's live "
+        "pin with the contract's and print what changed (the definitions' difference where Truss has seen "
+        "the pinned one). With --write, set the new pins in CONTRACT's [[mcp.servers.tools]] entries, "
+        "editing the text in place (comments and layout kept). Exit 0 all current or written, 1 pins "
+        "differ and --write was not given, 2 bad input, 4 a server failed.",
+    )
+    add_contract_args(pin)
+    pin.add_argument("--write", action="store_true", help="write the new pins into CONTRACT (default: only print)")
+    pin.add_argument("--server", action="append", default=[], metavar="NAME", help="only this server (repeatable)")
+    pin.set_defaults(handler=run_pin)
+
+    imp = commands.add_parser(
+        "import",
+        help="turn a Claude-style mcpServers JSON file into a contract skeleton (or operator config)",
+        description='Read a Claude-style {"mcpServers": ...} file and write a contract skeleton ([contract] '
+        "and [[mcp.servers]]; allow_tools left to you, or the read-only tools allowed and pinned with "
+        "--probe), or with --config the server definitions for HOME/config.toml.",
+    )
     imp.add_argument("file", metavar="FILE", help="the JSON file")
     imp.add_argument("-o", "--output", metavar="OUT", help="write the TOML here (refuses to overwrite)")
     imp.add_argument(
         "--probe", action="store_true", help="connect each server and list its tools (read-only ones allowed)"
+    )
+    imp.add_argument(
+        "--config",
+        action="store_true",
+        help="write operator config (server definitions for HOME/config.toml) instead of a contract skeleton",
     )
     imp.set_defaults(handler=run_import)
 
@@ -167,15 +194,21 @@ def _log_dir(ctx: Ctx) -> Path:
 
 
 def run_list(args: argparse.Namespace, ctx: Ctx) -> int:
-    contract = load_from_args(args, ctx)
+    contract = load_from_args(args, ctx, require_params=False)  # params reach no server: only a run needs them
     if not contract.mcp.servers:
         ctx.emit({"servers": []}, "the contract declares no MCP servers")
         return 0
     from truss.mcp.client import ServerStatus, connect
 
     async def work() -> list[ServerStatus]:
-        async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose,
-                           auth=_auth(ctx)) as mounts:  # fmt: skip
+        async with connect(
+            contract,
+            log_dir=_log_dir(ctx),
+            clock=ctx.clock,
+            verbose=ctx.verbose,
+            definitions=ctx.definitions(),
+            auth=_auth(ctx),
+        ) as mounts:
             return [mounts.servers[s.name] for s in contract.mcp.servers]
 
     statuses = _run(work)
@@ -205,18 +238,96 @@ def _server_block(status: Any, *, full_pins: bool) -> str:
         f"{status.name}  {status.transport}  {status.protocol_version}  {_info(status.server_info)}  "
         f"connect {status.connect_ms:.0f} ms"
     )
-    rows: list[list[str]] = []
-    for tool in status.tools:
-        state = "mounted" if tool.mounted else f"filtered ({status.filtered.get(tool.name, '?')})"
-        pin = tool.pin if full_pins else tool.pin[:19] + "…"
-        rows.append([_printable(tool.name), state, _hints(tool.annotations), pin])
-    body = table(rows, ["TOOL", "STATE", "HINTS", "PIN"]) if rows else "(no tools)"
-    return head + "\n" + "\n".join("  " + line for line in body.splitlines())
+    tools: list[dict[str, Any]] = status.to_json()["tools"]
+    if not tools:
+        return head + "\n  (no tools)"
+    lines = [head]
+    for tool in tools:
+        state = "mounted" if tool["mounted"] else f"filtered ({status.filtered.get(tool['name'], '?')})"
+        lines.extend(_tool_lines(tool, state, full_pin=full_pins))
+    return "\n".join(lines)
 
 
 def _printable(text: str) -> str:
     # Tool names come from the server: show control characters escaped, never raw.
     return text if text.isprintable() else repr(text)
+
+
+_DESCRIPTION_CHARS = 300
+_ARG_DESCRIPTION_CHARS = 100
+_MAX_ARGS = 40
+
+
+def _bounded(text: Any, limit: int) -> str:
+    """Server-provided text for people: one line, no control characters, at most ``limit`` characters."""
+    flat = _clean(" ".join(str(text).split()))
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _type_of(schema: Any) -> str:
+    if not isinstance(schema, Mapping):
+        return "any"
+    spec = cast(Mapping[str, Any], schema)
+    kind: Any = spec.get("type")
+    if isinstance(kind, list):
+        return "|".join(str(k) for k in cast(list[Any], kind))
+    if isinstance(kind, str):
+        if kind == "array" and isinstance(spec.get("items"), Mapping):
+            return f"array of {_type_of(spec['items'])}"
+        return kind
+    if "enum" in spec:
+        return "enum"
+    for key in ("anyOf", "oneOf"):
+        options: Any = spec.get(key)
+        if isinstance(options, list):
+            return "|".join(_type_of(o) for o in cast(list[Any], options))
+    return "any"
+
+
+def argument_rows(input_schema: Any) -> list[list[str]]:
+    """[name, type, required|optional, description] per top-level property of a tool's input schema."""
+    if not isinstance(input_schema, Mapping):
+        return []
+    schema = cast(Mapping[str, Any], input_schema)
+    properties: Any = schema.get("properties")
+    if not isinstance(properties, Mapping):
+        return []
+    required_any: Any = schema.get("required")
+    required = {str(r) for r in cast(list[Any], required_any)} if isinstance(required_any, list) else set[str]()
+    rows: list[list[str]] = []
+    for name, spec in cast(Mapping[str, Any], properties).items():
+        description: Any = cast(Mapping[str, Any], spec).get("description") if isinstance(spec, Mapping) else None
+        rows.append([
+            _bounded(name, 64),
+            _bounded(_type_of(spec), 40),
+            "required" if name in required else "optional",
+            _bounded(description, _ARG_DESCRIPTION_CHARS) if description else "",
+        ])  # fmt: skip
+    return rows
+
+
+def _tool_lines(tool: Mapping[str, Any], state: str | None, *, full_pin: bool) -> list[str]:
+    """A tool for people: name, state, hints, pin; its description; its arguments as an aligned list."""
+    pin = str(tool["pin"])
+    pin = pin if full_pin or len(pin) <= 20 else pin[:19] + "…"
+    head = [_printable(str(tool["name"]))] + ([state] if state else []) + [_hints(tool["annotations"]), pin]
+    lines = ["  " + "  ".join(head)]
+    if tool.get("title"):
+        lines.append(f"      title: {_bounded(tool['title'], 120)}")
+    if tool.get("description"):
+        lines.append(f"      {_bounded(tool['description'], _DESCRIPTION_CHARS)}")
+    rows = argument_rows(tool.get("input_schema"))
+    if rows:
+        shown = rows[:_MAX_ARGS]
+        lines.append("      arguments:")
+        lines.extend("        " + line.rstrip() for line in table(shown).splitlines())
+        if len(rows) > len(shown):
+            lines.append(f"        (and {len(rows) - len(shown)} more; --json shows the whole schema)")
+    elif tool.get("input_schema") is not None:
+        lines.append("      arguments: none")
+    if tool.get("output_schema") is not None:
+        lines.append("      structured output: yes (--json shows its schema)")
+    return lines
 
 
 # -- probe ---------------------------------------------------------------------------------------
@@ -232,7 +343,17 @@ def _probe_target(args: argparse.Namespace, ctx: Ctx) -> tuple[dict[str, Any], C
     timeout = args.timeout
     if args.contract:
         file, name = args.contract
-        contract = load_contract(Path(file), home=ctx.home)
+        try:
+            contract = load_contract(Path(file), home=ctx.home, require_params=False)
+        except ContractError as exc:
+            # Probing is how allow_tools gets decided: a contract that is refused only for that (an
+            # imported skeleton's `allow_tools = []`) can still have its server probed as written.
+            raw = _raw_server(Path(file), name)
+            if raw is None or not _only_allowlist_problem(exc):
+                raise
+            ctx.progress(f"truss: note: {file} does not load yet ({exc.message}); probing server {name!r} as written")
+            raw.update({"allow_tools": ["*"], "tools": [], "connect_timeout": timeout})
+            return raw, None
         server = contract.mcp.server(name)
         if server is None:
             declared = ", ".join(s.name for s in contract.mcp.servers) or "none"
@@ -272,6 +393,26 @@ def _probe_target(args: argparse.Namespace, ctx: Ctx) -> tuple[dict[str, Any], C
     }, None
 
 
+def _only_allowlist_problem(exc: ContractError) -> bool:
+    path = str(exc.fields.get("path") or "")
+    return path.startswith("mcp.servers[") and "allow_tools is empty" in exc.message
+
+
+def _raw_server(path: Path, name: str) -> dict[str, Any] | None:
+    """Server ``name``'s table as the file writes it (no layers), or None."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    servers: Any = cast(dict[str, Any], data.get("mcp") or {}).get("servers")
+    for entry in cast(list[Any], servers) if isinstance(servers, list) else []:
+        if isinstance(entry, dict) and cast(dict[str, Any], entry).get("name") == name:
+            return dict(cast(dict[str, Any], entry))
+    return None
+
+
 def _contract_with(server: dict[str, Any]) -> Contract:
     try:
         return Contract.model_validate({"contract": {"name": "probe", "intent": "probe"}, "mcp": {"servers": [server]}})
@@ -289,13 +430,19 @@ def _first_error(exc: ValueError) -> str:
 
 def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
     server, own_contract = _probe_target(args, ctx)
-    against = load_contract(Path(args.against), home=ctx.home) if args.against else own_contract
+    against = load_contract(Path(args.against), home=ctx.home, require_params=False) if args.against else own_contract
     contract = _contract_with(server)
     from truss.mcp.client import connect
 
     async def work() -> dict[str, Any]:
-        async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose,
-                           auth=_auth(ctx)) as mounts:  # fmt: skip
+        async with connect(
+            contract,
+            log_dir=_log_dir(ctx),
+            clock=ctx.clock,
+            verbose=ctx.verbose,
+            definitions=ctx.definitions(),
+            auth=_auth(ctx),
+        ) as mounts:
             status = mounts.servers[server["name"]]
             rtt, method = await mounts.round_trip(server["name"])
         data = status.to_json()
@@ -380,7 +527,12 @@ def _drift(contract: Contract, name: str, live: Mapping[str, Any]) -> dict[str, 
             state = "unpinned"
         else:
             state = "ok" if expected == actual else "changed"
-        rows.append({"tool": tool, "state": state, "expected": expected, "actual": actual})
+        row: dict[str, Any] = {"tool": tool, "state": state, "expected": expected, "actual": actual}
+        if actual is None:
+            close = closest(tool, sorted(pins))
+            if close is not None:
+                row["did_you_mean"] = close
+        rows.append(row)
     return {"server": declared.name, "tools": rows}
 
 
@@ -401,15 +553,132 @@ def _probe_text(data: Mapping[str, Any]) -> str:
         lines.append(f"instructions  {first[:100]}{'…' if len(first) > 100 else ''}")
     if data.get("stderr_log"):
         lines.append(f"stderr log    {data['stderr_log']}")
-    rows = [[_printable(t["name"]), _hints(t["annotations"]), t["pin"]] for t in data["tools"]]
-    lines.append(f"tools         {len(rows)}")
-    if rows:
-        lines.extend("  " + line for line in table(rows, ["TOOL", "HINTS", "PIN"]).splitlines())
+    lines.append(f"tools         {len(data['tools'])}")
+    for tool in data["tools"]:
+        lines.extend(_tool_lines(tool, None, full_pin=True))
     drift = data.get("drift")
     if drift is not None:
         lines.append(f"pins against the contract's server {drift['server']!r}:")
-        drift_rows = [[d["tool"], d["state"], d["expected"] or "-", d["actual"] or "-"] for d in drift["tools"]]
+        drift_rows = [
+            [d["tool"], d["state"] + (f" (did you mean {d['did_you_mean']!r}?)" if d.get("did_you_mean") else ""),
+             d["expected"] or "-", d["actual"] or "-"]
+            for d in drift["tools"]
+        ]  # fmt: skip
         lines.extend("  " + line for line in table(drift_rows, ["TOOL", "STATE", "CONTRACT", "LIVE"]).splitlines())
+    return "\n".join(lines)
+
+
+# -- pin -------------------------------------------------------------------------------------------
+
+
+def run_pin(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.pins import PinWriteError, changes, set_pins
+
+    contract = load_from_args(args, ctx, require_params=False)
+    wanted = list(args.server) or [s.name for s in contract.mcp.servers]
+    unknown = [name for name in wanted if contract.mcp.server(name) is None]
+    if unknown:
+        declared = ", ".join(s.name for s in contract.mcp.servers) or "none"
+        raise UsageError(f"--server {unknown[0]!r}: the contract declares no such server (declared: {declared})")
+    if not wanted:
+        ctx.emit({"servers": [], "written": False}, "the contract declares no MCP servers")
+        return 0
+    unpinned: list[dict[str, Any]] = []
+    for name in wanted:
+        server = contract.mcp.server(name)
+        assert server is not None
+        data = server.model_dump(by_alias=True, mode="json", exclude_none=True)
+        entries: list[dict[str, Any]] = list(data.get("tools") or [])
+        data["tools"] = [{k: v for k, v in t.items() if k != "pin"} for t in entries]
+        unpinned.append(data)
+    probe = _contract_with_all(unpinned, keep_allow=True, command="pin")
+    from truss.mcp.client import ServerStatus, connect
+
+    async def work() -> list[ServerStatus]:
+        async with connect(
+            probe, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose, definitions=ctx.definitions()
+        ) as mounts:
+            return [mounts.servers[name] for name in wanted]
+
+    statuses = _run(work)
+    store = ctx.definitions()
+    report: list[dict[str, Any]] = []
+    updates: dict[str, dict[str, str]] = {}
+    for status in statuses:
+        declared = contract.mcp.server(status.name)
+        assert declared is not None
+        rows: list[dict[str, Any]] = []
+        for tool in status.tools:
+            if not tool.mounted:
+                continue
+            settings = declared.tool_settings(tool.name)
+            old = settings.pin if settings is not None else None
+            row: dict[str, Any] = {"tool": tool.name, "contract": old, "live": tool.pin}
+            if old == tool.pin:
+                row["state"] = "ok"
+            else:
+                row["state"] = "unpinned" if old is None else "changed"
+                updates.setdefault(status.name, {})[tool.name] = tool.pin
+                if old is not None:
+                    before = store.get(old)
+                    row["changes"] = changes(before, tool.definition) if before is not None else None
+            rows.append(row)
+        report.append({"server": status.name, "tools": rows})
+    written: list[str] = []
+    if updates and args.write:
+        path = Path(args.contract)
+        text = _read_text(path)
+        edited = text
+        for server_name, pins in updates.items():
+            try:
+                edited = set_pins(edited, server_name, pins)
+            except PinWriteError as exc:
+                raise ContractError(
+                    f"cannot write the pins of server {server_name!r}: {exc}",
+                    remedy="Write the pins shown above by hand, or declare the server in this file",
+                    file=str(path),
+                ) from None
+            written.append(server_name)
+        tmp = path.with_name(f".{path.name}.pin.tmp")
+        tmp.write_text(edited, encoding="utf-8")
+        os.replace(tmp, path)
+    data_out = {"servers": report, "written": bool(written), "file": args.contract}
+    ctx.emit(data_out, _pin_text(report, updates, written=bool(written), file=args.contract))
+    return 1 if updates and not written else 0
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ContractError(f"cannot read {path}: {type(exc).__name__}", file=str(path)) from None
+
+
+def _pin_text(report: list[dict[str, Any]], updates: Mapping[str, Any], *, written: bool, file: str) -> str:
+    lines: list[str] = []
+    for server in report:
+        lines.append(f"server {server['server']}")
+        for row in server["tools"]:
+            name = _printable(row["tool"])
+            if row["state"] == "ok":
+                lines.append(f"  = {name}  {row['live']}")
+                continue
+            was = row["contract"] or "(unpinned)"
+            lines.append(f"  {'+' if row['state'] == 'unpinned' else '~'} {name}  {was} -> {row['live']}")
+            if row["state"] == "changed":
+                diff = row.get("changes")
+                if diff is None:
+                    lines.append("      (the pinned definition was never seen here: review the new one with "
+                                 "`truss mcp probe --contract FILE SERVER`)")  # fmt: skip
+                else:
+                    lines.extend(f"      {line}" for line in diff or ["(no difference in the pinned members)"])
+    count = sum(len(p) for p in updates.values())
+    if not count:
+        lines.append("every pin is current; nothing to write")
+    elif written:
+        lines.append(f"wrote {count} pin(s) into {file}")
+    else:
+        lines.append(f"{count} pin(s) differ; review the changes, then write them with: truss mcp pin {file} --write")
     return "\n".join(lines)
 
 
@@ -439,8 +708,14 @@ def run_import(args: argparse.Namespace, ctx: Ctx) -> int:
 
         async def work() -> dict[str, list[ProbedTool]]:
             found: dict[str, list[ProbedTool]] = {}
-            async with connect(contract, log_dir=_log_dir(ctx), clock=ctx.clock, verbose=ctx.verbose,
-                           auth=_auth(ctx)) as mounts:  # fmt: skip
+            async with connect(
+                contract,
+                log_dir=_log_dir(ctx),
+                clock=ctx.clock,
+                verbose=ctx.verbose,
+                definitions=ctx.definitions(),
+                auth=_auth(ctx),
+            ) as mounts:
                 for name, status in mounts.servers.items():
                     found[name] = [
                         ProbedTool(
@@ -457,7 +732,7 @@ def run_import(args: argparse.Namespace, ctx: Ctx) -> int:
         probed = _run(work)
         for server in servers:
             server.tools = probed.get(server.table["name"], [])
-    rendered = render_toml(servers, source=source.name)
+    rendered = render_toml(servers, source=source.name, config=bool(args.config))
     if out is not None:
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(rendered, encoding="utf-8")
@@ -475,19 +750,30 @@ def run_import(args: argparse.Namespace, ctx: Ctx) -> int:
             for s in servers
         ],
         "output": str(out) if out is not None else None,
+        "form": "config" if args.config else "contract",
         "toml": rendered,
     }
-    human = rendered if out is None else f"wrote {len(servers)} server(s) to {out}; review allow_tools before use"
+    if out is None:
+        human = rendered
+    elif args.config:
+        human = (f"wrote {len(servers)} server definition(s) to {out}; as HOME/config.toml they are offered to "
+                 "every contract, which mounts one by naming it with its own allow_tools")  # fmt: skip
+    else:
+        names = [s.table["name"] for s in servers]
+        todo = ("check it with: truss contract check " + str(out) if args.probe
+                else f"fill in allow_tools (truss mcp probe --contract {out} {names[0] if names else 'NAME'} "
+                "lists the tools), then: truss contract check " + str(out))  # fmt: skip
+        human = f"wrote a contract skeleton with {len(servers)} server(s) to {out}; {todo}"
     ctx.emit(summary, human)
     return 0
 
 
-def _contract_with_all(tables: list[dict[str, Any]]) -> Contract:
-    servers = [{**table, "allow_tools": ["*"]} for table in tables]
+def _contract_with_all(tables: list[dict[str, Any]], *, keep_allow: bool = False, command: str = "import") -> Contract:
+    servers = [table if keep_allow else {**table, "allow_tools": ["*"]} for table in tables]
     try:
-        return Contract.model_validate({"contract": {"name": "import", "intent": "probe"}, "mcp": {"servers": servers}})
+        return Contract.model_validate({"contract": {"name": command, "intent": "probe"}, "mcp": {"servers": servers}})
     except ValueError as exc:
-        raise UsageError(f"truss mcp import: {_first_error(exc)}") from None
+        raise UsageError(f"truss mcp {command}: {_first_error(exc)}") from None
 
 
 # -- OAuth: login, logout, auth status -------------------------------------------------------------

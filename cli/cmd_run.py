@@ -18,10 +18,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from truss_cli._ctx import Ctx, table
+from truss_cli._ctx import Ctx, row_limit, table
 from truss_cli._telemetry import close_telemetry, open_telemetry, secrets_of
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
+from truss._errors import NotFoundError, UsageError
 from truss.ledger.keyhistory import is_log_session
 
 if TYPE_CHECKING:  # the session modules load only in the handlers: other commands stay fast
@@ -66,17 +67,20 @@ def register(sub: Any) -> None:
         "approve",
         help="approve (or --deny) a call waiting for approval",
         description="Record a decision on CALL of SESSION, which waits for approval; then "
-        "`truss resume SESSION` continues the run.",
+        "`truss resume SESSION` continues the run. Without CALL: list the calls of SESSION waiting for "
+        "approval (call, tool, redacted arguments, reason) and change nothing.",
     )
     p.add_argument("session", metavar="SESSION")
-    p.add_argument("call", metavar="CALL", help="the call id, e.g. c2.0 (shown when the run suspended)")
+    p.add_argument(
+        "call", metavar="CALL", nargs="?", help="the call id, e.g. c2.0 (without it: list the calls waiting)"
+    )
     p.add_argument("--deny", action="store_true", help="refuse the call; the model is told it was denied")
     p.add_argument("--reason", metavar="TEXT", help="why (recorded, and shown to the model on --deny)")
     p.set_defaults(handler=approve)
 
     p = sub.add_parser("sessions", help="list sessions with their status")
     p.add_argument("--status", help="only sessions with this status (pass, fail, error, suspended, ...)")
-    p.add_argument("--limit", type=int, default=50, help="at most this many, newest first (default 50)")
+    p.add_argument("--limit", type=int, default=50, help="at most this many, newest first (default 50; 0 for all)")
     p.set_defaults(handler=sessions)
 
 
@@ -133,6 +137,10 @@ def resume(args: argparse.Namespace, ctx: Ctx) -> int:
 def approve(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.session import approve_call
 
+    if args.call is None:
+        if args.deny or args.reason is not None:
+            raise UsageError("--deny and --reason need the CALL they decide", remedy="See 'truss approve --help'")
+        return _list_approvals(args.session, ctx)
     with ctx.open_runtime() as runtime:
         entry = approve_call(runtime, args.session, args.call, approved=not args.deny, reason=args.reason)
     word = "denied" if args.deny else "approved"
@@ -143,11 +151,61 @@ def approve(args: argparse.Namespace, ctx: Ctx) -> int:
     return 0
 
 
+def _list_approvals(session: str, ctx: Ctx) -> int:
+    """``truss approve SESSION``: the calls waiting for a decision, read from the ledger (nothing written)."""
+    import json
+
+    from truss.session import pending_approvals
+
+    with ctx.open_runtime(signing=False) as runtime:
+        store = runtime.store
+        if store.session(session) is None:
+            raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
+                                remedy="List sessions with 'truss sessions'")  # fmt: skip
+        entries = list(store.read_session(session))
+        waiting = set(pending_approvals(entries))
+        rows: list[dict[str, Any]] = []
+        for entry in entries:
+            body = entry.body
+            if entry.kind != "approval_requested" or str(body.get("call")) not in waiting:
+                continue
+            # The gate stored the arguments redacted (secret_args, known secret values scrubbed).
+            raw = store.blob(str(body.get("args"))) if body.get("args") else None
+            try:
+                arguments: Any = json.loads(raw) if raw is not None else None
+            except ValueError:
+                arguments = None
+            rows.append({
+                "call": str(body.get("call")),
+                "tool": str(body.get("tool")),
+                "arguments": arguments,
+                "arguments_erased": raw is None,
+                "reason": body.get("reason"),
+                "rule": body.get("rule"),
+                "seq": entry.seq,
+            })  # fmt: skip
+    if not rows:
+        human = f"no call of {session} is waiting for approval"
+    else:
+        lines = [f"{len(rows)} call(s) of {session} waiting for approval:"]
+        for row in rows:
+            args_text = "(erased)" if row["arguments_erased"] else json.dumps(row["arguments"], ensure_ascii=False)
+            if len(args_text) > 200:
+                args_text = args_text[:199] + "…"
+            lines.append(f"  {row['call']}  {row['tool']}  {args_text}")
+            if row["reason"]:
+                lines.append(f"      reason: {row['reason']}")
+        lines.append(f"decide with: truss approve {session} CALL [--deny] [--reason TEXT]")
+        human = "\n".join(lines)
+    ctx.emit({"session": session, "waiting": rows}, human)
+    return 0
+
+
 def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
     with ctx.open_runtime(signing=False) as runtime:
-        limit = max(1, args.limit)
+        limit = row_limit(args.limit)
         # The log's own session (key rotations, witness outcomes) is not a run.
-        listed = runtime.store.sessions(status=args.status, limit=limit + 1)
+        listed = runtime.store.sessions(status=args.status, limit=None if limit is None else limit + 1)
         rows = [r for r in listed if not is_log_session(r.id)][:limit]
     data = [r.to_json() for r in rows]
     human = table(
@@ -164,6 +222,7 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
 def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
     """The MCP client tier (``truss.mcp.client.connect``), imported only when a run connects."""
     verbose = ctx.verbose
+    definitions = ctx.definitions()  # every definition seen, by pin: a pin mismatch can say what changed
 
     def connector(contract: Any, **kwargs: Any) -> AbstractAsyncContextManager[Any]:
         from truss.mcp.client import connect
@@ -171,7 +230,7 @@ def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
 
         # OAuth servers get their token from the home's store and never wait for a person (docs/oauth.md).
         auth = OAuthFlows.for_home(ctx.home, ctx.clock)
-        return connect(contract, verbose=verbose, no_wait=no_wait, auth=auth, **kwargs)
+        return connect(contract, verbose=verbose, no_wait=no_wait, auth=auth, definitions=definitions, **kwargs)
 
     return connector
 
@@ -224,6 +283,8 @@ class _Progress:
                 outcome += f" ({event.code})"
             duration = f"{event.duration_ms:.1f} ms" if event.duration_ms else "-"
             replayed = "  (replayed)" if event.replayed else ""
+            if event.memo_from is not None:
+                replayed += f"  (memo hit: result recorded by {event.memo_from}, not sent)"
             left = _left(event.budget_left)
             self.ctx.progress(f"  {event.call:<6} {event.tool}  {outcome}  {duration}  left: {left}{replayed}")
         elif isinstance(event, PanelReviewed):

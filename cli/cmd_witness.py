@@ -17,7 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from truss_cli._ctx import Ctx, table
+from truss_cli._ctx import Ctx, row_limit, table
 
 from truss._errors import UsageError
 from truss.ledger.keys import ED25519_COSIGNATURE_ALG, MLDSA44_COSIGNATURE_ALG, CosignerKey, mldsa44_available
@@ -76,7 +76,7 @@ def register(sub: Any) -> None:
     show.add_argument("--dir", required=True, metavar="DIR", help="the witness directory")
     show.add_argument("--history", action="store_true", help="every checkpoint cosigned (newest first)")
     show.add_argument("--evidence", action="store_true", help="the refused submissions kept as evidence")
-    show.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100)")
+    show.add_argument("--limit", type=int, default=100, help="at most this many rows (default 100; 0 for all)")
     show.set_defaults(handler=show_witness)
 
 
@@ -119,6 +119,7 @@ def serve_witness(args: argparse.Namespace, ctx: Ctx) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number")
+    row_limit(args.limit)  # a negative number is refused; 0 means all
     config, state = open_witness(Path(args.dir))
     stop = threading.Event()
 

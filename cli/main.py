@@ -11,7 +11,7 @@ import importlib
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from truss_cli._ctx import Ctx
 from truss_cli._term import safe_human
@@ -59,6 +59,11 @@ def _add_globals(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="identity key (default: HOME/identity.key)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show tracebacks and server stderr")
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    from truss import __version__
+
+    parser.add_argument(
+        "--version", action="version", version=f"truss {__version__}", help="print the version and exit"
+    )
 
 
 def _split_globals(argv: list[str]) -> list[str]:
@@ -127,6 +132,9 @@ def _report(exc: TrussError, *, verbose: bool, json_out: bool) -> int:
 
         sys.stdout.write(scrub_secrets(json.dumps(exc.to_json(), indent=2)) + "\n")
     text = safe_human(scrub_secrets(exc.diagnostics()))  # messages may quote a server or a model: no escapes
+    changes: Any = exc.fields.get("changes")  # a pin mismatch: what changed since the pinned definition
+    if isinstance(changes, list) and changes:
+        text += "\n" + "\n".join("  " + safe_human(scrub_secrets(str(line))) for line in cast(list[Any], changes))
     sys.stderr.write(text + "\n" if text.startswith("truss") else f"truss: {text}\n")
     return exc.exit_code
 

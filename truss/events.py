@@ -176,6 +176,7 @@ class CallEnded(Event):
     seq: int | None = None
     index: int | None = None
     budget_left: Mapping[str, Any] = field(default_factory=dict[str, Any])
+    memo_from: str | None = None  # a memo hit: the session whose recorded result answered the call
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -459,7 +460,7 @@ class RunEvents:
                 session=self.session, span=span, parent=self.turn_span(turn), time_ms=now, start_ms=start, call=call,
                 tool=tool, server=server, turn=turn, outcome=outcome, code=code, reason=reason, limit=limit,
                 decision=decision, duration_ms=duration_ms, replayed=replayed, seq=_seq(entry), index=_index(entry),
-                budget_left=dict(budget_left or {}),
+                budget_left=dict(budget_left or {}), memo_from=_memo_from(entry),
             ))  # fmt: skip
 
     def call_denied(self, call: str, tool: str, turn: int, entry: StoredEntry) -> None:
@@ -486,6 +487,14 @@ def _seq(entry: StoredEntry | None) -> int | None:
 
 def _index(entry: StoredEntry | None) -> int | None:
     return entry.index if entry is not None else None
+
+
+def _memo_from(entry: StoredEntry | None) -> str | None:
+    """The origin session of a memo hit (an ``mcp_tool_call`` answered from an earlier record)."""
+    if entry is None or entry.kind != "mcp_tool_call":
+        return None
+    origin: Any = entry.body.get("replayed_from")
+    return str(cast(Mapping[str, Any], origin).get("session")) if isinstance(origin, Mapping) else None
 
 
 def _checkpoint_size(note: str | None) -> int | None:

@@ -341,6 +341,9 @@ class Gate:
         code = exc.fields.get("code")
         if cause == "server_error" and type(code) is int and abs(code) <= 2**53:
             failure["code"] = code  # the JSON-RPC error code the server answered with
+        status = exc.fields.get("status")
+        if isinstance(status, int) and not isinstance(status, bool):
+            failure["status"] = status  # an HTTP refusal (cause auth_failed): 401, 403
         return failure, error_result(text)
 
     def _too_large(

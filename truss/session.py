@@ -280,8 +280,14 @@ def outcome_of(store: LedgerStore, session: str) -> RunOutcome:
     checkpoint = _envelope_checkpoint(store.envelope(session))
     head = entries[-1].hash if entries else None
     waiting = tuple(pending_approvals(entries))
+    waiting_on: str | None = None
+    if suspended is not None and status in ("suspended", "interrupted"):
+        # The same answer as the run that suspended gave: what it waits on, and for which calls.
+        waiting_on = str(suspended.get("reason"))
+        if waiting_on != "approval":
+            waiting = tuple(str(c) for c in suspended.get("calls") or ())
     return RunOutcome(session, status, dict(verdict) if verdict else None, head, checkpoint,
-                      EXIT_CODES.get(status, 4), str(reason) if reason else None, waiting)  # fmt: skip
+                      EXIT_CODES.get(status, 4), str(reason) if reason else None, waiting, waiting_on)  # fmt: skip
 
 
 # -- the run -----------------------------------------------------------------------------------------

@@ -114,7 +114,7 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "param_value_out_of_range": ("param_value_out_of_range.toml", "contract.params.replicas", 6),
     "pin_not_a_hash": ("pin_not_a_hash.toml", "mcp.servers[0].tools[0].pin", 12),
     "provider_without_model": ("provider_without_model.toml", "agent", 5),
-    "retry_in_doubt_not_allowlisted": ("retry_in_doubt_not_allowlisted.toml", "mcp.servers[0]", 5),
+    "retry_in_doubt_not_allowlisted": ("retry_in_doubt_not_allowlisted.toml", "mcp.servers[0].retry_in_doubt[0]", 10),
     "secret_header_without_placeholder": (
         "secret_header_without_placeholder.toml",
         "mcp.servers[0].headers.Authorization.format",

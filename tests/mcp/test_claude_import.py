@@ -64,3 +64,13 @@ def test_without_a_probe_the_allowlist_is_left_empty_and_the_contract_refuses_it
     assert table["allow_tools"] == []
     with pytest.raises(ValueError, match="allow_tools is empty"):
         Contract.model_validate({"contract": {"name": "x", "intent": "y"}, "mcp": {"servers": [table]}})
+
+
+def test_a_long_filesystem_path_in_args_is_not_taken_for_a_secret() -> None:
+    path = "/tmp/pytest-of-someone/pytest-276/test_import_with_probe_makes_a0/repo"
+    (server,) = convert({"mcpServers": {"git": {"command": "mcp-server-git", "args": ["--repository", path]}}},
+                        source="f.json")  # fmt: skip
+    assert server.table["args"] == ["--repository", path]
+    with pytest.raises(ContractError, match="looks like a secret"):
+        convert({"mcpServers": {"x": {"command": "x", "args": ["ghp_abcdefghijklmnopqrstuvwxyz0123456789"]}}},
+                source="f.json")  # fmt: skip

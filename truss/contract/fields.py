@@ -130,11 +130,16 @@ def duration_ms(value: str) -> int:
 
 
 class KeyValueError(ValueError):
-    """A validator's refusal that knows its remedy (the loader shows it instead of a generic one)."""
+    """A validator's refusal that knows its remedy (the loader shows it instead of a generic one).
 
-    def __init__(self, message: str, *, remedy: str) -> None:
+    ``at``: the key path of the offending value below the validated table (a model validator of a
+    server that refuses one of its tool entries says ``("tools", 2)``), so the error names the
+    file and line that wrote that value, which may be another layer than the table's."""
+
+    def __init__(self, message: str, *, remedy: str, at: tuple[str | int, ...] = ()) -> None:
         super().__init__(message)
         self.remedy = remedy
+        self.at = at
 
 
 class Model(BaseModel):

@@ -78,6 +78,7 @@ def load_contract(
     environ: Mapping[str, str] | None = None,
     providers: Registry[ProviderKind] | None = None,
     checks: Registry[CheckKind] | None = None,
+    require_params: bool = True,
 ) -> Contract:
     """The effective contract of the file at ``path`` with its layers (see ``truss.contract.layers``).
 
@@ -86,7 +87,9 @@ def load_contract(
     command line, typed by the contract's specs. ``environ``: when given, every ``${env.X}`` the
     contract uses must be set in it (values are not read into the contract). ``providers`` and
     ``checks``: the registries ``agent.provider`` and each done check's ``kind`` must be found in
-    (default ``PROVIDER_KINDS`` and ``DONE_CHECKS``).
+    (default ``PROVIDER_KINDS`` and ``DONE_CHECKS``). ``require_params=False``: a required param
+    without a value is left out of ``param_values`` instead of refused (``truss mcp list`` and
+    ``probe --contract`` only connect servers, which no param reaches; such a contract cannot run).
     """
     config_text: tuple[str, str] | None = None
     if home is not None:
@@ -104,6 +107,7 @@ def load_contract(
         environ=environ,
         providers=providers,
         checks=checks,
+        require_params=require_params,
     )
 
 
@@ -119,6 +123,7 @@ def load_contract_text(
     environ: Mapping[str, str] | None = None,
     providers: Registry[ProviderKind] | None = None,
     checks: Registry[CheckKind] | None = None,
+    require_params: bool = True,
 ) -> Contract:
     """``load_contract`` over texts: each layer is ``(file name for messages, TOML text)``. No I/O."""
     contract_layer = parse_layer(text, file=source, role="contract")
@@ -148,7 +153,8 @@ def load_contract_text(
             if name in given:
                 raise UsageError(f"param {name!r} is given twice", remedy="Give each param once", param=name)
             given[name] = value
-    contract = contract.model_copy(update={"param_values": param_values(contract, contract_layer, given)})
+    values = param_values(contract, contract_layer, given, require=require_params)
+    contract = contract.model_copy(update={"param_values": values})
 
     if environ is not None:
         for name in env_refs(contract):

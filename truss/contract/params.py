@@ -76,8 +76,13 @@ def _coerce(name: str, text: str, spec: ParamSpec) -> ParamValue:
         ) from None
 
 
-def param_values(contract: Contract, layer: Layer, given: Mapping[str, Any]) -> dict[str, ParamValue]:
-    """The typed values of every declared param: ``given`` checked against its spec, defaults for the rest."""
+def param_values(
+    contract: Contract, layer: Layer, given: Mapping[str, Any], *, require: bool = True
+) -> dict[str, ParamValue]:
+    """The typed values of every declared param: ``given`` checked against its spec, defaults for the rest.
+
+    ``require=False`` (commands that only connect servers, which no param reaches) leaves a
+    required param without a value out instead of refusing it."""
     specs = contract.contract.params
     out: dict[str, ParamValue] = {}
     for name, value in given.items():
@@ -99,6 +104,8 @@ def param_values(contract: Contract, layer: Layer, given: Mapping[str, Any]) -> 
     for name, spec in specs.items():
         if name not in out:
             if spec.default is None:
+                if not require:
+                    continue
                 raise layer.error(
                     f"param {name!r} is required and was not given",
                     ("contract", "params", name),

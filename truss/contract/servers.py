@@ -26,6 +26,7 @@ from truss.contract.fields import (
     SERVER_NAME_RE,
     Duration,
     EnvName,
+    KeyValueError,
     Model,
     NonNegativeInt,
     Pointer,
@@ -305,9 +306,13 @@ class Server(Model):
                 ("retry_in_doubt", self.retry_in_doubt),
                 ("async", [a.tool for a in self.async_]),
             ):
-                for name in listed:
+                for index, name in enumerate(listed):
                     if name not in allowed:
-                        raise ValueError(f"server {self.name!r}: {label} names {name!r}, which is not in allow_tools")
+                        raise KeyValueError(
+                            f"server {self.name!r}: {label} names {name!r}, which is not in allow_tools",
+                            remedy=f"Add {name!r} to allow_tools, or remove this entry",
+                            at=(label, index),
+                        )
         return self
 
     def tool_settings(self, tool: str) -> ToolSettings | None:

@@ -131,6 +131,8 @@ def from_validation(
         error = ctx.get("error")
         message = str(error or first["msg"])
         remedy = error.remedy if isinstance(error, KeyValueError) else "See docs/contracts.md for this key"
+        if isinstance(error, KeyValueError) and error.at:
+            path = (*path, *error.at)  # the offending value, so the error names the layer that wrote it
     elif kind in ("greater_than_equal", "greater_than"):
         message = f"{short(value)} is too small (must be at least {ctx.get('ge', ctx.get('gt'))})"
     elif kind in ("less_than_equal", "less_than"):

@@ -14,6 +14,13 @@ does not import the ``mcp`` SDK. The rules (docs/mcp.md):
   ``allow_tools = []``, which ``truss contract check`` refuses until someone fills it in. With the
   advertised tools (``truss mcp import --probe``), read-only tools are listed with their pins
   and every other tool is written commented out.
+
+What it writes (``render_toml``, docs/mcp.md): by default a contract skeleton (``[contract]`` and
+the ``[[mcp.servers]]`` tables) that ``truss contract check``, ``truss mcp list``, ``truss mcp pin``
+and, once it has an ``[agent]``, ``truss run`` take as written; with ``config=True`` the operator
+config form for ``$TRUSS_HOME/config.toml``: server definitions only, no ``allow_tools`` and no
+pins, because there a server is a definition that each contract opts into with its own
+allowlist (and pins with ``truss mcp pin``).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import tomli_w
 from truss._errors import ContractError
 from truss._json import as_mapping, str_list
 
-__all__ = ["ImportedServer", "ProbedTool", "convert", "render_toml"]
+__all__ = ["ImportedServer", "ProbedTool", "contract_name", "convert", "render_toml"]
 
 _SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
 _SECRET_SHAPES = [
@@ -69,9 +76,16 @@ class ImportedServer:
     tools: list[ProbedTool] | None = None
 
 
+_PATH_LIKE = re.compile(r"^(/|\./|\.\./|~/)[^/]|^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+/?$")
+
+
 def _looks_secret(key: str, value: str) -> bool:
     if _SECRET_KEY.search(key) and value.strip():
         return True
+    if _PATH_LIKE.match(value) and not any(p.search(value) for p in _SECRET_SHAPES[:-1]):
+        # A filesystem path (``/tmp/work/repo``, ``./data``, ``src/x``) has the long-random-string shape
+        # but is no secret; the specific token shapes still apply to it.
+        return False
     return any(p.search(value) for p in _SECRET_SHAPES)
 
 
@@ -241,9 +255,35 @@ def _key(key: str) -> str:
     return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _value(key)
 
 
-def render_toml(servers: Sequence[ImportedServer], *, source: str) -> str:
-    """``[[mcp.servers]]`` tables for ``servers``, with the operator's to-dos as comments."""
-    lines = [f"# Imported by `truss mcp import` from {source}.", "# Review every allow_tools before use.", ""]
+def contract_name(source: str) -> str:
+    """A valid contract name from the imported file's name (``claude_config.json`` -> ``claude-config``)."""
+    stem = source.rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:64].strip("-")
+    return name if name and name[0].isalnum() else "imported"
+
+
+def render_toml(servers: Sequence[ImportedServer], *, source: str, config: bool = False) -> str:
+    """The TOML for ``servers``: a contract skeleton, or with ``config`` the operator config form
+    (see the module docstring), with the operator's to-dos as comments."""
+    if config:
+        lines = [
+            f"# Imported by `truss mcp import --config` from {source}: operator config ($TRUSS_HOME/config.toml).",
+            "# These are server definitions, not grants: a contract mounts one only by naming it with its",
+            '# own allow_tools, e.g.  [[mcp.servers]] name = "..." allow_tools = ["tool"]  (then pin its',
+            "# tools with `truss mcp pin CONTRACT --write`).",
+            "",
+        ]
+    else:
+        lines = [
+            f"# Imported by `truss mcp import` from {source}: a contract skeleton.",
+            "# Review every allow_tools, then `truss contract check` this file; add an [agent] table",
+            "# (docs/providers.md) to run it.",
+            "",
+            "[contract]",
+            f"name = {_value(contract_name(source))}",
+            f"intent = {_value('use the servers imported from ' + source)}",
+            "",
+        ]
     for server in servers:
         lines.append("[[mcp.servers]]")
         for note in server.notes:
@@ -252,6 +292,13 @@ def render_toml(servers: Sequence[ImportedServer], *, source: str) -> str:
             if key == "headers":
                 continue
             lines.append(f"{key} = {_value(value)}")
+        if config:
+            lines.extend(_offered_lines(server))
+            headers_only: dict[str, Any] = server.table.get("headers") or {}
+            if headers_only:
+                lines.append(f"headers = {_value(headers_only)}")
+            lines.append("")
+            continue
         lines.extend(_allow_lines(server))
         headers: dict[str, Any] = server.table.get("headers") or {}
         if headers:
@@ -263,11 +310,22 @@ def render_toml(servers: Sequence[ImportedServer], *, source: str) -> str:
     return "\n".join(lines)
 
 
+def _offered_lines(server: ImportedServer) -> list[str]:
+    if not server.tools:
+        return []
+    out = ["# Tools it advertised at import (a contract chooses among them):"]
+    for tool in server.tools:
+        hint = "read-only" if tool.read_only else ("destructive" if tool.destructive else "may write")
+        out.append(f"#   {tool.name:<38} {hint}")
+    return out
+
+
 def _allow_lines(server: ImportedServer) -> list[str]:
     if server.tools is None:
+        name = server.table["name"]
         return [
-            "# Fill in the tools to mount (`truss mcp probe --contract FILE NAME` lists them, or import with",
-            "# --probe). An empty list is refused by `truss contract check` until you decide.",
+            f"# Fill in the tools to mount: `truss mcp probe --contract FILE {name}` lists them (or import",
+            "# with --probe). An empty list is refused by `truss contract check` until you decide.",
             "allow_tools = []",
         ]
     if not server.tools:

@@ -34,12 +34,14 @@ import contextlib
 import contextvars
 import logging
 import math
+import os
 import sys
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -58,6 +60,7 @@ from truss._errors import McpError, PinMismatchError, ServerStartError
 from truss.contract import Contract, SecretHeader, Server, duration_ms
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.mcp import _procs
+from truss.mcp._authfail import AUTH_FAILED, auth_failure
 from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
 from truss.mcp._mount import UNPINNABLE, list_all, mount, pin_or_none
 from truss.mcp._results import closed
@@ -69,6 +72,7 @@ from truss.mcp._tasks import offers_tasks
 from truss.mcp._wire import ENVELOPE_BYTES, TapRead, TapWrite, Wire
 from truss.mcp.auth import HttpAuth
 from truss.mcp.launch import Launch, Launcher, Report
+from truss.pins import DefinitionStore
 from truss.tools import MountedTool
 
 __all__ = ["CALLING", "ELICITING", "Live", "Reach", "quiet_sdk_logs", "run_server"]
@@ -98,6 +102,7 @@ class Reach:
     launcher: Launcher
     auth: HttpAuth
     on_event: ServerEvents | None = None
+    definitions: DefinitionStore | None = None  # every advertised definition, kept by pin (truss.pins)
 
     def secrets(self) -> list[str]:
         """Every secret value the contract names that is set (``secret_env``, secret headers), longest first."""
@@ -209,6 +214,8 @@ class Live:
         self.log: Path | None = None
         self.sink: StderrSink | None = None
         self.http_statuses: list[int] = []
+        self.auth_refusals = 0  # 401/403 responses so far (a call compares before and after)
+        self.auth_challenge: tuple[int, str | None] | None = None  # the last one: status, WWW-Authenticate
         self.launcher_json: dict[str, Any] | None = None
         self.auth_json: dict[str, Any] | None = None
         self.auth_flow: httpx2.Auth | None = None
@@ -458,6 +465,9 @@ async def _open(live: Live, stack: AsyncExitStack, reach: Reach) -> TrussClient:
         async def on_response(response: httpx2.Response) -> None:
             if not live.ready.is_set():  # only connect-time statuses are reported
                 live.http_statuses.append(response.status_code)
+            if response.status_code in (401, 403):
+                live.auth_refusals += 1
+                live.auth_challenge = (response.status_code, response.headers.get("www-authenticate"))
 
         live.auth_flow = reach.auth.flow(server, reach.report(server.name))
         http = httpx2.AsyncClient(
@@ -549,10 +559,14 @@ async def run_server(live: Live, reach: Reach) -> None:
                 client = await _open(live, stack, reach)
                 live.client = client
                 tools = await list_all(client)
+                store = reach.definitions
+                if store is not None:
+                    await anyio.to_thread.run_sync(lambda: [store.put(tool_definition(t)) for t in tools])
                 mounted = mount(
                     server, client, tools, transport="inprocess" if live.inprocess is not None else server.transport,
                     connect_ms=(clock.monotonic() - start) * 1000.0, pid=live.pid, log=log,
                     launcher=live.launcher_json, auth=live.auth_json, refused=live.refused,
+                    known=store.get if store is not None else None,
                 )  # fmt: skip
                 live.mounted, live.task_support = mounted.tools, mounted.task_support
                 live.status = scrubbed_status(mounted.status, reach.secrets())
@@ -593,8 +607,9 @@ def _start_error(exc: BaseException, live: Live) -> McpError:
     fields: dict[str, Any] = {}
     if errors:
         fields["status"] = errors[0]
-    if server.transport == "http" and live.inprocess is None and server.url:
-        fields["url"] = safe_url(server.url)
+    http = server.transport == "http" and live.inprocess is None and server.url
+    if http:
+        fields["url"] = safe_url(server.url or "")
     elif server.command is not None:
         fields["command"] = server.command
         if live.log is not None:
@@ -605,7 +620,46 @@ def _start_error(exc: BaseException, live: Live) -> McpError:
                 leaf.fields.setdefault(key, value)
             leaf.fields.setdefault("server", server.name)
             return leaf
+    status = fields.get("status")
+    if http and status in (401, 403):
+        challenge = live.auth_challenge[1] if live.auth_challenge is not None else None
+        failure = auth_failure(server, status, challenge)
+        fields.update(failure.fields)
+        return to_start_error(exc, server=server.name, text=failure.text, cause=AUTH_FAILED, retryable=False,
+                              remedy=failure.remedy, **fields)  # fmt: skip
+    if http and status == 404:
+        url = fields["url"]
+        if urlsplit(url).path in ("", "/"):
+            remedy = (
+                f"The URL has no path; MCP servers usually serve Streamable HTTP at /mcp: try {url.rstrip('/')}/mcp"
+            )
+        else:
+            remedy = f"Nothing answers at {url}; check the URL's path (MCP servers often use /mcp)"
+        return to_start_error(exc, server=server.name, text=f"HTTP status 404 at {url}", remedy=remedy, **fields)
+    found = [leaf for leaf in leaves(exc) if isinstance(leaf, FileNotFoundError)]
+    if not http and server.command is not None and found:
+        text, remedy = _not_found(server)
+        return to_start_error(exc, server=server.name, text=text, remedy=remedy, **fields)
+    if http:
+        error = to_start_error(exc, server=server.name, **fields)
+        if error.fields.get("cause") == "transport" and fields["url"] not in error.message:
+            error.message += f" reaching {fields['url']}"
+        return error
     return to_start_error(exc, server=server.name, **fields)
+
+
+def _not_found(server: Server) -> tuple[str, str]:
+    """Where a stdio server's command was looked for: a path (against ``cwd``) or the child's PATH."""
+    command = server.command or ""
+    if "/" in command:
+        base = Path(server.cwd) if server.cwd else Path.cwd()
+        where = Path(command) if Path(command).is_absolute() else base / command
+        return (f"the command {command!r} was not found (no file {where})",
+                "Check the path, or give the command's absolute path")  # fmt: skip
+    path = server.env.get("PATH") or os.environ.get("PATH") or os.defpath
+    shown = path if len(path) <= 400 else path[:399] + "…"
+    return (f"the command {command!r} was not found on the server's PATH ({shown})",
+            f"Install {command}, give its absolute path, or set PATH in the server's env")  # fmt: skip
 
 
 def quiet_sdk_logs() -> None:

@@ -171,17 +171,28 @@ def to_call_error(
     )
 
 
-def to_start_error(exc: BaseException, *, server: str, **fields: Any) -> McpError:
-    """A ``ServerStartError`` for a failed connect (already-Truss errors pass through)."""
+def to_start_error(
+    exc: BaseException,
+    *,
+    server: str,
+    text: str | None = None,
+    cause: str | None = None,
+    retryable: bool | None = None,
+    **fields: Any,
+) -> McpError:
+    """A ``ServerStartError`` for a failed connect (already-Truss errors pass through). ``text``,
+    ``cause`` and ``retryable`` replace what the exception's class alone would say."""
     if isinstance(exc, McpError):
         return exc
     leaf = _first_leaf(exc)
     if isinstance(leaf, McpError):
         return leaf
-    cause, retryable, text, code = classify(leaf)
+    leaf_cause, leaf_retryable, leaf_text, code = classify(leaf)
     status = fields.get("status")
-    if status is not None:
-        text = f"HTTP status {status} ({text})"
+    if text is None:
+        text = f"HTTP status {status} ({leaf_text})" if status is not None else leaf_text
+    cause = cause or leaf_cause
+    retryable = leaf_retryable if retryable is None else retryable
     remedy = fields.pop("remedy", None) or _start_remedy(cause, status)
     if fields.get("stderr_log"):
         remedy += f"; its stderr is in {fields['stderr_log']}"

@@ -14,7 +14,7 @@ them run as tasks) and fills in the server's ``ServerStatus``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +22,11 @@ from typing import Any
 from mcp import Client, types
 
 from truss._errors import PinMismatchError, ServerStartError, ToolNotAdvertisedError
+from truss._suggest import did_you_mean
 from truss.contract import Server
 from truss.ledger.canonical import CanonicalError
 from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
+from truss.pins import changes, summary
 from truss.tools import MountedTool, pin_of
 
 __all__ = ["TOOL_NAME_RE", "UNPINNABLE", "Mounted", "list_all", "mount", "pin_or_none"]
@@ -49,6 +51,35 @@ async def list_all(client: Client) -> list[types.Tool]:
         f"tools/list did not end after {_MAX_LIST_PAGES} pages",
         remedy="The server's pagination never ends; report it upstream",
         cause="protocol_error",
+    )
+
+
+def _pin_mismatch(
+    server: str,
+    tool: str,
+    *,
+    expected: str,
+    actual: str,
+    definition: Mapping[str, Any],
+    known: Callable[[str], Mapping[str, Any] | None] | None,
+) -> PinMismatchError:
+    """The mismatch, with what changed when the pinned definition is known (``truss.pins``)."""
+    old = known(expected) if known is not None else None
+    if old is not None:
+        what = f"; changed since the pinned definition: {summary(old, definition)}"
+        diff = changes(old, definition)
+    else:
+        what = "; the pinned definition is not known here, so what changed cannot be shown"
+        diff = None
+    return PinMismatchError(
+        f"tool {tool!r} of MCP server {server!r} has pin {actual}, but the contract pins {expected}{what}",
+        remedy="Review the change with `truss mcp pin CONTRACT` (it prints the difference and the new pins), "
+        "then write the new pins with `truss mcp pin CONTRACT --write` if the new definition is trusted",
+        server=server,
+        tool=tool,
+        expected=expected,
+        actual=actual,
+        changes=diff,
     )
 
 
@@ -81,6 +112,7 @@ def mount(
     launcher: dict[str, Any] | None = None,
     auth: dict[str, Any] | None = None,
     refused: Mapping[str, tuple[str, str]] | None = None,
+    known: Callable[[str], Mapping[str, Any] | None] | None = None,
 ) -> Mounted:
     """Mount ``server``'s allowlisted tools from its ``tools/list`` (see the module docstring)."""
     listed = {t.name for t in tools}
@@ -126,7 +158,7 @@ def mount(
                     cause="unpinnable_tool",
                 )
             filtered[name] = UNPINNABLE
-            statuses.append(ToolStatus(name, False, UNPINNABLE, dict(definition.get("annotations") or {})))
+            statuses.append(ToolStatus(name, False, UNPINNABLE, dict(definition.get("annotations") or {}), definition))
             continue
         pin = maybe_pin
         valid = bool(TOOL_NAME_RE.match(name))
@@ -147,19 +179,13 @@ def mount(
         if mounted:
             settings = server.tool_settings(name)
             if settings is not None and settings.pin is not None and settings.pin != pin:
-                raise PinMismatchError(
-                    f"tool {name!r} of MCP server {server.name!r} has pin {pin}, but the contract pins {settings.pin}",
-                    remedy="The tool's definition changed since it was pinned: review it with `truss mcp probe "
-                    "--against`, then update the pin if it is trusted",
-                    server=server.name,
-                    tool=name,
-                    expected=settings.pin,
-                    actual=pin,
+                raise _pin_mismatch(
+                    server.name, name, expected=settings.pin, actual=pin, definition=definition, known=known
                 )
             mounted_tools[name] = MountedTool(server=server.name, tool=name, definition=definition, pin=pin)
             if tool.execution is not None and tool.execution.task_support is not None:
                 task_support[name] = tool.execution.task_support
-        statuses.append(ToolStatus(name, mounted, pin, dict(definition.get("annotations") or {})))
+        statuses.append(ToolStatus(name, mounted, pin, dict(definition.get("annotations") or {}), definition))
     for name, (_, refused_pin) in refused.items():
         filtered[name] = "invalid_x_mcp_header"
         statuses.append(ToolStatus(name, False, refused_pin, {}))
@@ -170,7 +196,7 @@ def mount(
             raise ToolNotAdvertisedError(
                 f"MCP server {server.name!r} does not advertise allowlisted tool(s) {', '.join(map(repr, missing))}; "
                 f"it advertises {', '.join(map(repr, advertised[:_MAX_NAMES_IN_ERROR])) or 'no tools'}",
-                remedy="Fix allow_tools in the contract (names are case-sensitive)",
+                remedy=did_you_mean(missing, advertised) + "Fix allow_tools in the contract (names are case-sensitive)",
                 server=server.name,
                 tool=missing[0],
                 missing=missing,

@@ -24,12 +24,14 @@ _MIN_SECRET_LEN = 4  # as the gate's redactor: shorter values would mangle ordin
 
 
 class ToolStatus(NamedTuple):
-    """One advertised tool of a server as ``truss mcp list`` shows it."""
+    """One advertised tool of a server as ``truss mcp list`` shows it. ``definition``: the members
+    its pin covers (``tool_definition``; empty for a tool the SDK dropped from the listing)."""
 
     name: str
     mounted: bool
     pin: str
     annotations: Mapping[str, Any]
+    definition: Mapping[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class ServerStatus:
                     "mounted": t.mounted,
                     "pin": t.pin,
                     "annotations": dict(t.annotations),
+                    "title": t.definition.get("title"),
+                    "description": t.definition.get("description"),
+                    "input_schema": t.definition.get("inputSchema"),
+                    "output_schema": t.definition.get("outputSchema"),
                     **({"filtered": self.filtered[t.name]} if t.name in self.filtered else {}),
                 }
                 for t in self.tools

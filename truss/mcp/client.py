@@ -38,6 +38,7 @@ from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCall
 from truss.contract import Contract
 from truss.elicitation import CallElicitations
 from truss.mcp import _tasks
+from truss.mcp._authfail import AUTH_FAILED, auth_failure
 from truss.mcp._connection import CALLING, ELICITING, Live, Reach, ServerEvents, quiet_sdk_logs, run_server
 from truss.mcp._errmap import to_call_error
 from truss.mcp._results import closed, result_of, safe_progress, too_large
@@ -46,6 +47,7 @@ from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
 from truss.mcp._wire import CALL_SLOT, CallSlot
 from truss.mcp.auth import HttpAuth, StaticHeaders
 from truss.mcp.launch import Launcher, PlainLauncher
+from truss.pins import DefinitionStore
 from truss.tools import MountedTool, ProgressFn, ToolResult, namespaced
 
 __all__ = ["Mounts", "ServerStatus", "ToolStatus", "connect", "tool_definition"]
@@ -174,6 +176,7 @@ class Mounts:
         token = CALLING.set((tool.server, tool.tool))
         eliciting = ELICITING.set(elicited)
         slot_token = CALL_SLOT.set(slot)
+        refusals = live.auth_refusals
         try:
             # The SDK's per-request timer bounds the call (also against a body that drips bytes
             # forever) and sends the courtesy cancel; an extra cancel scope here would only add cost.
@@ -190,7 +193,9 @@ class Mounts:
             if refusal is not None and refusal.reason == "too_large":
                 refused = too_large(tool, refusal.size, self._max_result_bytes, at_least=True)
                 return self._with_elicitations(refused, elicited)
-            error = self._call_error(live, tool, exc, timeout_s, slot, unparsable=refusal is not None)
+            error = self._call_error(
+                live, tool, exc, timeout_s, slot, unparsable=refusal is not None, refused=live.auth_refusals > refusals
+            )
             if elicited.records:
                 error.fields["elicitations"] = elicited  # for the record, not for --json (not plain JSON)
             raise error from None
@@ -217,7 +222,15 @@ class Mounts:
         return answer
 
     def _call_error(
-        self, live: Live, tool: MountedTool, exc: Exception, timeout_s: float, slot: CallSlot, *, unparsable: bool
+        self,
+        live: Live,
+        tool: MountedTool,
+        exc: Exception,
+        timeout_s: float,
+        slot: CallSlot,
+        *,
+        unparsable: bool,
+        refused: bool,
     ) -> McpError:
         if unparsable:
             error: McpError = ToolCallError(
@@ -229,8 +242,15 @@ class Mounts:
                 cause="invalid_result",
             )
         else:
-            error = live.auth_failure() or to_call_error(exc, server=tool.server, tool=tool.tool,
-                                                         timeout_s=timeout_s, answered=slot.server_error)  # fmt: skip
+            # An OAuth flow that failed (login needed) says so; else a 401/403 during the call is an
+            # authentication failure with its status, not the JSON-RPC error the SDK makes of it.
+            error = live.auth_failure() or (
+                _refused_call(live, tool, *live.auth_challenge)
+                if refused and live.auth_challenge is not None
+                else to_call_error(
+                    exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s, answered=slot.server_error
+                )
+            )
         if live.log is not None and error.fields.get("cause") in ("connection_closed", "transport"):
             error.fields["stderr_log"] = str(live.log)
             error.remedy = f"The server exited or failed; its stderr is in {live.log}"
@@ -328,6 +348,21 @@ def _strings(value: Any, out: list[str]) -> None:
             _strings(item, out)
 
 
+def _refused_call(live: Live, tool: MountedTool, status: int, challenge: str | None) -> ToolCallError:
+    """A call the server refused with 401/403 (say, a token that expired): an authentication failure
+    with the HTTP status, not the JSON-RPC error the SDK turns the response into."""
+    failure = auth_failure(live.settings, status, challenge)
+    return ToolCallError(
+        f"calling tool {tool.tool!r} on MCP server {tool.server!r} failed: {failure.text}",
+        remedy=failure.remedy,
+        retryable=False,
+        server=tool.server,
+        tool=tool.tool,
+        cause=AUTH_FAILED,
+        **failure.fields,
+    )
+
+
 @asynccontextmanager
 async def connect(
     contract: Contract,
@@ -342,6 +377,7 @@ async def connect(
     auth: HttpAuth | None = None,
     no_wait: bool = False,
     on_event: ServerEvents | None = None,
+    definitions: DefinitionStore | None = None,
 ) -> AsyncGenerator[Mounts]:
     """Connect every server of ``contract`` (or the ``only`` named ones) at once and yield ``Mounts``.
 
@@ -353,7 +389,8 @@ async def connect(
     headers only); both describe themselves in each ``ServerStatus`` (``launcher``, ``auth``).
     ``no_wait``: an MCP task not finished at the first look is left running (``task_result``
     returns None). ``on_event(server, name, attributes)`` receives what launchers and auth flows
-    report.
+    report. ``definitions``: where every advertised tool's definition is kept by pin
+    (``truss.pins``), so that a pin mismatch can say what changed since the pinned definition.
 
     Raises ``ServerStartError``, ``ToolNotAdvertisedError`` or ``PinMismatchError`` (the first
     failing server in declaration order; ``others`` names the rest) before yielding. On exit, by
@@ -374,7 +411,8 @@ async def connect(
             )
         declared = [s for s in declared if s.name in only]
     reach = Reach(contract=contract, log_dir=log_dir, environ=env, clock=clock, verbose=verbose,
-                  launcher=launcher or PlainLauncher(), auth=auth or StaticHeaders(), on_event=on_event)  # fmt: skip
+                  launcher=launcher or PlainLauncher(), auth=auth or StaticHeaders(), on_event=on_event,
+                  definitions=definitions)  # fmt: skip
     lives = [Live(s, (inprocess or {}).get(s.name)) for s in declared]
     body_error: BaseException | None = None
     async with anyio.create_task_group() as tg:

@@ -294,7 +294,7 @@ class WitnessState:
             params = (origin,)
         sql += " ORDER BY id DESC LIMIT ?"
         with self._lock:
-            rows = self._conn.execute(sql, (*params, max(1, limit))).fetchall()
+            rows = self._conn.execute(sql, (*params, _sql_limit(limit))).fetchall()
         return [Cosigned(str(r[0]), int(r[1]), bytes(r[2]), int(r[3]), bytes(r[4])) for r in rows]
 
     def evidence(self, *, limit: int = 100) -> list[Evidence]:
@@ -302,9 +302,14 @@ class WitnessState:
             rows = self._conn.execute(
                 "SELECT id, origin, received_ms, reason, status, old_size, size, root, request, held_note"
                 " FROM evidence ORDER BY id DESC LIMIT ?",
-                (max(1, limit),),
+                (_sql_limit(limit),),
             ).fetchall()
         return [_evidence(r) for r in rows]
+
+
+def _sql_limit(limit: int) -> int:
+    """SQLite's LIMIT for ``limit`` rows: 0 (or less) means all, which SQLite writes as -1."""
+    return limit if limit > 0 else -1
 
 
 def _evidence(r: Any) -> Evidence:

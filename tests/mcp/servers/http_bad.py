@@ -8,6 +8,9 @@ Prints ``PORT=<n>`` on stdout once listening. Paths:
     /ok/mcp         a plain JSON-response server (2025-11-25 handshake) with tools echo and slow;
                     ``slow`` drips comments instead of answering
     /auth/mcp       as /ok, but only with ``Authorization: Bearer right-token``; else 401
+    /oauth/mcp      every request gets 401 with a ``WWW-Authenticate`` naming ``resource_metadata`` (RFC 9728)
+    /expire/mcp     as /ok, but ``tools/call`` gets 401 (a credential that stops working mid-run)
+    anything else   404 (a URL without the ``/mcp`` endpoint path)
     /bare-result/mcp  a 2026-07-28 server (``server/discover``) whose ``tools/call`` result has no
                     ``resultType``, which SEP-2322 says a client must read as ``complete``
 """
@@ -35,7 +38,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        if status == 401:
+        if status == 401 and self.path.startswith("/oauth/"):
+            port = self.server.server_address[1]
+            metadata = f"http://127.0.0.1:{port}/.well-known/oauth-protected-resource/oauth/mcp"
+            self.send_header("WWW-Authenticate", f'Bearer resource_metadata="{metadata}", scope="mcp"')
+        elif status == 401:
             self.send_header("WWW-Authenticate", 'Bearer error="invalid_token"')
         self.end_headers()
         self.wfile.write(body)
@@ -64,7 +71,10 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
         kind = self.path.split("/")[1]
-        if kind == "status401":
+        if not self.path.split("?")[0].endswith("/mcp"):
+            self._reply(404, b"not found")
+            return
+        if kind in ("status401", "oauth"):
             self._reply(401, b'{"error": "unauthorized"}')
             return
         if kind == "status500":
@@ -92,6 +102,9 @@ class Handler(BaseHTTPRequestHandler):
             }
         elif method == "tools/list":
             result = {"tools": TOOLS}
+        elif method == "tools/call" and kind == "expire":
+            self._reply(401, b'{"error": "token expired"}')
+            return
         elif method == "tools/call" and message["params"]["name"] == "slow":
             self._drip()
             return

@@ -33,7 +33,10 @@ ECHO_DESCRIPTION = ["Echo the text back."]
 
 
 def tools() -> list[dict[str, object]]:
-    text_schema = {"type": "object", "properties": {"text": {"type": "string"}}}
+    text_schema: dict[str, object] = {"type": "object", "properties": {"text": {"type": "string"}}}
+    if os.environ.get("RAW_ECHO_VARIANT") == "louder":  # a changed definition, for pin-diff tests
+        ECHO_DESCRIPTION[0] = "Echo the text back, louder."
+        text_schema = {"type": "object", "properties": {"text": {"type": "string"}, "volume": {"type": "integer"}}}
     base: list[dict[str, object]] = [
         {
             "name": "echo",
