@@ -5,6 +5,8 @@ A contract is one TOML file (DESIGN section 2). The package has one module per j
 - ``fields``: the value types of keys (names, globs, regexes, durations, pointers) and the model base;
 - ``models``: the tables (``Contract`` and everything in it but servers and done checks);
 - ``servers``: ``[[mcp.servers]]``;
+- ``sandbox``: ``[mcp.servers.sandbox]``, the operator's sandbox level and baseline, and each stdio
+  server's effective sandbox;
 - ``checks``: ``[[done.checks]]`` and the registry of done-check kinds with their evaluations;
 - ``providers``: the registry of provider kinds ``[agent] provider`` may name, and their capabilities;
 - ``layers``: reading files and merging operator config, agent file, contract and overlay;
@@ -51,6 +53,7 @@ from truss.contract.models import (
 )
 from truss.contract.params import narrow_budget, parse_param_args
 from truss.contract.providers import PROVIDER_KINDS, ProviderCapabilities, ProviderKind
+from truss.contract.sandbox import SANDBOX_LEVELS, Sandbox, SandboxLevel, SandboxLimits, effective_sandbox
 from truss.contract.servers import (
     AsyncDecl,
     AsyncPending,
@@ -68,6 +71,7 @@ __all__ = [
     "MAX_FILE_BYTES",
     "MAX_NESTING",
     "PROVIDER_KINDS",
+    "SANDBOX_LEVELS",
     "AgentConfig",
     "ArgCondition",
     "AsyncDecl",
@@ -91,6 +95,9 @@ __all__ = [
     "PolicyRule",
     "ProviderCapabilities",
     "ProviderKind",
+    "Sandbox",
+    "SandboxLevel",
+    "SandboxLimits",
     "SecretHeader",
     "Server",
     "Step",
@@ -98,6 +105,7 @@ __all__ = [
     "contract_hash",
     "decode_toml_bytes",
     "duration_ms",
+    "effective_sandbox",
     "format_path",
     "load_contract",
     "load_contract_text",

@@ -6,7 +6,8 @@ header whose value is a secret is ``{ secret_env = "VAR", format = "Bearer {}" }
 looks like a credential (by its name) is refused, because the effective contract is recorded. Tool
 settings, ``retry_in_doubt`` and ``[[mcp.servers.async]]`` may name only allowlisted tools.
 ``[mcp.servers.elicitation]`` says how a server's elicitation requests are answered
-(``truss.elicitation``). Pure.
+(``truss.elicitation``); ``[mcp.servers.sandbox]`` how a stdio server is confined
+(``truss.contract.sandbox``). Pure.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from truss.contract.fields import (
     SERVER_NAME_RE,
     Duration,
     EnvName,
+    KeyValueError,
     Model,
     NonNegativeInt,
     Pointer,
     check_env_name,
 )
+from truss.contract.sandbox import Sandbox
 
 __all__ = ["AsyncDecl", "AsyncPending", "Elicitation", "McpConfig", "SecretHeader", "Server", "ToolSettings"]
 
@@ -126,6 +129,7 @@ class Server(Model):
     tools: list[ToolSettings] = Field(default_factory=list[ToolSettings])
     async_: list[AsyncDecl] = Field(default_factory=list[AsyncDecl], alias="async")
     elicitation: Elicitation | None = None
+    sandbox: Sandbox | None = None
 
     @field_validator("name")
     @classmethod
@@ -205,6 +209,13 @@ class Server(Model):
                 raise ValueError(f"server {self.name!r}: an http server needs a url starting with http:// or https://")
             if self.command is not None or self.args or self.env or self.cwd is not None:
                 raise ValueError(f"server {self.name!r}: command, args, env and cwd belong to stdio servers")
+            if self.sandbox is not None:
+                raise KeyValueError(
+                    f"server {self.name!r}: a sandbox confines a stdio server Truss starts; an http server is "
+                    "not a process Truss starts",
+                    remedy="Remove the sandbox table; for HTTP servers the operator's [harness] allow_hosts "
+                    "says which hosts their URLs may name",
+                )
         names = [t.name for t in self.tools]
         seen: set[str] = set()
         for name in names:  # a set, not list.count: a large file must not cost quadratic time
