@@ -147,14 +147,24 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
 # -- helpers -----------------------------------------------------------------------------------------
 
 
+def _protected(ctx: Ctx) -> list[str]:
+    """Never visible inside a server's sandbox, wherever --home, --key and --db put them."""
+    protected = [str(ctx.home), str(ctx.key)]
+    db = ctx.db.removeprefix("sqlite://") if ctx.db.startswith("sqlite:///") else ctx.db
+    if "://" not in db and not db.endswith(":"):  # a file, not another store's URL (memory:)
+        protected += [db, f"{db}-wal", f"{db}-shm", f"{db}-journal"]
+    return protected
+
+
 def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
     """The MCP client tier (``truss.mcp.client.connect``), imported only when a run connects."""
     verbose = ctx.verbose
+    protected = _protected(ctx)
 
     def connector(contract: Any, **kwargs: Any) -> AbstractAsyncContextManager[Any]:
         from truss.mcp.client import connect
 
-        return connect(contract, verbose=verbose, no_wait=no_wait, **kwargs)
+        return connect(contract, verbose=verbose, no_wait=no_wait, protected=protected, **kwargs)
 
     return connector
 

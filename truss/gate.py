@@ -331,7 +331,10 @@ class Gate:
         """The recorded ``failure`` and the model's error result for a call that failed below the tool."""
         cause = str(exc.fields.get("cause") or ("pin_changed" if isinstance(exc, PinMismatchError) else "transport"))
         text = self.redactor.scrub_text(f"the call failed below the tool ({cause}): {exc.message}")
-        return {"cause": cause, "retryable": exc.retryable}, error_result(text)
+        failure: dict[str, Any] = {"cause": cause, "retryable": exc.retryable}
+        if cause == "sandbox_limit":  # which kernel limit stopped the server, and what shows it
+            failure.update({k: str(exc.fields[k]) for k in ("limit", "evidence") if exc.fields.get(k) is not None})
+        return failure, error_result(text)
 
     def _too_large(
         self, tool: MountedTool, result: ToolResult, size: int

@@ -34,6 +34,7 @@ from truss.mcp.sandbox._bwrap import Bwrap, find_bwrap
 from truss.mcp.sandbox._cgroup import LimitHit
 from truss.mcp.sandbox._confine import Spawn, confined, plan_for
 from truss.mcp.sandbox._fs import OsFs
+from truss.mcp.sandbox._launcher import SandboxLauncher, egress_record, profile_of
 from truss.mcp.sandbox._proxy import MAX_EGRESS_EVENTS, EgressEvent, EgressProxy, EgressSummary, SandboxEvent
 from truss.mcp.sandbox._resolve import Bind, FsView, Resolution, SystemLayout, resolve_command, system_layout
 
@@ -56,11 +57,13 @@ __all__ = [
     "Profile",
     "Resolution",
     "SandboxEvent",
+    "SandboxLauncher",
     "SandboxPlan",
     "SandboxTable",
     "Spawn",
     "SystemLayout",
     "confined",
+    "egress_record",
     "find_bwrap",
     "match_host",
     "merge_profiles",
@@ -70,6 +73,7 @@ __all__ = [
     "parse_table",
     "plan_for",
     "plan_sandbox",
+    "profile_of",
     "resolve_command",
     "system_layout",
 ]
