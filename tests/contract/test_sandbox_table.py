@@ -66,7 +66,10 @@ def test_a_contract_may_opt_a_server_out_under_required_and_the_opt_out_is_recor
 
 
 def test_a_contract_may_tighten_the_operators_baseline() -> None:
-    config = '[harness]\nsandbox = "enforced"\n[harness.sandbox_profile]\nnetwork = "allow"\nallow_hosts = ["*.github.com:443"]\nlimits = { memory = "1G" }\n'
+    config = (
+        '[harness]\nsandbox = "enforced"\n[harness.sandbox_profile]\nnetwork = "allow"\n'
+        'allow_hosts = ["*.github.com:443"]\nlimits = { memory = "1G" }\n'
+    )
     table = '[mcp.servers.sandbox]\nallow_hosts = ["api.github.com:443"]\nlimits = { memory = "256M" }\n'
     sandbox = _sandbox(_load(table, config=config))
     assert sandbox is not None
@@ -99,6 +102,7 @@ def test_the_sandbox_is_part_of_the_contract_hash() -> None:
 
 
 def test_the_same_sandbox_written_two_ways_hashes_the_same() -> None:
-    assert _load('[mcp.servers.sandbox]\nlimits = { memory = "1G" }\n').hash == _load(
-        f"[mcp.servers.sandbox]\nlimits = {{ memory = {1024**3} }}\nrequired = true\n"
-    ).hash
+    assert (
+        _load('[mcp.servers.sandbox]\nlimits = { memory = "1G" }\n').hash
+        == _load(f"[mcp.servers.sandbox]\nlimits = {{ memory = {1024**3} }}\nrequired = true\n").hash
+    )

@@ -66,6 +66,7 @@ KINDS: frozenset[str] = frozenset(
         "session_resumed",
         "verdict",
         "session_ended",
+        "sandbox_egress",
         # The log's own entries, in the reserved session ``@log`` (``keyhistory``).
         "key_rotated",
         "checkpoint_witnessed",

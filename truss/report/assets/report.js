@@ -1097,8 +1097,13 @@
         return [`${str(own(b, "status"))} (${passed}/${checks.length} checks)`, own(b, "status") === "pass" ? "ok" : "bad"];
       }
       case "session_ended": return [str(own(b, "status")), own(b, "status") === "pass" ? "ok" : own(b, "status") === "suspended" ? "wait" : "bad"];
+      case "sandbox_egress": {
+        const decision = str(own(b, "decision")) || "recorded";
+        const text = own(b, "summary") === true ? `${decision} \u00d7 ${str(own(b, "attempts"))}` : decision;
+        return [text, decision === "allowed" ? "ok" : /refus|denied|fail/.test(decision) ? "bad" : "neutral"];
+      }
       default: {
-        // A kind this page does not know (e.g. a later sandbox_egress): shown as recorded, never dropped.
+        // A kind this page does not know (a later Truss's): shown as recorded, never dropped.
         for (const k of ["decision", "outcome", "effect", "status", "action"]) if (typeof own(b, k) === "string") return [b[k], /deny|denied|block|refus/i.test(b[k]) ? "bad" : "neutral"];
         if (typeof own(b, "allowed") === "boolean") return b.allowed ? ["allowed", "ok"] : ["denied", "bad"];
         return ["recorded", "neutral"];
@@ -1130,6 +1135,13 @@
       case "mcp_tool_pending": return own(b, "signal") !== undefined ? `signal ${str(b.signal)}` : own(b, "task") !== undefined ? `task ${str(b.task)}` : "";
       case "signal_received": return own(b, "signal") !== undefined ? `signal ${str(b.signal)}` : "";
       case "verdict": return str(own(b, "reason"));
+      case "sandbox_egress": {
+        const port = own(b, "port");
+        const target = `${str(own(b, "host"))}${port !== undefined ? ":" + str(port) : ""}`;
+        const bytes = typeof own(b, "bytes_up") === "number" ? `${b.bytes_up} B up, ${typeof own(b, "bytes_down") === "number" ? b.bytes_down : 0} B down` : "";
+        return [own(b, "server") !== undefined && `server ${str(b.server)}`, `${str(own(b, "method"))} ${target}`.trim(),
+          own(b, "reason") !== undefined && `reason ${str(b.reason)}`, bytes, own(b, "summary") === true && "summary of attempts past the flood bound"].filter(Boolean).join(" \u00b7 ");
+      }
       default:
         if (LABELS[row.kind]) return "";
         return (() => { const t = JSON.stringify(b); return t.length > 240 ? t.slice(0, 240) + "\u2026" : t; })();
@@ -1152,6 +1164,7 @@
         return prev && typeof prev.ts === "number" ? ["\u2248 " + duration(ts - prev.ts), "time since the entry before"] : ["", ""];
       }
       case "session_ended": return rows.length && typeof rows[0].ts === "number" ? [duration(ts - rows[0].ts), "whole session"] : ["", ""];
+      case "sandbox_egress": return typeof own(b, "duration_ms") === "number" ? [duration(b.duration_ms), "connection, measured by the egress proxy"] : ["", ""];
       default: return ["", ""];
     }
   }
