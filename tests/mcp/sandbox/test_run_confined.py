@@ -16,9 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.conftest import REPO, peers_path_env, python_peer, truss_cmd
+from tests.durability.support import counting_contract, invocations, make_home
+from tests.durability.support import entries as stored_entries
+from tests.durability.support import truss as durable_truss
 from tests.gate.support import files_containing
 from tests.mcp.sandbox._util import SERVERS, checked_bwrap, processes_with
 from truss.ledger.keys import IdentityKey
@@ -71,8 +75,6 @@ def _body(entry: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One confined hostile run through ``truss run`` answers every test below."""
-    import anyio
-
     anyio.run(checked_bwrap)
     root = tmp_path_factory.mktemp("hostile")
     shared = root / "shared"  # bound read-only: it holds Truss's home, which must stay hidden
@@ -249,3 +251,27 @@ def test_a_required_sandbox_where_bwrap_cannot_run_refuses_to_start_naming_cause
     assert "bubblewrap cannot create namespaces here" in out  # the cause
     assert "Allow unprivileged user namespaces" in out  # the remedy
     assert files_containing(home / "logs", b"mcp-time") == []  # the server itself never ran
+
+
+def test_a_result_memoized_unconfined_never_answers_a_confined_call(tmp_path: Path) -> None:
+    anyio.run(checked_bwrap)
+    home = make_home(tmp_path / "home")
+    memo = '[[mcp.servers.tools]]\nname = "count"\nmemo = "1h"\n'
+    confined = memo + f"[mcp.servers.sandbox]\nwrite = [{json.dumps(str(tmp_path))}]\n"
+
+    def contract(server: str) -> str:
+        steps = [("mcp:cnt:count", {"key": "k"})]
+        return str(counting_contract(tmp_path, steps=steps, check_tool="mcp:cnt:count", server=server))
+
+    assert durable_truss(home, "run", contract(memo), "--session", "plain").returncode == 0
+    run = durable_truss(home, "run", contract(confined), "--session", "confined")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert invocations(tmp_path) == {"count k": 2}  # the unconfined result did not answer
+    [call] = [e for e in stored_entries(home, "confined") if e.kind == "mcp_tool_call"]
+    assert "replayed_from" not in call.body
+    # The same confined call again is answered from the confined run's result.
+    again = durable_truss(home, "run", contract(confined), "--session", "again")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert invocations(tmp_path) == {"count k": 2}
+    [hit] = [e for e in stored_entries(home, "again") if e.kind == "mcp_tool_call"]
+    assert hit.body["replayed_from"]["session"] == "confined"
