@@ -275,3 +275,57 @@ def test_a_result_memoized_unconfined_never_answers_a_confined_call(tmp_path: Pa
     assert invocations(tmp_path) == {"count k": 2}
     [hit] = [e for e in stored_entries(home, "again") if e.kind == "mcp_tool_call"]
     assert hit.body["replayed_from"]["session"] == "confined"
+
+
+APPROVAL = """
+[agent]
+provider = "scripted"
+final = "done"
+[[agent.steps]]
+tool = "mcp:tools:echo"
+arguments = { text = "before" }
+[[agent.steps]]
+tool = "mcp:tools:write"
+arguments = { path = "out.txt", text = "hello" }
+[policy]
+default = "allow"
+[[policy.rules]]
+tool = "mcp:tools:write"
+effect = "ask"
+reason = "writes need a person"
+[[done.checks]]
+kind = "tool_succeeded"
+tool = "mcp:tools:write"
+"""
+
+
+def test_a_resumed_run_whose_sandbox_changed_diverges_instead_of_running_under_other_confinement(
+    tmp_path: Path,
+) -> None:
+    bwrap = anyio.run(checked_bwrap)
+    home = make_home(tmp_path / "home")
+    contract = tmp_path / "approve.toml"
+    tools = REPO / "tests" / "e2e" / "servers" / "tools.py"
+    contract.write_text(
+        '[contract]\nname = "approve"\nintent = "a confined run that waits for a person"\n'
+        + APPROVAL
+        + f'[[mcp.servers]]\nname = "tools"\ncommand = {json.dumps(sys.executable)}\n'
+        f'args = [{json.dumps(str(tools))}]\nallow_tools = ["echo", "write"]\nconnect_timeout = "60s"\n'
+        "[mcp.servers.sandbox]\n",
+        encoding="utf-8",
+    )
+    first = durable_truss(home, "run", str(contract), "--session", "moved")
+    assert first.returncode == 3, first.stdout + first.stderr
+    assert durable_truss(home, "approve", "moved", "c2.0").returncode == 0
+    # The same bubblewrap under another version: the sandbox it builds is described differently.
+    other = tmp_path / "bwrap"
+    other.write_text(
+        f'#!/bin/sh\nif [ "$1" = --version ]; then echo "bubblewrap 9.9.9"; exit 0; fi\nexec {bwrap.path} "$@"\n'
+    )
+    other.chmod(0o755)
+    resumed = durable_truss(home, "resume", "moved", env={"TRUSS_BWRAP": str(other)})
+    assert resumed.returncode == 4, resumed.stdout + resumed.stderr
+    assert "launcher description changed" in resumed.stdout + resumed.stderr
+    recorded = stored_entries(home, "moved")
+    assert recorded[-1].kind == "session_suspended" and recorded[-1].body["reason"] == "diverged"
+    assert "mcp_tool_call" not in [e.kind for e in recorded if e.body.get("call") == "c2.0"]
