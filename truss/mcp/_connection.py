@@ -192,8 +192,18 @@ class Live:
         self.inflight: dict[int, elicitation.CallElicitations] = {}  # Mounts.call in progress -> its elicitations
         self.report: Report | None = None
         self.confinement: Confinement | None = None  # the launcher's, when it confines the server
+        # The limits seen reached after the last call: the next call's baseline, so that a call
+        # reads the sandbox's counters once (after it), not twice. None: not read yet (the first
+        # call reads them before it starts, so that hits of the start-up are not blamed on it).
+        self.limits_seen: frozenset[tuple[str, str]] | None = None
 
     # -- sandbox limits (truss.mcp.launch.Confinement) ------------------------------------------
+
+    def limits_before_call(self) -> frozenset[tuple[str, str]]:
+        """The baseline a call's new limit hits are measured against."""
+        if self.limits_seen is None and self.confinement is not None:
+            self.limits_seen = self.limits_reached()
+        return self.limits_seen or frozenset()
 
     def limits_reached(self) -> frozenset[tuple[str, str]]:
         """(limit, evidence) of every kernel limit the server's sandbox has reached so far."""
@@ -214,7 +224,9 @@ class Live:
             return None
         if ended and self.pid is not None:
             await _procs.wait_gone(self.pid, _LIMIT_WAIT_S)
-        new = sorted(self.limits_reached() - before)
+        now = self.limits_reached()
+        self.limits_seen = now | (self.limits_seen or frozenset())
+        new = sorted(now - before)
         if not new:
             return None
         limit, evidence = new[0]

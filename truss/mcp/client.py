@@ -157,7 +157,7 @@ class Mounts:
 
         elicited = CallElicitations()
         key = id(elicited)
-        reached = live.limits_reached()
+        reached = live.limits_before_call()  # a limit first seen after this call started counts against it
         live.inflight[key] = elicited
         token = CALLING.set((tool.server, tool.tool))
         eliciting = ELICITING.set(elicited)
