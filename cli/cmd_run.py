@@ -147,7 +147,7 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
 # -- helpers -----------------------------------------------------------------------------------------
 
 
-def _protected(ctx: Ctx) -> list[str]:
+def protected_paths(ctx: Ctx) -> list[str]:
     """Never visible inside a server's sandbox, wherever --home, --key and --db put them."""
     protected = [str(ctx.home), str(ctx.key)]
     db = ctx.db.removeprefix("sqlite://") if ctx.db.startswith("sqlite:///") else ctx.db
@@ -159,7 +159,7 @@ def _protected(ctx: Ctx) -> list[str]:
 def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
     """The MCP client tier (``truss.mcp.client.connect``), imported only when a run connects."""
     verbose = ctx.verbose
-    protected = _protected(ctx)
+    protected = protected_paths(ctx)
 
     def connector(contract: Any, **kwargs: Any) -> AbstractAsyncContextManager[Any]:
         from truss.mcp.client import connect
