@@ -25,6 +25,11 @@ $(PEERS)/node/node_modules/@modelcontextprotocol/server-everything/package.json:
 	mkdir -p $(PEERS)/node
 	cd $(PEERS)/node && npm install --silent --no-audit --no-fund --prefix . '@modelcontextprotocol/server-everything@2026.8.31'
 
+# server-filesystem in a place of its own (tests/mcp/sandbox: confined with one directory writable).
+$(PEERS)/node-fs/node_modules/@modelcontextprotocol/server-filesystem/package.json:
+	mkdir -p $(PEERS)/node-fs
+	cd $(PEERS)/node-fs && npm install --silent --no-audit --no-fund --prefix . '@modelcontextprotocol/server-filesystem@2026.8.31'
+
 # Node 22 (the system Node may be older), the MCP Inspector CLI and the conformance suite: the
 # independent clients that test `truss serve-mcp` (tests/serve, conformance/run.py).
 $(PEERS)/node22/node_modules/.bin/conformance:
@@ -34,6 +39,7 @@ $(PEERS)/node22/node_modules/.bin/conformance:
 peers: $(PEERS)/py/bin/mcp-server-time
 	@if command -v npm >/dev/null; then \
 		$(MAKE) -s $(PEERS)/node/node_modules/@modelcontextprotocol/server-everything/package.json && \
+		$(MAKE) -s $(PEERS)/node-fs/node_modules/@modelcontextprotocol/server-filesystem/package.json && \
 		$(MAKE) -s $(PEERS)/node22/node_modules/.bin/conformance; \
 	else echo "npm not found: tests that need the Node MCP peers are skipped (and fail under CI)"; fi
 

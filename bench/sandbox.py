@@ -15,6 +15,10 @@ Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]
   and, to show how the proxy's per-round-trip cost amortises, a 1 MiB one. Both clients stay
   running and alternate batches of ten requests; timed inside the client, so process start-up
   is not counted.
+- through Truss: the same start-up and call through the MCP tier's ``connect`` and
+  ``SandboxLauncher`` (what ``truss run`` does: the contract's ``[mcp.servers.sandbox]``, the
+  description computed before the start and checked after it, the egress reports), against the
+  same contract without the table (targets as above).
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ sys.path.insert(0, str(REPO))
 from tests.conftest import python_peer  # noqa: E402
 from tests.mcp.sandbox._tls import self_signed  # noqa: E402
 from truss._clock import SystemClock  # noqa: E402
+from truss.contract import Contract, load_contract_text  # noqa: E402
+from truss.mcp.client import Mounts, connect  # noqa: E402
 from truss.mcp.sandbox import Limits, Profile, confined, find_bwrap, parse_host_rule  # noqa: E402
 
 CLIENT = REPO / "tests" / "mcp" / "sandbox" / "servers" / "fetch_many.py"
@@ -177,11 +183,62 @@ async def bench_https(requests: int, body: int) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(boxed)
 
 
+def time_contract(confine: bool) -> Contract:
+    table = '[mcp.servers.sandbox]\nlimits = { memory = "512M", processes = 64, cpu = "120s", file_size = "64M" }\n'
+    text = f"""
+[contract]
+name = "bench"
+intent = "time through the MCP tier"
+[[mcp.servers]]
+name = "time"
+command = {json.dumps(python_peer("mcp-server-time"))}
+args = ["--local-timezone", "UTC"]
+allow_tools = ["get_current_time"]
+{table if confine else ""}
+"""
+    return load_contract_text(text, source="bench.toml")
+
+
+@asynccontextmanager
+async def mounted(confine: bool, logs: Path) -> AsyncGenerator[Mounts]:
+    async with connect(time_contract(confine), log_dir=logs, clock=SystemClock(), environ=ENV) as mounts:
+        yield mounts
+
+
+async def bench_connect(rounds: int, calls: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Start-up (connect to tools mounted) and call medians through ``connect``: (plain, confined) each."""
+    starts: dict[bool, list[float]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory() as tmp:
+        logs = Path(tmp)
+        for confine in (True, False):  # warm both
+            async with mounted(confine, logs):
+                pass
+        for _ in range(rounds):
+            for confine in (False, True):
+                start = time.perf_counter()
+                with anyio.fail_after(60):
+                    async with mounted(confine, logs):
+                        starts[confine].append(time.perf_counter() - start)
+        timed: dict[bool, list[float]] = {False: [], True: []}
+        async with mounted(False, logs) as a, mounted(True, logs) as b:
+            pairs = ((False, a), (True, b))
+            for _, m in pairs:
+                for _ in range(20):
+                    await m.call(m.tools["mcp:time:get_current_time"], {"timezone": "UTC"}, timeout_s=30)
+            for _ in range(calls):
+                for confine, m in pairs:
+                    start = time.perf_counter()
+                    await m.call(m.tools["mcp:time:get_current_time"], {"timezone": "UTC"}, timeout_s=30)
+                    timed[confine].append(time.perf_counter() - start)
+    med = statistics.median
+    return (med(starts[False]), med(starts[True])), (med(timed[False]), med(timed[True]))
+
+
 def line(name: str, base: float, measured: float, target: float) -> str:
     ratio = measured / base
     verdict = "ok" if ratio <= target else "OVER TARGET"
     times = f"unconfined {base * 1000:8.2f} ms   confined {measured * 1000:8.2f} ms"
-    return f"{name:<10} {times}   {ratio:5.2f}x (target <= {target}x) {verdict}"
+    return f"{name:<11} {times}   {ratio:5.2f}x (target <= {target}x) {verdict}"
 
 
 async def main() -> None:
@@ -197,6 +254,9 @@ async def main() -> None:
     print(line("call", *await bench_call(options.calls), 1.05))
     print(line("https", *await bench_https(options.requests, 26), 1.2))
     print(line("https 1M", *await bench_https(max(10, options.requests // 4), 1 << 20), 1.2))
+    start, call = await bench_connect(options.rounds, options.calls)
+    print(line("truss start", *start, 1.15))
+    print(line("truss call", *call, 1.05))
 
 
 if __name__ == "__main__":

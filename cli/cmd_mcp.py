@@ -30,7 +30,7 @@ from truss_cli.cmd_contract import add_contract_args, load_from_args
 
 from truss._errors import ContractError, ServerStartError, UsageError
 from truss._suggest import closest
-from truss.contract import Contract, load_contract
+from truss.contract import Contract, Harness, effective_sandbox, load_contract
 
 T = TypeVar("T")
 
@@ -69,6 +69,12 @@ def register(sub: Any) -> None:
     probe.add_argument("--against", metavar="CONTRACT", help="compare live pins with this contract's")
     probe.add_argument("--name", default=None, help="the server's name (default: SERVER, else 'probe')")
     probe.add_argument("--timeout", default="30s", help="connect timeout (default 30s)")
+    probe.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="start the stdio server confined (its contract's sandbox, else the operator's baseline) and show "
+        "the profile and what it tried to reach",
+    )
     probe.add_argument("--command", nargs=argparse.REMAINDER, metavar="CMD", help="a stdio server command line")
     probe.set_defaults(handler=run_probe)
 
@@ -200,6 +206,8 @@ def run_list(args: argparse.Namespace, ctx: Ctx) -> int:
         return 0
     from truss.mcp.client import ServerStatus, connect
 
+    reached = _Reached()
+
     async def work() -> list[ServerStatus]:
         async with connect(
             contract,
@@ -208,13 +216,77 @@ def run_list(args: argparse.Namespace, ctx: Ctx) -> int:
             verbose=ctx.verbose,
             definitions=ctx.definitions(),
             auth=_auth(ctx),
+            on_event=reached.add,
         ) as mounts:
             return [mounts.servers[s.name] for s in contract.mcp.servers]
 
     statuses = _run(work)
-    blocks = [_server_block(s, full_pins=False) for s in statuses]
-    ctx.emit({"servers": [s.to_json() for s in statuses]}, "\n\n".join(blocks))
+    blocks = [_server_block(s, full_pins=False, egress=reached.of(s.name)) for s in statuses]
+    servers = [{**s.to_json(), **reached.json(s)} for s in statuses]
+    ctx.emit({"servers": servers}, "\n\n".join(blocks))
     return 0
+
+
+class _Reached:
+    """What each server tried to reach through its sandbox's egress proxy (``sandbox_egress`` reports)."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, list[dict[str, Any]]] = {}
+
+    def add(self, server: str, name: str, attributes: Mapping[str, Any]) -> None:
+        if name == "sandbox_egress":
+            self.attempts.setdefault(server, []).append(dict(attributes))
+
+    def of(self, server: str) -> list[dict[str, Any]]:
+        return self.attempts.get(server, [])
+
+    def json(self, status: Any) -> dict[str, Any]:
+        launcher: Mapping[str, Any] = status.launcher or {}
+        return {"egress": self.of(status.name)} if launcher.get("kind") == "sandbox" else {}
+
+
+def _size(value: Any) -> str:
+    if not isinstance(value, int):
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= size and value % size == 0:
+            return f"{value // size} {unit}"
+    return f"{value} B"
+
+
+def _sandbox_lines(launcher: Mapping[str, Any] | None, egress: list[dict[str, Any]]) -> list[str]:
+    """The sandbox a stdio server got, and what it tried to reach, as ``(label, text)`` lines."""
+    if not launcher or launcher.get("kind") != "sandbox":
+        return [f"sandbox       none ({(launcher or {}).get('kind', 'plain')}: runs with Truss's authority)"]
+    box: Mapping[str, Any] = launcher.get("sandbox") or {}
+    if box.get("confined") is False:
+        return [f"sandbox       NOT CONFINED: bubblewrap cannot run here ({box.get('fallback')}), required = false"]
+    limits: Mapping[str, Any] = box.get("limits") or {}
+    shown = [f"memory {_size(limits.get('memory'))}" if limits.get("memory") else "",
+             f"processes {limits['processes']}" if limits.get("processes") else "",
+             f"cpu {limits['cpu_s']}s" if limits.get("cpu_s") else "",
+             f"file_size {_size(limits.get('file_size'))}" if limits.get("file_size") else ""]  # fmt: skip
+    network = str(box.get("network"))
+    if network == "allow":
+        network += " to " + (", ".join(map(str, box.get("allow_hosts") or [])) or "no host")
+    binds: list[Mapping[str, Any]] = list(box.get("binds") or [])
+    masked: list[Any] = list(box.get("masked") or [])
+    lines = [
+        f"sandbox       bubblewrap {box.get('bwrap_version')}, network {network}, "
+        f"limits {', '.join(x for x in shown if x) or 'none'}, required {str(box.get('required')).lower()}",
+        *(f"  {b.get('mode')}  {_clean(str(b.get('path')))}  ({b.get('why')})" for b in binds),
+        *(f"  masked  {_clean(str(m))}" for m in masked),
+    ]
+    if not egress:
+        lines.append("reached       nothing through the egress proxy")
+    for e in egress:
+        what = f"{e.get('decision')} {_clean(str(e.get('host')))}:{e.get('port')}"
+        if e.get("summary"):
+            what += f" x{e.get('attempts')} (summary)"
+        elif e.get("reason"):
+            what += f" ({e.get('reason')})"
+        lines.append(f"reached       {what}")
+    return lines
 
 
 def _hints(annotations: Mapping[str, Any]) -> str:
@@ -233,11 +305,13 @@ def _clean(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)
 
 
-def _server_block(status: Any, *, full_pins: bool) -> str:
+def _server_block(status: Any, *, full_pins: bool, egress: list[dict[str, Any]] | None = None) -> str:
     head = (
         f"{status.name}  {status.transport}  {status.protocol_version}  {_info(status.server_info)}  "
         f"connect {status.connect_ms:.0f} ms"
     )
+    if status.transport == "stdio":
+        head += "\n" + "\n".join("  " + line for line in _sandbox_lines(status.launcher, egress or []))
     tools: list[dict[str, Any]] = status.to_json()["tools"]
     if not tools:
         return head + "\n  (no tools)"
@@ -428,11 +502,57 @@ def _first_error(exc: ValueError) -> str:
     return str(exc)
 
 
+def _operator_harness(ctx: Ctx) -> Harness:
+    """The operator config's ``[harness]`` (its sandbox level and baseline), or the defaults."""
+    import tomllib
+
+    from truss.contract.layers import read_toml_file
+
+    if not ctx.config_file.exists():
+        return Harness()
+    try:
+        data = tomllib.loads(read_toml_file(ctx.config_file, role="operator config"))
+        return Harness.model_validate(data.get("harness") or {})
+    except ValueError as exc:  # tomllib.TOMLDecodeError too
+        raise UsageError(
+            f"{ctx.config_file}: {_first_error(exc)}",
+            remedy="Check it with: truss contract check CONTRACT",
+        ) from None
+
+
+def _probe_sandbox(server: dict[str, Any], contract: Contract | None, args: argparse.Namespace, ctx: Ctx) -> None:
+    """Give the probed stdio server the sandbox a run would (a contract's server: its effective one;
+    ``--command``: the operator's level and baseline); ``--sandbox`` confines it whatever they say."""
+    if server.get("transport", "stdio") != "stdio":
+        if args.sandbox:
+            raise UsageError(
+                "truss mcp probe --sandbox: a sandbox confines a stdio server Truss starts; an HTTP server is not "
+                "a process Truss starts",
+                remedy="Drop --sandbox; the operator's [harness] allow_hosts says which hosts HTTP servers may be",
+            )
+        return
+    harness = contract.harness if contract is not None else _operator_harness(ctx)
+    current = server.get("sandbox")
+    if contract is not None and not args.sandbox:
+        return  # the effective contract already decided
+    if args.sandbox and current is not None and current.get("enabled") is not False:
+        return
+    level = "enforced" if args.sandbox else harness.sandbox
+    chosen = effective_sandbox(level, harness.sandbox_profile, None, None)
+    if chosen is None:
+        server.pop("sandbox", None)
+    else:
+        server["sandbox"] = chosen.model_dump(mode="json", exclude_none=True)
+
+
 def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
     server, own_contract = _probe_target(args, ctx)
+    _probe_sandbox(server, own_contract, args, ctx)
     against = load_contract(Path(args.against), home=ctx.home, require_params=False) if args.against else own_contract
     contract = _contract_with(server)
     from truss.mcp.client import connect
+
+    reached = _Reached()
 
     async def work() -> dict[str, Any]:
         async with connect(
@@ -442,10 +562,11 @@ def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
             verbose=ctx.verbose,
             definitions=ctx.definitions(),
             auth=_auth(ctx),
+            on_event=reached.add,
         ) as mounts:
             status = mounts.servers[server["name"]]
             rtt, method = await mounts.round_trip(server["name"])
-        data = status.to_json()
+        data = {**status.to_json(), **reached.json(status)}
         data["round_trip_ms"] = round(rtt, 2)
         data["round_trip_method"] = method
         return data
@@ -553,6 +674,8 @@ def _probe_text(data: Mapping[str, Any]) -> str:
         lines.append(f"instructions  {first[:100]}{'…' if len(first) > 100 else ''}")
     if data.get("stderr_log"):
         lines.append(f"stderr log    {data['stderr_log']}")
+    if data["transport"] == "stdio":
+        lines.extend(_sandbox_lines(data.get("launcher"), data.get("egress") or []))
     lines.append(f"tools         {len(data['tools'])}")
     for tool in data["tools"]:
         lines.extend(_tool_lines(tool, None, full_pin=True))

@@ -219,10 +219,20 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
 # -- helpers -----------------------------------------------------------------------------------------
 
 
+def protected_paths(ctx: Ctx) -> list[str]:
+    """Never visible inside a server's sandbox, wherever --home, --key and --db put them."""
+    protected = [str(ctx.home), str(ctx.key)]
+    db = ctx.db.removeprefix("sqlite://") if ctx.db.startswith("sqlite:///") else ctx.db
+    if "://" not in db and not db.endswith(":"):  # a file, not another store's URL (memory:)
+        protected += [db, f"{db}-wal", f"{db}-shm", f"{db}-journal"]
+    return protected
+
+
 def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
     """The MCP client tier (``truss.mcp.client.connect``), imported only when a run connects."""
     verbose = ctx.verbose
     definitions = ctx.definitions()  # every definition seen, by pin: a pin mismatch can say what changed
+    protected = protected_paths(ctx)
 
     def connector(contract: Any, **kwargs: Any) -> AbstractAsyncContextManager[Any]:
         from truss.mcp.client import connect
@@ -230,7 +240,15 @@ def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
 
         # OAuth servers get their token from the home's store and never wait for a person (docs/oauth.md).
         auth = OAuthFlows.for_home(ctx.home, ctx.clock)
-        return connect(contract, verbose=verbose, no_wait=no_wait, auth=auth, definitions=definitions, **kwargs)
+        return connect(
+            contract,
+            verbose=verbose,
+            no_wait=no_wait,
+            auth=auth,
+            definitions=definitions,
+            protected=protected,
+            **kwargs,
+        )
 
     return connector
 

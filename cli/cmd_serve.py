@@ -89,6 +89,7 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
 
     # Everything above checks the options without the MCP SDK, so a mistake is reported at once.
     import anyio
+    from truss_cli.cmd_run import protected_paths
 
     from truss.mcp._serve_backend import LedgerBackend
     from truss.mcp._serve_http import serve_http
@@ -100,7 +101,12 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
     if not ctx.verbose:
         for name in ("mcp", "uvicorn", "httpx2", "sse_starlette"):
             logging.getLogger(name).setLevel(logging.ERROR)
-    with ctx.open_runtime(create=True, connector=connect) as opened:
+    protected = protected_paths(ctx)  # the home, key and ledger files: never visible inside a sandbox
+
+    def connector(contract: Any, **kwargs: Any) -> Any:
+        return connect(contract, protected=protected, **kwargs)
+
+    with ctx.open_runtime(create=True, connector=connector) as opened:
         telemetry = open_telemetry(ctx, opened.environ, opened.store)
         try:
             # Every delegated run's spans, beside its progress: the exporter is one more subscriber.

@@ -230,6 +230,7 @@ PURE = [
     "truss/_regex.py",
     "truss/_pointer.py",
     "truss/_registry.py",
+    "truss/_sandbox_profile.py",
 ]
 
 

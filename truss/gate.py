@@ -344,6 +344,8 @@ class Gate:
         status = exc.fields.get("status")
         if isinstance(status, int) and not isinstance(status, bool):
             failure["status"] = status  # an HTTP refusal (cause auth_failed): 401, 403
+        if cause == "sandbox_limit":  # which kernel limit stopped the server, and what shows it
+            failure.update({k: str(exc.fields[k]) for k in ("limit", "evidence") if exc.fields.get(k) is not None})
         return failure, error_result(text)
 
     def _too_large(

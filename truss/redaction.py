@@ -134,7 +134,12 @@ class Redactor:
             self._pattern = _alternation(values)
         return _scrub(value, self._pattern)
 
-    def scrub_text(self, text: str) -> str:
+    def scrub_text(self, text: str, *, ignore_case: bool = False) -> str:
+        """``text`` scrubbed; ``ignore_case`` also catches a secret whose case was changed (a host
+        name a server asked its sandbox's proxy for is lower-cased before it is recorded)."""
+        if ignore_case and self._values:
+            pattern = re.compile("|".join(re.escape(v) for v in sorted(self._values, key=len, reverse=True)), re.I)
+            return pattern.sub(REDACTED, text)
         scrubbed: Any = self.scrub(text)
         return scrubbed if isinstance(scrubbed, str) else text
 

@@ -42,7 +42,7 @@ import re
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anyio
 
@@ -55,6 +55,7 @@ from truss._errors import (
     NotFoundError,
     ReplayDivergenceError,
     RunSuspended,
+    SandboxError,
     TrussError,
     UsageError,
 )
@@ -95,6 +96,8 @@ __all__ = [
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 TERMINAL = frozenset({"pass", "fail", "error"})
 EXIT_CODES = {"pass": 0, "fail": 1, "error": 4, "suspended": 3, "interrupted": 3, "diverged": 4, "running": 3}
+RECORDED_SERVER_EVENTS = frozenset({"sandbox_egress"})
+"""What launchers report that also becomes a signed entry of that kind (docs/ledger-format.md)."""
 
 
 class MountSet(ToolTransport, Protocol):
@@ -309,6 +312,8 @@ class _Run:
         self.stop = stop
         self.session = journal.session
         self.redactor = Redactor(contract, runtime.environ)
+        self.server_records: list[Record] = []  # reported by launchers, not yet appended
+        self.server_records_wake = anyio.Event()
 
     async def drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
         """The run leg as one span of events: ``SessionStarted`` first, ``SessionEnded`` on every way out."""
@@ -352,7 +357,7 @@ class _Run:
                     log_dir=log_dir,
                     environ=self.environ,
                     clock=self.clock,
-                    on_event=self.events.server_event,
+                    on_event=self._server_event,
                 ) as mounts,
             ):
                 entered = True
@@ -360,32 +365,35 @@ class _Run:
                     await self._started(mounts, principal)
                 else:
                     await self._resumed(mounts, resumed_from)
-                gate = Gate(
-                    contract=self.contract,
-                    journal=self.journal,
-                    transport=mounts,
-                    tools=mounts.tools,
-                    clock=self.clock,
-                    budget=budget,
-                    redactor=self.redactor,
-                    events=self.events,
-                )
-                result = await run_loop(
-                    contract=self.contract,
-                    gate=gate,
-                    provider=provider,
-                    clock=self.clock,
-                    intent=intent,
-                    redactor=self.redactor,
-                    events=self.events,
-                )
-                results.append(result)
-                gates.append(gate)
+                await self._record_server_events()  # what the servers tried while starting
+                async with self._recording():  # the servers' later reports, as they come
+                    gate = Gate(
+                        contract=self.contract,
+                        journal=self.journal,
+                        transport=mounts,
+                        tools=mounts.tools,
+                        clock=self.clock,
+                        budget=budget,
+                        redactor=self.redactor,
+                        events=self.events,
+                    )
+                    result = await run_loop(
+                        contract=self.contract,
+                        gate=gate,
+                        provider=provider,
+                        clock=self.clock,
+                        intent=intent,
+                        redactor=self.redactor,
+                        events=self.events,
+                    )
+                    results.append(result)
+                    gates.append(gate)
             reviewed = await self._review(results, gates, intent, reviewers)
         except InDoubtError as exc:
             return await self._suspend("in_doubt", (str(exc.fields.get("call")),), exc.message)
         except ReplayDivergenceError as exc:
             await self._reload()
+            await self._record_server_events()
             if self.journal.entries:
                 # The divergence is on the record: which step, what was recorded, what was asked.
                 found = {k: exc.fields.get(k) for k in ("seq", "expected", "actual") if exc.fields.get(k) is not None}
@@ -428,6 +436,52 @@ class _Run:
             done = True
         return done
 
+    # -- what launchers report that the record keeps (sandbox_egress) ---------------------------
+
+    @asynccontextmanager
+    async def _recording(self) -> AsyncGenerator[None]:
+        """Append launchers' reports as they come while the body runs; the body's own exception
+        passes through as it was raised (not wrapped in a group), the recorder never outlives it."""
+        failure: BaseException | None = None
+        async with anyio.create_task_group() as recorders:
+            recorders.start_soon(self._pump_server_events)
+            try:
+                yield
+            except BaseException as exc:  # re-raised below, once the recorder has stopped
+                failure = exc
+            finally:
+                recorders.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+
+    def _server_event(self, server: str, name: str, attributes: Mapping[str, Any]) -> None:
+        """A launcher's or auth flow's report: an event for subscribers; some kinds also an entry.
+
+        Reports that come before ``session_started`` (a server's start-up) wait and are appended
+        right after it; later ones are appended by ``_pump_server_events`` as they come, and the
+        last ones (a sandbox's flood summaries at its end) before the verdict or the suspension.
+        """
+        self.events.server_event(server, name, attributes)
+        if name in RECORDED_SERVER_EVENTS:
+            body = cast(dict[str, Any], self.redactor.scrub(dict(attributes)))
+            if isinstance(body.get("host"), str):
+                body["host"] = self.redactor.scrub_text(body["host"], ignore_case=True)
+            self.server_records.append(Record(name, {**body, "server": server}))
+            self.server_records_wake.set()
+
+    async def _record_server_events(self) -> None:
+        if not self.server_records or not self.journal.entries:
+            return  # nothing reported, or no session_started yet to follow
+        batch, self.server_records = self.server_records, []
+        with anyio.CancelScope(shield=True):  # taken from the queue: it must reach the record
+            await self.journal.append(*batch, durable=False)
+
+    async def _pump_server_events(self) -> None:
+        while True:
+            await self.server_records_wake.wait()
+            self.server_records_wake = anyio.Event()
+            await self._record_server_events()
+
     def _make_provider(self) -> Provider:
         if self.provider_factory is not None:
             return self.provider_factory(self.contract)
@@ -465,6 +519,23 @@ class _Run:
                 expected="recorded pins",
                 actual="changed pins: " + ", ".join(changed),
             )
+        servers: Mapping[str, Any] = started.get("servers") or {}
+        for name, status in dict(getattr(mounts, "servers", None) or {}).items():
+            now = _server_json(status)
+            then: Mapping[str, Any] = servers.get(str(name)) or {}
+            for seam in ("launcher", "auth"):
+                if canonical(now.get(seam)) != canonical(then.get(seam)):
+                    raise ReplayDivergenceError(
+                        f"resumed session {self.session}: MCP server {name!r} is reached differently than when the "
+                        f"run started (its {seam} description changed"
+                        + (", e.g. its sandbox profile" if seam == "launcher" else "")
+                        + ")",
+                        remedy="Resume where the run started (same contract, operator config, sandbox and "
+                        "credentials), or start a new run",
+                        session=self.session,
+                        expected=f"the recorded {seam} of {name}",
+                        actual=f"a different {seam}",
+                    )
         await self.journal.append(
             Record("session_resumed", {"reason": "resume", "from_seq": self.journal.next_seq}),
             durable=True,
@@ -489,8 +560,12 @@ class _Run:
         if principal is not None:
             body["principal"] = principal
         await self.journal.append(Record("session_started", body), durable=True, expect_seq=0)
+        await self._record_server_events()  # what the server tried before its start failed
         cause = "server" if isinstance(exc, McpError) else "input"
-        error = RunError(cause, self.redactor.scrub_text(exc.message))
+        detail = exc.message
+        if isinstance(exc, SandboxError) and exc.remedy:  # cause and remedy, in the verdict itself
+            detail = f"{detail}. {exc.remedy}"
+        error = RunError(cause, self.redactor.scrub_text(detail))
         verdict = evaluate(self.contract, self.journal.entries, self.store.blob, final_text=None, error=error)
         outcome = await self._seal(verdict)
         if isinstance(exc, LoginRequiredError):  # an OAuth server needs `truss mcp login` first: exit 5
@@ -510,6 +585,7 @@ class _Run:
         return await self._seal(verdict)
 
     async def _seal(self, verdict: Verdict) -> RunOutcome:
+        await self._record_server_events()  # the servers' last reports come as they end
         body = verdict.to_json()
         body["contract_hash"] = self.contract.hash
         recorded = next((e for e in reversed(self.journal.entries) if e.kind == "verdict"), None)
@@ -561,6 +637,7 @@ class _Run:
 
     async def _suspend(self, reason: str, calls: tuple[str, ...], detail: str | None) -> RunOutcome:
         await self._reload()
+        await self._record_server_events()
         if not self.journal.entries:  # stopped before anything was recorded: nothing to resume
             return RunOutcome(self.session, "interrupted", None, None, None, 3, detail)
         body: dict[str, Any] = {"reason": reason}

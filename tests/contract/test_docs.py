@@ -25,6 +25,8 @@ MODELS: list[type[BaseModel]] = [
     models.AsyncDecl,
     models.AsyncPending,
     models.Elicitation,
+    models.Sandbox,
+    models.SandboxLimits,
     models.DoneCheck,
     models.Reviewer,
     models.LedgerSettings,

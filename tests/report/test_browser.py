@@ -316,20 +316,44 @@ def test_entries_holding_every_rfc_8785_corner_verify_in_the_page_as_in_python(p
 def test_an_entry_kind_the_page_has_no_view_for_is_shown_as_recorded_not_dropped(
     page: Page, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A later Truss records kinds this page has no view for (``sandbox_egress``): they verify and show."""
-    later = frozenset({*KINDS, "sandbox_egress", "future_kind"})
+    """A later Truss records kinds this page has no view for: they verify and show."""
+    later = frozenset({*KINDS, "future_kind", "future_decision"})
     for module in ("truss.ledger.entry", "truss.ledger.verification", "truss.report.page"):
         monkeypatch.setattr(f"{module}.KINDS", later)
-    egress = {"host": "exfil.example", "port": 443, "decision": "denied", "rule": "no egress by default"}
-    bundle, vkey = _memory_bundle([Record("sandbox_egress", egress), Record("future_kind", {"what": "<b>new</b>"})])
+    decision = {"host": "exfil.example", "port": 443, "decision": "denied", "rule": "no egress by default"}
+    bundle, vkey = _memory_bundle([Record("future_decision", decision), Record("future_kind", {"what": "<b>new</b>"})])
     assert verify_bundle(bundle, TrustedKeys.from_texts([vkey])).ok
     out = tmp_path / "later.html"
     out.write_text(build_report(bundle, [vkey], truss_version="later").html, encoding="utf-8")
     assert open_report(page, out)["ok"] is True
     rows = {r["kind"]: r for r in timeline(page)}
-    assert rows["sandbox_egress"]["event"].startswith("egress decision")
-    assert rows["sandbox_egress"]["outcome"] == "denied" and rows["sandbox_egress"]["status"] == "verified"
+    assert rows["future_decision"]["event"].startswith("future_decision")
+    assert rows["future_decision"]["outcome"] == "denied" and rows["future_decision"]["status"] == "verified"
     assert (
         rows["future_kind"]["event"].startswith("future_kind") and '"what":"<b>new</b>"' in rows["future_kind"]["event"]
     )
     assert page.evaluate("document.querySelectorAll('#timeline b').length") == 0
+
+
+@pytest.mark.slow
+def test_a_sandbox_egress_entry_has_its_own_row_with_target_decision_bytes_and_duration(
+    page: Page, tmp_path: Path
+) -> None:
+    refused = {"server": "escape", "host": "<i>evil</i>.example", "port": 443, "decision": "refused",
+               "reason": "not_allowed", "method": "CONNECT", "bytes_up": 0, "bytes_down": 0,
+               "duration_ms": 0}  # fmt: skip
+    allowed = {**refused, "host": "127.0.0.1", "decision": "allowed", "bytes_up": 6, "bytes_down": 3, "duration_ms": 12}
+    del allowed["reason"]
+    flood = {"server": "escape", "host": "*", "port": 443, "decision": "refused", "attempts": 4000, "bytes_up": 0,
+             "bytes_down": 0, "summary": True}  # fmt: skip
+    bundle, vkey = _memory_bundle([Record("sandbox_egress", body) for body in (refused, allowed, flood)])
+    out = tmp_path / "egress.html"
+    out.write_text(build_report(bundle, [vkey], truss_version="test").html, encoding="utf-8")
+    assert open_report(page, out)["ok"] is True
+    rows = [r for r in timeline(page) if r["kind"] == "sandbox_egress"]
+    assert [r["outcome"] for r in rows] == ["refused", "allowed", "refused \u00d7 4000"]
+    assert all(r["status"] == "verified" and r["event"].startswith("egress decision") for r in rows)
+    assert "CONNECT <i>evil</i>.example:443" in rows[0]["event"] and "reason not_allowed" in rows[0]["event"]
+    assert "6 B up, 3 B down" in rows[1]["event"]
+    assert "flood bound" in rows[2]["event"]
+    assert page.evaluate("document.querySelectorAll('#timeline i').length") == 0

@@ -5,6 +5,8 @@ A contract is one TOML file (DESIGN section 2). The package has one module per j
 - ``fields``: the value types of keys (names, globs, regexes, durations, pointers) and the model base;
 - ``models``: the tables (``Contract`` and everything in it but servers and done checks);
 - ``servers``: ``[[mcp.servers]]``;
+- ``sandbox``: ``[mcp.servers.sandbox]``, the operator's sandbox level and baseline, and each stdio
+  server's effective sandbox;
 - ``checks``: ``[[done.checks]]`` and the registry of done-check kinds with their evaluations;
 - ``reviewers`` and ``panel``: the ``panel`` kind's reviewers and its (pure) evaluation;
 - ``providers``: the registry of provider kinds ``[agent] provider`` may name, and their capabilities;
@@ -55,6 +57,7 @@ from truss.contract.panel import PANEL, PANEL_KIND, panel_checks, reviewer_name,
 from truss.contract.params import narrow_budget, parse_param_args
 from truss.contract.providers import PROVIDER_KINDS, ProviderCapabilities, ProviderKind
 from truss.contract.reviewers import Reviewer
+from truss.contract.sandbox import SANDBOX_LEVELS, Sandbox, SandboxLevel, SandboxLimits, effective_sandbox
 from truss.contract.servers import (
     AsyncDecl,
     AsyncPending,
@@ -76,6 +79,7 @@ __all__ = [
     "PANEL",
     "PANEL_KIND",
     "PROVIDER_KINDS",
+    "SANDBOX_LEVELS",
     "AgentConfig",
     "ArgCondition",
     "AsyncDecl",
@@ -101,6 +105,9 @@ __all__ = [
     "ProviderCapabilities",
     "ProviderKind",
     "Reviewer",
+    "Sandbox",
+    "SandboxLevel",
+    "SandboxLimits",
     "SecretHeader",
     "Server",
     "Step",
@@ -109,6 +116,7 @@ __all__ = [
     "contract_hash",
     "decode_toml_bytes",
     "duration_ms",
+    "effective_sandbox",
     "format_path",
     "load_contract",
     "load_contract_text",

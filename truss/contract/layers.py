@@ -7,8 +7,9 @@ general first::
                                    <- --mcp-config FILE (overlay)
 
 Tables merge key by key, arrays are replaced whole, and ``[[mcp.servers]]`` merge by ``name``.
-Operator-config servers are definitions that apply only to servers the contract names; an overlay
-may only refine servers the contract has; ``[harness]`` is read only from the operator config.
+Operator-config servers are definitions that apply only to servers the contract names (their
+``sandbox`` tables excepted: those are ceilings, applied by the loader); an overlay may only refine
+servers the contract has; ``[harness]`` is read only from the operator config.
 ``[telemetry]`` too, and it stays out of the effective contract (``truss.contract.telemetry``).
 Each parsed file is a ``Layer`` kept with its text, so that an error found in the merged data is
 blamed on the layer that supplied the value (``error_in``) with its line. Reading files
@@ -334,7 +335,10 @@ def merge_layers(config: Layer | None, agent: Layer | None, contract: Layer, ove
 
     servers: dict[str, dict[str, Any]] = {}
     for server in servers_of(contract):
-        servers[server["name"]] = _deep_merge(config_servers.get(server["name"], {}), server)
+        # The operator's sandbox table of a server is a ceiling the contract's table is checked
+        # against (truss.contract.sandbox), not a default its keys override: it is not merged here.
+        defined = {k: v for k, v in config_servers.get(server["name"], {}).items() if k != "sandbox"}
+        servers[server["name"]] = _deep_merge(defined, server)
     if overlay is not None:
         for i, server in enumerate(servers_of(overlay)):
             name = server["name"]

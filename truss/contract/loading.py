@@ -4,7 +4,8 @@
 parse each layer (``truss.contract.layers``), merge them into the effective data, validate it
 against the models (every pydantic error becomes one ``ContractError`` with the file, key path and
 line: ``truss.contract.validation``), check the ``${...}`` references
-(``truss.contract.substitution``) and the operator's ``[harness]`` limits, fill in the params
+(``truss.contract.substitution``) and the operator's ``[harness]`` limits, decide each stdio
+server's sandbox (``truss.contract.sandbox``), fill in the params
 (``truss.contract.params``) and check that the result has a canonical form to hash. The provider
 kinds and done-check kinds the contract may name come from registries (default
 ``PROVIDER_KINDS`` and ``DONE_CHECKS``); a name that is not registered is refused here, with its
@@ -14,6 +15,7 @@ key path, never treated as something else.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,16 +23,18 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from truss._errors import UsageError
+from truss._errors import ContractError, UsageError
 from truss._registry import Registry
 from truss.contract.checks import CONTEXT_KEY as CHECKS_KEY
 from truss.contract.checks import DONE_CHECKS, CheckKind
 from truss.contract.hashing import contract_hash
-from truss.contract.layers import Layer, error_in, merge_layers, parse_layer, read_toml_file
+from truss.contract.layers import Layer, error_in, merge_layers, parse_layer, read_toml_file, servers_of
+from truss.contract.locating import KeyPath
 from truss.contract.models import Contract
 from truss.contract.params import param_values, parse_param_args
 from truss.contract.providers import CONTEXT_KEY as PROVIDERS_KEY
 from truss.contract.providers import PROVIDER_KINDS, ProviderKind
+from truss.contract.sandbox import OperatorTables, Sandbox, effective_sandbox
 from truss.contract.substitution import check_templates, env_refs
 from truss.contract.validation import from_validation
 from truss.ledger.canonical import CanonicalError
@@ -65,6 +69,59 @@ def _check_harness(contract: Contract, layers: list[Layer], effective: dict[str,
                     remedy="Use an allowed host, or ask the operator to add it to allow_hosts",
                     server=server.name,
                 )
+
+
+def _operator_sandboxes(config: Layer | None) -> dict[str, Sandbox]:
+    """The operator config's per-server ``sandbox`` tables, validated on their own and located there."""
+    if config is None:
+        return {}
+    picked = [{"name": s["name"], "sandbox": s["sandbox"]} for s in servers_of(config) if "sandbox" in s]
+    if not picked:
+        return {}
+    data: dict[str, Any] = {"mcp": {"servers": picked}}
+    try:
+        tables = OperatorTables.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(exc, [config], data) from None
+    return {server.name: server.sandbox for server in tables.mcp.servers}
+
+
+def _key_path(text: str) -> KeyPath:
+    """``"sandbox.allow_hosts[0]"`` -> ``("sandbox", "allow_hosts", 0)``."""
+    return tuple(int(index) if index else key for key, index in re.findall(r"([^.\[\]]+)|\[(\d+)\]", text))
+
+
+def _apply_sandboxes(
+    contract: Contract, layers: list[Layer], effective: dict[str, Any], config: Layer | None
+) -> Contract:
+    """Each stdio server's effective ``sandbox`` (``truss.contract.sandbox.effective_sandbox``)."""
+    harness = contract.harness
+    own = _operator_sandboxes(config)
+    servers = list(contract.mcp.servers)
+    for i, server in enumerate(servers):
+        ceiling = own.get(server.name)
+        if server.transport != "stdio":
+            if ceiling is not None and config is not None:
+                j = next(k for k, s in enumerate(servers_of(config)) if s["name"] == server.name)
+                raise config.error(
+                    f"server {server.name!r}: a sandbox confines a stdio server Truss starts; an http server is not "
+                    "a process Truss starts",
+                    ("mcp", "servers", j, "sandbox"),
+                    remedy="Remove the sandbox table; [harness] allow_hosts says which hosts HTTP server URLs may name",
+                    server=server.name,
+                )
+            continue
+        try:
+            sandbox = effective_sandbox(harness.sandbox, harness.sandbox_profile, ceiling, server.sandbox)
+        except ContractError as exc:
+            where = _key_path(str(exc.fields.get("path") or "sandbox"))
+            raise error_in(layers, effective, ("mcp", "servers", i, *where), exc.message, remedy=exc.remedy,
+                           server=server.name) from None  # fmt: skip
+        if sandbox != server.sandbox:
+            servers[i] = server.model_copy(update={"sandbox": sandbox})
+    if servers == contract.mcp.servers:
+        return contract
+    return contract.model_copy(update={"mcp": contract.mcp.model_copy(update={"servers": servers})})
 
 
 def load_contract(
@@ -139,6 +196,7 @@ def load_contract_text(
         raise from_validation(exc, layers, effective) from None
     check_templates(layers, effective, contract.contract.params)
     _check_harness(contract, layers, effective)
+    contract = _apply_sandboxes(contract, layers, effective, config_layer)
 
     given: dict[str, Any] = dict(params or {})
     if param_args:

@@ -33,6 +33,7 @@ from truss.contract.fields import (
 )
 from truss.contract.hashing import contract_hash
 from truss.contract.providers import provider_kinds_in
+from truss.contract.sandbox import Sandbox, SandboxLevel
 from truss.contract.servers import McpConfig
 
 __all__ = [
@@ -261,10 +262,24 @@ class LedgerSettings(Model):
 
 
 class Harness(Model):
-    """Operator-only settings ($TRUSS_HOME/config.toml): which commands and hosts servers may use."""
+    """Operator-only settings ($TRUSS_HOME/config.toml): which commands and hosts servers may use, and
+    how stdio servers are confined (``sandbox``: the level; ``sandbox_profile``: the baseline every
+    confined server's profile is layered over, ``truss.contract.sandbox``)."""
 
     allow_commands: list[str] | None = None
     allow_hosts: list[str] | None = None
+    sandbox: SandboxLevel | None = None
+    sandbox_profile: Sandbox | None = None
+
+    @field_validator("sandbox_profile")
+    @classmethod
+    def _baseline(cls, value: Sandbox | None) -> Sandbox | None:
+        if value is not None and value.enabled is not None:
+            raise KeyValueError(
+                "the operator's baseline cannot set enabled; the level says which servers are confined",
+                remedy='Remove enabled; set [harness] sandbox = "off", "required" or "enforced"',
+            )
+        return value
 
 
 # -- the whole ----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ header whose value is a secret is ``{ secret_env = "VAR", format = "Bearer {}" }
 looks like a credential (by its name) is refused, because the effective contract is recorded. Tool
 settings, ``retry_in_doubt`` and ``[[mcp.servers.async]]`` may name only allowlisted tools.
 ``[mcp.servers.elicitation]`` says how a server's elicitation requests are answered
-(``truss.elicitation``). ``[mcp.servers.oauth]`` says how an http server is reached through OAuth
+(``truss.elicitation``); ``[mcp.servers.sandbox]`` how a stdio server is confined
+(``truss.contract.sandbox``). ``[mcp.servers.oauth]`` says how an http server is reached through OAuth
 2.1 (``truss.mcp.oauth``; docs/oauth.md): the grant, and the *names* of its secrets. Pure.
 """
 
@@ -32,6 +33,7 @@ from truss.contract.fields import (
     Pointer,
     check_env_name,
 )
+from truss.contract.sandbox import Sandbox
 
 __all__ = ["AsyncDecl", "AsyncPending", "Elicitation", "McpConfig", "OAuth", "SecretHeader", "Server", "ToolSettings"]
 
@@ -209,6 +211,7 @@ class Server(Model):
     async_: list[AsyncDecl] = Field(default_factory=list[AsyncDecl], alias="async")
     elicitation: Elicitation | None = None
     oauth: OAuth | None = None
+    sandbox: Sandbox | None = None
 
     @field_validator("name")
     @classmethod
@@ -292,6 +295,13 @@ class Server(Model):
                 raise ValueError(
                     f"server {self.name!r}: a server with [mcp.servers.oauth] gets its Authorization header from "
                     "OAuth; remove the static Authorization header"
+                )
+            if self.sandbox is not None:
+                raise KeyValueError(
+                    f"server {self.name!r}: a sandbox confines a stdio server Truss starts; an http server is "
+                    "not a process Truss starts",
+                    remedy="Remove the sandbox table; for HTTP servers the operator's [harness] allow_hosts "
+                    "says which hosts their URLs may name",
                 )
         names = [t.name for t in self.tools]
         seen: set[str] = set()

@@ -67,6 +67,7 @@ KINDS: frozenset[str] = frozenset(
         "panel_review",
         "verdict",
         "session_ended",
+        "sandbox_egress",
         # The log's own entries, in the reserved session ``@log`` (``keyhistory``).
         "key_rotated",
         "checkpoint_witnessed",

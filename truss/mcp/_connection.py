@@ -56,7 +56,7 @@ from mcp.shared.inbound import find_invalid_x_mcp_header
 from truss import __version__ as _truss_version
 from truss import elicitation
 from truss._clock import Clock
-from truss._errors import McpError, PinMismatchError, ServerStartError
+from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCallError
 from truss.contract import Contract, SecretHeader, Server, duration_ms
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.mcp import _procs
@@ -71,13 +71,14 @@ from truss.mcp._stdio import stdio_transport
 from truss.mcp._tasks import offers_tasks
 from truss.mcp._wire import ENVELOPE_BYTES, TapRead, TapWrite, Wire
 from truss.mcp.auth import HttpAuth
-from truss.mcp.launch import Launch, Launcher, Report
+from truss.mcp.launch import Confinement, Launch, Launcher, Report
 from truss.pins import DefinitionStore
 from truss.tools import MountedTool
 
 __all__ = ["CALLING", "ELICITING", "Live", "Reach", "quiet_sdk_logs", "run_server"]
 
 _LISTEN_ACK_S = 5.0
+_LIMIT_WAIT_S = 2.0  # for a server that died of a limit, until its exit status is known
 
 # (server, tool) of the call in progress in this task: a re-list inside it must not re-send to a changed tool.
 CALLING: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("truss_mcp_calling", default=None)
@@ -224,6 +225,11 @@ class Live:
         self.report: Report | None = None
         self.wire: Wire | None = None
         self.schemas = SchemaChecks()
+        self.confinement: Confinement | None = None  # the launcher's, when it confines the server
+        # The limits seen reached after the last call: the next call's baseline, so that a call
+        # reads the sandbox's counters once (after it), not twice. None: not read yet (the first
+        # call reads them before it starts, so that hits of the start-up are not blamed on it).
+        self.limits_seen: frozenset[tuple[str, str]] | None = None
 
     def auth_failure(self) -> McpError | None:
         """The Truss error an auth flow raised inside the transport (which reports only a closed
@@ -233,6 +239,50 @@ class Live:
             setattr(self.auth_flow, "failure", None)  # noqa: B010 - a duck-typed seam attribute
             return failure
         return None
+
+    # -- sandbox limits (truss.mcp.launch.Confinement) ------------------------------------------
+
+    def limits_before_call(self) -> frozenset[tuple[str, str]]:
+        """The baseline a call's new limit hits are measured against."""
+        if self.limits_seen is None and self.confinement is not None:
+            self.limits_seen = self.limits_reached()
+        return self.limits_seen or frozenset()
+
+    def limits_reached(self) -> frozenset[tuple[str, str]]:
+        """(limit, evidence) of every kernel limit the server's sandbox has reached so far."""
+        confinement = self.confinement
+        if confinement is None:
+            return frozenset()
+        with contextlib.suppress(OSError):
+            return frozenset((hit.limit, hit.evidence) for hit in confinement.limit_hits())
+        return frozenset()
+
+    async def limit_error(self, tool: str, before: frozenset[tuple[str, str]], *, ended: bool) -> ToolCallError | None:
+        """The ``sandbox_limit`` failure of a call during which the sandbox reached a limit, else None.
+
+        ``ended``: the connection closed, so the server is ending; its exit status (a limit's own
+        signal) is known once its processes are gone, which is waited for (bounded).
+        """
+        if self.confinement is None:
+            return None
+        if ended and self.pid is not None:
+            await _procs.wait_gone(self.pid, _LIMIT_WAIT_S)
+        now = self.limits_reached()
+        self.limits_seen = now | (self.limits_seen or frozenset())
+        new = sorted(now - before)
+        if not new:
+            return None
+        limit, evidence = new[0]
+        return ToolCallError(
+            f"the call to tool {tool!r} of MCP server {self.name!r} stopped at its sandbox's {limit} limit "
+            f"({evidence})",
+            remedy=f"Raise limits.{limit} in the server's [mcp.servers.sandbox] table, or ask the tool for less work",
+            server=self.name,
+            tool=tool,
+            cause="sandbox_limit",
+            limit=limit,
+            evidence=evidence,
+        )
 
     # -- elicitation (truss.elicitation) ------------------------------------------------------
 
@@ -404,6 +454,7 @@ async def _tracked_stdio(
 ) -> AsyncGenerator[Any]:
     assert sink.writer is not None
     async with reach.launcher.launch(live.settings, declared, reach.report(live.name)) as actual:
+        live.confinement = actual.confinement
         # Bytes that are not UTF-8 become replacement characters: the line then fails to parse,
         # which is counted and reported with the call's error instead of ending the connection.
         params = StdioServerParameters(command=actual.command, args=list(actual.args), env=dict(actual.env),
@@ -592,10 +643,21 @@ async def run_server(live: Live, reach: Reach) -> None:
         live.client = None
         if live.pid is not None:
             await _procs.end_group(live.pid)
+        if live.error is not None and live.confinement is not None:
+            _explain_sandbox(live.error, live.confinement)
         if live.sink is not None:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(live.sink.close)
         live.ready.set()
+
+
+def _explain_sandbox(error: McpError, confinement: Confinement) -> None:
+    """Add what the sandbox can tell about a failed start (exit status, limits, paths not visible inside)."""
+    with contextlib.suppress(Exception):  # an explanation must never hide the error itself
+        note = confinement.diagnose()
+        if note and "sandbox" not in error.fields:
+            error.fields["sandbox"] = note
+            error.message += f"; in its sandbox: {note}"
 
 
 def _start_error(exc: BaseException, live: Live) -> McpError:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import anyio
 
-__all__ = ["MARKER_ENV", "end_group", "find_marked_child", "group_alive"]
+__all__ = ["MARKER_ENV", "end_group", "find_marked_child", "group_alive", "wait_gone"]
 
 MARKER_ENV = "TRUSS_MCP_SPAWN"
 
@@ -109,6 +109,11 @@ async def end_group(pgid: int) -> None:
         # A killed process still takes a moment to die; return once it has, so callers (and
         # tests) that look right after see no survivor.
         await _gone_within(pgid, _GRACE_S)
+
+
+async def wait_gone(pgid: int, seconds: float) -> bool:
+    """Wait (at most ``seconds``) until group ``pgid`` has ended by itself; True when it has."""
+    return await _gone_within(pgid, seconds)
 
 
 async def _gone_within(pgid: int, seconds: float) -> bool:

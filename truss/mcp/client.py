@@ -35,7 +35,7 @@ from mcp import Client
 
 from truss._clock import Clock
 from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCallError
-from truss.contract import Contract
+from truss.contract import Contract, Server
 from truss.elicitation import CallElicitations
 from truss.mcp import _tasks
 from truss.mcp._authfail import AUTH_FAILED, auth_failure
@@ -46,7 +46,8 @@ from truss.mcp._schema import check_output
 from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
 from truss.mcp._wire import CALL_SLOT, CallSlot
 from truss.mcp.auth import HttpAuth, StaticHeaders
-from truss.mcp.launch import Launcher, PlainLauncher
+from truss.mcp.launch import Launcher
+from truss.mcp.sandbox import SandboxLauncher, profile_of
 from truss.pins import DefinitionStore
 from truss.tools import MountedTool, ProgressFn, ToolResult, namespaced
 
@@ -162,7 +163,9 @@ class Mounts:
     ) -> ToolResult:
         """Call a mounted tool. Failures below the tool raise ``ToolCallError`` (``PinMismatchError``
         when its definition changed); a tool's own error is an ``isError`` result; a result over
-        ``max_result_bytes`` comes back as an ``error_result``. Elicitation requests the server made
+        ``max_result_bytes`` comes back as an ``error_result``; a call during which the server's sandbox
+        reached a kernel limit fails with ``cause="sandbox_limit"`` (``limit``, ``evidence``), whatever
+        the server answered. Elicitation requests the server made
         during the call (answered by its ``[mcp.servers.elicitation]`` policy) come back as
         ``extra["elicitations"]`` (a ``truss.elicitation.CallElicitations``), or the error's field of that name."""
         live, client = self._checked(tool)
@@ -171,6 +174,7 @@ class Mounts:
         started = self._clock.monotonic()
         elicited = CallElicitations()
         key = id(elicited)
+        reached = live.limits_before_call()  # a limit first seen after this call started counts against it
         live.inflight[key] = elicited
         slot = CallSlot()
         token = CALLING.set((tool.server, tool.tool))
@@ -196,6 +200,8 @@ class Mounts:
             error = self._call_error(
                 live, tool, exc, timeout_s, slot, unparsable=refusal is not None, refused=live.auth_refusals > refusals
             )
+            ended = error.fields.get("cause") in ("connection_closed", "transport")
+            error = await live.limit_error(tool.tool, reached, ended=ended) or error
             if elicited.records:
                 error.fields["elicitations"] = elicited  # for the record, not for --json (not plain JSON)
             raise error from None
@@ -205,6 +211,10 @@ class Mounts:
             CALLING.reset(token)
             del live.inflight[key]
         try:
+            # Whatever a server answered while the kernel stopped it at a limit, the call failed there.
+            limited = await live.limit_error(tool.tool, reached, ended=False)
+            if limited is not None:
+                raise limited
             answer = result_of(tool, result, self._max_result_bytes)
             if answer.extra.get("refused") is None:
                 left = timeout_s - (self._clock.monotonic() - started)
@@ -363,6 +373,31 @@ def _refused_call(live: Live, tool: MountedTool, status: int, challenge: str | N
     )
 
 
+async def _launcher_for(
+    servers: Sequence[Server],
+    launcher: Launcher | None,
+    *,
+    log_dir: Path,
+    protected: Sequence[str | os.PathLike[str]],
+    clock: Clock,
+) -> Launcher:
+    if launcher is not None:
+        confined = [s.name for s in servers if profile_of(s) is not None]
+        if confined and not isinstance(launcher, SandboxLauncher):
+            raise ServerStartError(
+                f"MCP server {confined[0]!r} is confined by its sandbox table, and the launcher given "
+                f"({type(launcher).__name__}) is not Truss's sandbox launcher",
+                remedy="Let connect() choose the launcher, or pass a truss.mcp.sandbox.SandboxLauncher",
+                server=confined[0],
+                cause="bad_launcher",
+            )
+        return launcher
+    guarded = [*protected, log_dir]
+    if log_dir.parent.name == "logs":  # HOME/logs/<session>: the run's Truss home
+        guarded.append(log_dir.parent.parent)
+    return await SandboxLauncher.create(servers, protected=guarded, clock=clock)
+
+
 @asynccontextmanager
 async def connect(
     contract: Contract,
@@ -378,13 +413,18 @@ async def connect(
     no_wait: bool = False,
     on_event: ServerEvents | None = None,
     definitions: DefinitionStore | None = None,
+    protected: Sequence[str | os.PathLike[str]] = (),
 ) -> AsyncGenerator[Mounts]:
     """Connect every server of ``contract`` (or the ``only`` named ones) at once and yield ``Mounts``.
 
     ``environ`` is where ``secret_env`` values come from (default ``os.environ``); each server
     gets only its own. Server stderr goes to ``log_dir/<server>.stderr.log``. ``inprocess`` maps
     a server name to an ``mcp`` server object to connect in-process instead (tests). ``launcher``
-    decides what command line runs each stdio server (default ``PlainLauncher``: as declared);
+    decides what command line runs each stdio server (default ``SandboxLauncher``: confined where
+    the server's effective ``sandbox`` says so, as declared otherwise; another launcher is refused
+    for a confined server, which never runs unconfined because of it); ``protected`` are paths
+    a sandbox never shows (Truss's home, key and ledger; ``log_dir`` and, when it is
+    ``HOME/logs/<id>``, that home are always added);
     ``auth`` gives each HTTP server its auth flow (default ``StaticHeaders``: the contract's
     headers only); both describe themselves in each ``ServerStatus`` (``launcher``, ``auth``).
     ``no_wait``: an MCP task not finished at the first look is left running (``task_result``
@@ -410,8 +450,9 @@ async def connect(
                 cause="not_declared",
             )
         declared = [s for s in declared if s.name in only]
+    launcher = await _launcher_for(declared, launcher, log_dir=log_dir, protected=protected, clock=clock)
     reach = Reach(contract=contract, log_dir=log_dir, environ=env, clock=clock, verbose=verbose,
-                  launcher=launcher or PlainLauncher(), auth=auth or StaticHeaders(), on_event=on_event,
+                  launcher=launcher, auth=auth or StaticHeaders(), on_event=on_event,
                   definitions=definitions)  # fmt: skip
     lives = [Live(s, (inprocess or {}).get(s.name)) for s in declared]
     body_error: BaseException | None = None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[3] / "truss" / "mcp" / "sandbox"
-PURE = ["_profile.py", "_resolve.py", "_argv.py"]
+PURE = [PACKAGE.parents[1] / "_sandbox_profile.py", PACKAGE / "_resolve.py", PACKAGE / "_argv.py"]
 # Run by bwrap and the SDK as plain scripts (python -I -S): the standard library and nothing else.
 SCRIPTS = ["_inner.py", "_launch.py"]
 IO = {"os", "io", "socket", "subprocess", "shutil", "pathlib", "tempfile", "anyio", "asyncio", "selectors", "time"}
@@ -25,9 +25,9 @@ def _imported(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("name", PURE)
-def test_the_profile_resolution_and_plan_do_no_io_of_their_own(name: str) -> None:
-    bad = {m for m in _imported(PACKAGE / name) if m.split(".")[0] in IO}
+@pytest.mark.parametrize("path", PURE, ids=[p.name for p in PURE])
+def test_the_profile_resolution_and_plan_do_no_io_of_their_own(path: Path) -> None:
+    bad = {m for m in _imported(path) if m.split(".")[0] in IO}
     assert not bad
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from truss._errors import SandboxError
-from truss.mcp.sandbox._profile import Profile
+from truss._sandbox_profile import Profile
 from truss.mcp.sandbox._resolve import SYSTEM_ROOTS, Bind, FsView, Resolution, SystemLayout, is_system, walk
 
 __all__ = [

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import anyio
 
-from truss.mcp.sandbox._profile import Limits
+from truss._sandbox_profile import Limits
 
 __all__ = ["HELPER_MEMORY_BYTES", "HELPER_TASKS_CGROUP", "Cgroups", "LimitHit", "setup_cgroups"]
 

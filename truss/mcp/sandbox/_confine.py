@@ -42,12 +42,12 @@ import anyio.abc
 
 from truss._clock import Clock, SystemClock
 from truss._errors import SandboxError
+from truss._sandbox_profile import Profile
 from truss.mcp._procs import MARKER_ENV
 from truss.mcp.sandbox._argv import SandboxPlan, plan_sandbox
 from truss.mcp.sandbox._bwrap import Bwrap, find_bwrap
 from truss.mcp.sandbox._cgroup import Cgroups, LimitHit, setup_cgroups
 from truss.mcp.sandbox._fs import OsFs
-from truss.mcp.sandbox._profile import Profile
 from truss.mcp.sandbox._proxy import EgressProxy, EventSink
 from truss.mcp.sandbox._resolve import FsView, resolve_command, system_layout
 

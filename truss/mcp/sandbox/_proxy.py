@@ -31,7 +31,7 @@ import anyio
 import anyio.abc
 
 from truss._clock import Clock
-from truss.mcp.sandbox._profile import HostRule, match_host
+from truss._sandbox_profile import HostRule, match_host
 
 __all__ = [
     "MAX_EGRESS_EVENTS",

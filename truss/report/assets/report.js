@@ -1105,8 +1105,13 @@
         const cause = isObj(own(b, "failure")) ? ` (${str(own(b.failure, "cause"))})` : "";
         return [outcome + cause, outcome === "approve" ? "ok" : "bad"];
       }
+      case "sandbox_egress": {
+        const decision = str(own(b, "decision")) || "recorded";
+        const text = own(b, "summary") === true ? `${decision} \u00d7 ${str(own(b, "attempts"))}` : decision;
+        return [text, decision === "allowed" ? "ok" : /refus|denied|fail/.test(decision) ? "bad" : "neutral"];
+      }
       default: {
-        // A kind this page does not know (e.g. a later sandbox_egress): shown as recorded, never dropped.
+        // A kind this page does not know (a later Truss's): shown as recorded, never dropped.
         for (const k of ["decision", "outcome", "effect", "status", "action"]) if (typeof own(b, k) === "string") return [b[k], /deny|denied|block|refus/i.test(b[k]) ? "bad" : "neutral"];
         if (typeof own(b, "allowed") === "boolean") return b.allowed ? ["allowed", "ok"] : ["denied", "bad"];
         return ["recorded", "neutral"];
@@ -1140,6 +1145,13 @@
       case "verdict": return str(own(b, "reason"));
       case "panel_review": return [`${str(own(b, "name"))} (${[str(own(b, "provider")), str(own(b, "model"))].filter(Boolean).join(" ")})`,
         `check ${str(own(b, "check"))}`, str(own(b, "reason"))].filter(Boolean).join(" \u00b7 ");
+      case "sandbox_egress": {
+        const port = own(b, "port");
+        const target = `${str(own(b, "host"))}${port !== undefined ? ":" + str(port) : ""}`;
+        const bytes = typeof own(b, "bytes_up") === "number" ? `${b.bytes_up} B up, ${typeof own(b, "bytes_down") === "number" ? b.bytes_down : 0} B down` : "";
+        return [own(b, "server") !== undefined && `server ${str(b.server)}`, `${str(own(b, "method"))} ${target}`.trim(),
+          own(b, "reason") !== undefined && `reason ${str(b.reason)}`, bytes, own(b, "summary") === true && "summary of attempts past the flood bound"].filter(Boolean).join(" \u00b7 ");
+      }
       default:
         if (LABELS[row.kind]) return "";
         return (() => { const t = JSON.stringify(b); return t.length > 240 ? t.slice(0, 240) + "\u2026" : t; })();
@@ -1162,6 +1174,7 @@
         return prev && typeof prev.ts === "number" ? ["\u2248 " + duration(ts - prev.ts), "time since the entry before"] : ["", ""];
       }
       case "session_ended": return rows.length && typeof rows[0].ts === "number" ? [duration(ts - rows[0].ts), "whole session"] : ["", ""];
+      case "sandbox_egress": return typeof own(b, "duration_ms") === "number" ? [duration(b.duration_ms), "connection, measured by the egress proxy"] : ["", ""];
       default: return ["", ""];
     }
   }
