@@ -157,3 +157,19 @@ def test_contract_check_warns_about_a_rule_that_matches_no_allowlisted_tool(tmp_
     assert "warning: typo.toml at policy.rules[0].tool" in done.stderr
     as_json = _truss("--json", "contract", "check", "typo.toml", cwd=tmp_path)
     assert json.loads(as_json.stdout)["warnings"][0]["path"] == "policy.rules[0].tool"
+
+
+def test_init_with_a_non_ascii_log_name_writes_a_utf8_key_that_every_later_command_reads(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    done = _truss("--home", str(home), "--json", "init", "--name", "münchen.example/log")
+    assert done.returncode == 0, done.stderr
+    key_file = Path(json.loads(done.stdout)["key"])
+    assert key_file.read_bytes().startswith("PRIVATE+KEY+münchen.example/log+".encode())
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert list(key_file.parent.glob("*.tmp")) == []
+    shown = _truss("--home", str(home), "--json", "key", "show")
+    assert shown.returncode == 0, shown.stderr
+    assert "münchen.example/log+" in shown.stdout
+    signed = _truss("--home", str(home), "ledger", "checkpoint")
+    assert signed.returncode == 0, signed.stderr
+    assert signed.stdout.startswith("münchen.example/log\n")
