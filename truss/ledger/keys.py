@@ -33,6 +33,7 @@ import nacl.exceptions
 import nacl.signing
 
 from truss._errors import KeyFileError
+from truss.ledger.note import is_origin
 
 __all__ = [
     "COSIGNATURE_ALG_NAMES",
@@ -166,7 +167,19 @@ class IdentityKey:
 
     @classmethod
     def create(cls, path: Path, name: str | None = None) -> IdentityKey:
-        """Generate a key and write it to ``path`` with mode 0600; refuses to overwrite a file."""
+        """Generate a key and write it to ``path`` with mode 0600; refuses to overwrite a file.
+
+        ``name`` becomes the origin line of every checkpoint the key signs, so a name that cannot be
+        one (``note.is_origin``: a space, a control character or DEL) is refused here, before any
+        file is written, rather than by the first checkpoint of every later run.
+        """
+        if name is not None and not is_origin(name):
+            raise KeyFileError(
+                f"{name!r} cannot name a log: it becomes the origin line of the log's signed checkpoints, "
+                "which holds no spaces, control characters or DEL",
+                remedy="choose a name such as example.com/truss",
+                file=str(path),
+            )
         key = cls.generate(name)
         _write_private(path, key.private_text())
         return key
