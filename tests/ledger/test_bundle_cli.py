@@ -135,3 +135,11 @@ def test_verify_all_fails_when_the_stored_merkle_tree_was_altered(home: Path) ->
     checked = run(home, "--json", "ledger", "verify", "--all")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert json.loads(checked.stdout)["reason"] == "tree_mismatch"
+
+
+def test_a_bundle_whose_envelope_has_fields_dsse_does_not_define_verifies(truss_home: Path) -> None:
+    from tests.ledger.test_bundle import log_key
+
+    bundle = Path(__file__).parents[1] / "report" / "tampered" / "envelope_with_unrecognized_fields.json"
+    done = run(truss_home, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", log_key().verifier.vkey)
+    assert done.returncode == 0, done.stdout + done.stderr
