@@ -118,12 +118,17 @@ def parse_note(data: bytes) -> Note:
         whole = data.decode("utf-8")
     except UnicodeDecodeError:
         raise _format_error("a signed note is UTF-8 text", "bad_note") from None
-    if any(ord(ch) < 0x20 and ch != "\n" for ch in whole) or "\x7f" in whole:
+    # C2SP bans characters below U+0020 but newline anywhere in a note. Truss also refuses DEL in
+    # the text, but not in a signature line: a foreign cosigner's name may hold one, and an
+    # unknown signer's line is ignored, not a reason to refuse the note.
+    if any(ord(ch) < 0x20 and ch != "\n" for ch in whole):
         raise _format_error("a signed note holds no control characters but newlines", "bad_note")
     split = whole.rfind("\n\n")
     if split < 0:
         raise _format_error("a signed note has a blank line between its text and its signatures", "bad_note")
     text, block = whole[: split + 1], whole[split + 2 :]
+    if "\x7f" in text:
+        raise _format_error("a signed note's text holds no control characters but newlines", "bad_note")
     if not block.endswith("\n") or not block.strip("\n"):
         raise _format_error("a signed note ends in at least one signature line and a newline", "bad_note")
     lines = block[:-1].split("\n")
