@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, truss_cmd
 
 
@@ -157,3 +159,31 @@ def test_contract_check_warns_about_a_rule_that_matches_no_allowlisted_tool(tmp_
     assert "warning: typo.toml at policy.rules[0].tool" in done.stderr
     as_json = _truss("--json", "contract", "check", "typo.toml", cwd=tmp_path)
     assert json.loads(as_json.stdout)["warnings"][0]["path"] == "policy.rules[0].tool"
+
+
+def test_init_with_a_non_ascii_log_name_writes_a_utf8_key_that_every_later_command_reads(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    done = _truss("--home", str(home), "--json", "init", "--name", "münchen.example/log")
+    assert done.returncode == 0, done.stderr
+    key_file = Path(json.loads(done.stdout)["key"])
+    assert key_file.read_bytes().startswith("PRIVATE+KEY+münchen.example/log+".encode())
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert list(key_file.parent.glob("*.tmp")) == []
+    shown = _truss("--home", str(home), "--json", "key", "show")
+    assert shown.returncode == 0, shown.stderr
+    assert "münchen.example/log+" in shown.stdout
+    signed = _truss("--home", str(home), "ledger", "checkpoint")
+    assert signed.returncode == 0, signed.stderr
+    assert signed.stdout.startswith("münchen.example/log\n")
+
+
+@pytest.mark.parametrize("name", ["log\x01.example", "log\x7f.example", "tab\tlog", "esc\x1b[31m.example/log"])
+def test_init_refuses_a_log_name_no_checkpoint_origin_can_hold_and_writes_no_key(tmp_path: Path, name: str) -> None:
+    home = tmp_path / "home"
+    done = _truss("--home", str(home), "init", "--name", name)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("truss: ") and "Traceback" not in done.stderr
+    assert "\n\n" not in done.stderr.strip() and "\x1b" not in done.stderr and "\x7f" not in done.stderr
+    assert "origin" in done.stderr
+    assert not (home / "identity.key").exists()
+    assert list(home.glob("*.tmp")) == []

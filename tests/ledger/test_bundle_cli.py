@@ -135,3 +135,34 @@ def test_verify_all_fails_when_the_stored_merkle_tree_was_altered(home: Path) ->
     checked = run(home, "--json", "ledger", "verify", "--all")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert json.loads(checked.stdout)["reason"] == "tree_mismatch"
+
+
+def test_a_bundle_whose_envelope_has_fields_dsse_does_not_define_verifies(truss_home: Path) -> None:
+    from tests.ledger.test_bundle import log_key
+
+    bundle = Path(__file__).parents[1] / "report" / "tampered" / "envelope_with_unrecognized_fields.json"
+    done = run(truss_home, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", log_key().verifier.vkey)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_exported_bundle_is_canonical_json_and_a_newline_and_verify_takes_any_json_spelling(
+    home: Path, tmp_path: Path
+) -> None:
+    from truss.ledger.canonical import canonical
+
+    out = tmp_path / "session.bundle.json"
+    assert run(home, "ledger", "export", VERDICT_SESSION, "-o", str(out)).returncode == 0
+    data = out.read_bytes()
+    assert data == canonical(json.loads(data)) + b"\n"
+    stdout = run(home, "ledger", "export", VERDICT_SESSION)
+    assert stdout.stdout.encode("utf-8") == data
+    spellings = {
+        "without_the_newline": data[:-1],
+        "indented": json.dumps(json.loads(data), indent=2).encode("utf-8"),
+        "with_a_utf8_bom": b"\xef\xbb\xbf" + data,
+    }
+    for name, spelled in spellings.items():
+        path = tmp_path / f"{name}.json"
+        path.write_bytes(spelled)
+        checked = run(home, "ledger", "verify", "--bundle", str(path), "--trusted-key", vkey(home))
+        assert checked.returncode == 0, f"{name}: {checked.stdout}{checked.stderr}"

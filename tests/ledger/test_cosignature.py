@@ -113,6 +113,17 @@ def test_lines_by_unknown_cosigners_are_ignored() -> None:
     assert verify_cosignatures(cosigned, [known.verifier]) == []
 
 
+def test_a_cosigner_whose_name_holds_del_is_ignored_when_unknown_and_verifies_when_trusted() -> None:
+    odd, known = witness_key("odd", "witness\x7f.example/w"), witness_key("w1")
+    note = _signed()
+    cosigned = with_signature_lines(note, [cosign(parse_note(note).text, odd, 1_700_000_000)])
+    assert verify_cosignatures(cosigned, [known.verifier]) == []
+    [found] = verify_cosignatures(cosigned, [odd.verifier])
+    assert found.name == "witness\x7f.example/w"
+    assert open_checkpoint(cosigned, [log_key().verifier]).size == 7
+    assert merge_notes(note.decode(), cosigned.decode()) == cosigned.decode()
+
+
 def test_merging_keeps_every_cosigner_once_and_the_log_signature_first() -> None:
     w1, w2 = witness_key("w1"), witness_key("w2")
     note = _signed()

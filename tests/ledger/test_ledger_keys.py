@@ -84,3 +84,20 @@ def test_rotation_keeps_old_entries_verifiable_with_both_keys_trusted() -> None:
     assert trusted.verify(new.key_id, b"m", new.sign(b"m"))
     assert not trusted.verify(new.key_id, b"m", old.sign(b"m"))
     assert len(trusted) == 2 and old.key_id in trusted
+
+
+def test_a_key_write_that_fails_before_it_is_durable_leaves_no_key_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "home" / "identity.key"
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(KeyFileError, match="No space left on device"):
+        IdentityKey.create(path, "münchen.example/log")
+    monkeypatch.undo()
+    assert list(path.parent.iterdir()) == []
+    key = IdentityKey.create(path, "münchen.example/log")
+    assert IdentityKey.load(path).verifier == key.verifier

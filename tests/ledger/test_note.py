@@ -70,6 +70,15 @@ def test_signatures_by_unknown_keys_are_ignored() -> None:
     assert checkpoint.size == 5
 
 
+def test_a_line_by_an_unknown_cosigner_whose_name_holds_del_is_ignored_not_refused() -> None:
+    data = _read("checkpoint_unknown_cosigner_with_del_in_its_name_added.note")
+    assert [s.name for s in parse_note(data).signatures] == [ORIGIN, "witness\x7f.example"]
+    checkpoint = open_checkpoint(data, [_log_key()])
+    assert checkpoint.size == 5
+    _, verified = open_note(data, [_log_key()])
+    assert [s.name for s in verified] == [ORIGIN]
+
+
 def test_a_failing_known_signature_rejects_the_note_even_beside_a_good_one() -> None:
     with pytest.raises(VerificationError) as err:
         open_checkpoint(_read("checkpoint_known_signature_fails_beside_a_good_one.note"), [_log_key()])
@@ -113,6 +122,8 @@ def test_several_signers_each_verify() -> None:
         b"text\n\n\xe2\x80\x94 a AAAA\n",
         b"text\n\n\xe2\x80\x94 a AAAAAAA=",
         b"te\x01xt\n\n\xe2\x80\x94 a AAAAAAA=\n",
+        b"te\x7fxt\n\n\xe2\x80\x94 a AAAAAAA=\n",
+        b"text\n\n\xe2\x80\x94 a\x1fb AAAAAAA=\n",
         b"\xff\n\n\xe2\x80\x94 a AAAAAAA=\n",
         b"text\n\n\xe2\x80\x94 a+b AAAAAAA=\n",
         b"x" * 70000,
@@ -125,6 +136,8 @@ def test_several_signers_each_verify() -> None:
         "signature_too_short",
         "no_final_newline",
         "control_character",
+        "del_in_text",
+        "control_character_in_key_name",
         "not_utf8",
         "plus_in_key_name",
         "too_large",

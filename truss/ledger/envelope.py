@@ -120,8 +120,7 @@ def parse_envelope(data: bytes | Mapping[str, Any]) -> Envelope:
     obj = as_dict(value)
     if obj is None:
         raise _bad("an envelope is a JSON object")
-    if set(obj) - {"payloadType", "payload", "signatures"}:
-        raise _bad("an envelope holds only payloadType, payload and signatures")
+    # DSSE: consumers MUST ignore unrecognized fields (of the envelope and of each signature).
     payload_type, payload, signatures = obj.get("payloadType"), obj.get("payload"), obj.get("signatures")
     if not isinstance(payload_type, str) or not payload_type:
         raise _bad("an envelope's payloadType is a non-empty string")

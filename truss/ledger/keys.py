@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import importlib
 import os
 import stat
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -31,6 +33,7 @@ import nacl.exceptions
 import nacl.signing
 
 from truss._errors import KeyFileError
+from truss.ledger.note import is_origin
 
 __all__ = [
     "COSIGNATURE_ALG_NAMES",
@@ -164,21 +167,21 @@ class IdentityKey:
 
     @classmethod
     def create(cls, path: Path, name: str | None = None) -> IdentityKey:
-        """Generate a key and write it to ``path`` with mode 0600; refuses to overwrite a file."""
-        key = cls.generate(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError as exc:
+        """Generate a key and write it to ``path`` with mode 0600; refuses to overwrite a file.
+
+        ``name`` becomes the origin line of every checkpoint the key signs, so a name that cannot be
+        one (``note.is_origin``: a space, a control character or DEL) is refused here, before any
+        file is written, rather than by the first checkpoint of every later run.
+        """
+        if name is not None and not is_origin(name):
             raise KeyFileError(
-                f"{path}: a key file already exists",
-                remedy="use the existing key, or move it away first if you really mean to replace it",
+                f"{name!r} cannot name a log: it becomes the origin line of the log's signed checkpoints, "
+                "which holds no spaces, control characters or DEL",
+                remedy="choose a name such as example.com/truss",
                 file=str(path),
-            ) from exc
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(key.private_text() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+            )
+        key = cls.generate(name)
+        _write_private(path, key.private_text())
         return key
 
     @classmethod
@@ -200,7 +203,7 @@ class IdentityKey:
                 file=str(path),
             )
         try:
-            text = path.read_text(encoding="ascii")
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise KeyFileError(f"{path}: cannot read the identity key ({type(exc).__name__})", file=str(path)) from exc
         return cls._parse_private(text, str(path))
@@ -505,19 +508,59 @@ class CosignerKey:
 
 
 def _write_private(path: Path, text: str) -> None:
+    # UTF-8 (a key name may be any Unicode), and atomic: the key is written and fsync'd under a
+    # temporary name in the same directory, then linked into place, so a failure at any point
+    # leaves either no file at ``path`` or the whole key; never a partial one that breaks every
+    # later command. A hard link, not a rename, so that a key another process created meanwhile
+    # is refused rather than replaced (a rename where the file system has no hard links).
+    data = (text + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
+    exists = KeyFileError(
+        f"{path}: a key file already exists",
+        remedy="use the existing key, or move it away first if you really mean to replace it",
+        file=str(path),
+    )
+    if os.path.lexists(path):
+        raise exists
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError as exc:
-        raise KeyFileError(
-            f"{path}: a key file already exists",
-            remedy="use the existing key, or move it away first if you really mean to replace it",
-            file=str(path),
-        ) from exc
-    with os.fdopen(fd, "w", encoding="ascii") as fh:
-        fh.write(text + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
+    except OSError as exc:
+        raise _unwritable(path, exc) from exc
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise exists from None
+        except OSError:
+            if os.path.lexists(path):
+                raise exists from None
+            os.rename(tmp, path)
+    except OSError as exc:
+        raise _unwritable(path, exc) from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+
+
+def _unwritable(path: Path, exc: OSError) -> KeyFileError:
+    return KeyFileError(
+        f"{path}: cannot write the key ({exc.strerror or type(exc).__name__}); no key file was left",
+        remedy="free space or fix the directory's permissions, then run the command again",
+        file=str(path),
+    )
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_private(path: Path) -> str:
@@ -532,7 +575,7 @@ def _read_private(path: Path) -> str:
             file=str(path),
         )
     try:
-        return path.read_text(encoding="ascii")
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise KeyFileError(f"{path}: cannot read the key ({type(exc).__name__})", file=str(path)) from exc
 

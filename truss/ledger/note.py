@@ -39,6 +39,7 @@ __all__ = [
     "NoteSigner",
     "NoteVerifier",
     "format_checkpoint",
+    "is_origin",
     "open_checkpoint",
     "open_note",
     "parse_checkpoint",
@@ -117,12 +118,17 @@ def parse_note(data: bytes) -> Note:
         whole = data.decode("utf-8")
     except UnicodeDecodeError:
         raise _format_error("a signed note is UTF-8 text", "bad_note") from None
-    if any(ord(ch) < 0x20 and ch != "\n" for ch in whole) or "\x7f" in whole:
+    # C2SP bans characters below U+0020 but newline anywhere in a note. Truss also refuses DEL in
+    # the text, but not in a signature line: a foreign cosigner's name may hold one, and an
+    # unknown signer's line is ignored, not a reason to refuse the note.
+    if any(ord(ch) < 0x20 and ch != "\n" for ch in whole):
         raise _format_error("a signed note holds no control characters but newlines", "bad_note")
     split = whole.rfind("\n\n")
     if split < 0:
         raise _format_error("a signed note has a blank line between its text and its signatures", "bad_note")
     text, block = whole[: split + 1], whole[split + 2 :]
+    if "\x7f" in text:
+        raise _format_error("a signed note's text holds no control characters but newlines", "bad_note")
     if not block.endswith("\n") or not block.strip("\n"):
         raise _format_error("a signed note ends in at least one signature line and a newline", "bad_note")
     lines = block[:-1].split("\n")
@@ -216,13 +222,22 @@ class Checkpoint:
 
 def format_checkpoint(origin: str, size: int, root: bytes) -> str:
     """The checkpoint body Truss writes: origin, size and root, no extension lines."""
-    if not origin or any(ord(ch) < 0x21 for ch in origin) or "\x7f" in origin:
+    if not is_origin(origin):
         raise ValueError("a checkpoint origin is non-empty and holds no spaces or control characters")
     if not 0 <= size <= _MAX_TREE_SIZE:
         raise ValueError(f"tree size {size} is out of range")
     if len(root) != 32:
         raise ValueError("a checkpoint root is a 32-byte SHA-256 hash")
     return f"{origin}\n{size}\n{base64.b64encode(root).decode()}\n"
+
+
+def is_origin(name: str) -> bool:
+    """Whether ``name`` can be the origin line of a checkpoint Truss signs, and so a log's name.
+
+    Non-empty, with no space and no control character: nothing below U+0021, and no DEL. The key
+    that signs a log's checkpoints is named after it, so ``IdentityKey.create`` applies this too.
+    """
+    return bool(name) and not any(ord(ch) < 0x21 or ch == "\x7f" for ch in name)
 
 
 def parse_checkpoint(text: str) -> Checkpoint:

@@ -104,6 +104,12 @@ def main() -> None:
     env["signatures"][0]["sig"] = env["signatures"][0]["sig"].replace("+", "-").replace("/", "_").rstrip("=")
     files["envelope_in_unpadded_url_safe_base64"] = _text(doc)
 
+    # Fields DSSE does not define, in the envelope and in its signature: consumers MUST ignore them.
+    doc = copy.deepcopy(original)
+    doc["envelope"]["comment"] = "added by another DSSE producer"
+    doc["envelope"]["signatures"][0]["cert"] = None
+    files["envelope_with_unrecognized_fields"] = _text(doc)
+
     # "version": true equals 1 in Python; the page reads it the same way.
     doc = copy.deepcopy(original)
     doc["version"] = True

@@ -584,7 +584,7 @@
   function parseEnvelope(obj) {
     const bad = (message) => unusable("bad_envelope", message);
     if (!isObj(obj)) throw bad("an envelope is a JSON object");
-    if (Object.keys(obj).some((k) => !["payloadType", "payload", "signatures"].includes(k))) throw bad("an envelope holds only payloadType, payload and signatures");
+    // DSSE: consumers MUST ignore unrecognized fields (of the envelope and of each signature).
     const type = own(obj, "payloadType"), payload = own(obj, "payload"), signatures = own(obj, "signatures");
     if (typeof type !== "string" || !type) throw bad("an envelope's payloadType is a non-empty string");
     if (typeof payload !== "string") throw bad("an envelope's payload is a base64 string");

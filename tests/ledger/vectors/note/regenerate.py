@@ -48,6 +48,10 @@ def main() -> None:
             format_checkpoint("truss.test/elsewhere", 5, tree.root()), [log_key]
         ),
         "checkpoint_unknown_signature_line_added.note": valid + sign_note(body, [stranger]).split(b"\n\n", 1)[1],
+        # C2SP bans only characters below U+0020 in a note: a cosigner's name may hold DEL, and a
+        # verifier that does not know the cosigner ignores its line.
+        "checkpoint_unknown_cosigner_with_del_in_its_name_added.note": valid
+        + sign_note(body, [test_key("a witness nobody here knows", "witness\x7f.example")]).split(b"\n\n", 1)[1],
         "checkpoint_known_signature_fails_beside_a_good_one.note": valid
         + sign_note(body.replace("\n5\n", "\n6\n"), [log_key]).split(b"\n\n", 1)[1],
     }
