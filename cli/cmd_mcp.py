@@ -602,7 +602,11 @@ def _oauth_found(server: Mapping[str, Any], exc: ServerStartError) -> dict[str, 
         oauth = _run(lambda: discover(url, timeout_s=timeout_s))
     except Exception:
         return None
-    if oauth is None:
+    if oauth is None or not (
+        oauth.get("resource") or oauth.get("authorization_servers") or oauth.get("authorization_server")
+    ):
+        # No OAuth metadata behind the refusal: a credential problem (or a broken OAuth setup), reported
+        # as the failed connect it is, with the advice of truss.mcp._authfail.
         return None
     return {"server": server["name"], "url": url, "connected": False, "needs": "oauth", "oauth": oauth}
 

@@ -119,7 +119,6 @@ def serve_witness(args: argparse.Namespace, ctx: Ctx) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number")
-    row_limit(args.limit)  # a negative number is refused; 0 means all
     config, state = open_witness(Path(args.dir))
     stop = threading.Event()
 
@@ -151,6 +150,7 @@ def _when(ms: int) -> str:
 def show_witness(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.witness.server import open_witness
 
+    row_limit(args.limit)  # a negative number is refused; 0 means all
     config, state = open_witness(Path(args.dir))
     with state:
         latest = {c.origin: c for c in state.latest()}

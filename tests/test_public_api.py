@@ -41,6 +41,7 @@ SNAPSHOT: dict[str, list[str]] = {
         "InDoubtError",
         "InputError",
         "KeyFileError",
+        "LoginRequiredError",
         "McpError",
         "NotFoundError",
         "PinMismatchError",

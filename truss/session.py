@@ -524,7 +524,7 @@ class _Run:
             now = _server_json(status)
             then: Mapping[str, Any] = servers.get(str(name)) or {}
             for seam in ("launcher", "auth"):
-                if canonical(now.get(seam)) != canonical(then.get(seam)):
+                if canonical(_reach_identity(now.get(seam))) != canonical(_reach_identity(then.get(seam))):
                     raise ReplayDivergenceError(
                         f"resumed session {self.session}: MCP server {name!r} is reached differently than when the "
                         f"run started (its {seam} description changed"
@@ -756,3 +756,18 @@ def _envelope_checkpoint(envelope: bytes | None) -> str | None:
     except (ValueError, KeyError, TypeError):
         return None
     return checkpoint if isinstance(checkpoint, str) else None
+
+
+# What an auth description may change between a run's start and its resume without the server
+# being reached differently: an OAuth grant's expiry and scopes move with every refresh or step-up.
+_VOLATILE_AUTH = ("expires_at_ms", "scopes")
+
+
+def _reach_identity(described: Any) -> Any:
+    """A launcher or auth description without the fields a token refresh changes."""
+    if not isinstance(described, Mapping):
+        return described
+    fields = cast(Mapping[str, Any], described)
+    if fields.get("kind") != "oauth":
+        return fields
+    return {k: v for k, v in fields.items() if k not in _VOLATILE_AUTH}

@@ -65,7 +65,7 @@ from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
 from truss.mcp._mount import UNPINNABLE, list_all, mount, pin_or_none
 from truss.mcp._results import closed
 from truss.mcp._schema import SchemaChecks
-from truss.mcp._status import ServerStatus, scrubbed_status, tool_definition
+from truss.mcp._status import ServerStatus, scrub_value, scrubbed_status, tool_definition
 from truss.mcp._stderr import StderrSink
 from truss.mcp._stdio import stdio_transport
 from truss.mcp._tasks import offers_tasks
@@ -612,7 +612,11 @@ async def run_server(live: Live, reach: Reach) -> None:
                 tools = await list_all(client)
                 store = reach.definitions
                 if store is not None:
-                    await anyio.to_thread.run_sync(lambda: [store.put(tool_definition(t)) for t in tools])
+                    # The cache holds definitions as sent (its files hash to their pins), so one that
+                    # carries a known secret is not kept at all: a pin diff then says it was never seen.
+                    secrets = reach.secrets()
+                    kept = [d for d in map(tool_definition, tools) if scrub_value(d, secrets) == d]
+                    await anyio.to_thread.run_sync(lambda: [store.put(d) for d in kept])
                 mounted = mount(
                     server, client, tools, transport="inprocess" if live.inprocess is not None else server.transport,
                     connect_ms=(clock.monotonic() - start) * 1000.0, pid=live.pid, log=log,
