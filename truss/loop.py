@@ -49,6 +49,7 @@ from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record
 from truss.providers.base import Provider, ToolCall, ToolSpec, TurnRequest, TurnResponse
 from truss.redaction import Redactor
+from truss.tools import namespaced, provider_name
 from truss.turns import delta
 
 __all__ = ["CITATION_SYSTEM", "DEFAULT_SYSTEM", "LoopResult", "StopReason", "run_loop"]
@@ -249,7 +250,7 @@ class _Loop:
         requests = [
             CallRequest(
                 call=f"c{turn}.{i}",
-                tool=self.by_provider.get(c.name) or _unknown_name(c.name),
+                tool=self.by_provider.get(c.name) or _requested_name(c.name, self.contract),
                 arguments=c.arguments,
                 turn=turn,
                 raw_arguments=c.raw_arguments,
@@ -298,6 +299,19 @@ async def _run_calls(gate: Gate, requests: list[CallRequest], limiter: anyio.Cap
 
 def _add_usage(state: BudgetState, *, contract: Contract, response: TurnResponse) -> Charged | Exceeded:
     return budget_mod.add_usage(state, contract, response.usage.input_tokens, response.usage.output_tokens)
+
+
+def _requested_name(name: str, contract: Contract) -> str:
+    """The name an unmounted call is recorded under: ``mcp:<server>:<tool>`` when ``name`` is exactly
+    the provider name of a tool of one of the contract's servers (a tool the server does not
+    advertise, or one Truss refused to mount), so the denial is found under the name the rest of the
+    record uses; otherwise the name as the model sent it, bounded."""
+    for server in contract.mcp.servers:
+        prefix = f"mcp__{server.name}__"
+        tool = name[len(prefix) :] if name.startswith(prefix) else ""
+        if tool and provider_name(server.name, tool) == name:
+            return namespaced(server.name, tool)
+    return _unknown_name(name)
 
 
 def _unknown_name(name: str) -> str:

@@ -339,6 +339,19 @@ async def test_a_made_up_tool_name_is_recorded_bounded(tmp_path: Path) -> None:
     assert len(denied.raw) < 2_000
 
 
+async def test_an_unmounted_tool_of_a_contract_server_is_denied_under_its_namespaced_name(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    calls_ = [ToolCall("u0", "mcp__srv__rm_rf", {}), ToolCall("u1", "mcp__other__rm_rf", {})]
+    model = ListProvider([TurnResponse("", calls_, "tool_use"), TurnResponse("ok")])
+    outcome = await h.run(contract(), transport(), model)
+    denied = [e.body for e in h.store.read_session(outcome.session) if e.kind == "mcp_tool_denied"]
+    # srv is the contract's server: the record uses the name the rest of it uses; "other" is not one
+    assert [(d["tool"], d["code"]) for d in denied] == [
+        ("mcp:srv:rm_rf", "not_mounted"),
+        ("mcp__other__rm_rf", "not_mounted"),
+    ]
+
+
 async def test_a_check_that_fails_after_a_call_was_refused_for_budget_is_an_error_naming_the_limit(
     tmp_path: Path,
 ) -> None:
