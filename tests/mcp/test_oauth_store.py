@@ -100,3 +100,33 @@ def test_a_valid_oauth_table_names_its_secrets_and_never_holds_them() -> None:
     contract = _load(_server(grant="client_credentials", client_id="c", client_secret_env="CLIENT_SECRET"))
     oauth = contract.to_json()["mcp"]["servers"][0]["oauth"]
     assert oauth["client_secret_env"] == "CLIENT_SECRET"
+
+
+_SAVER = """
+import sys
+from pathlib import Path
+from truss.mcp.oauth import Grant, TokenStore
+store = TokenStore(Path(sys.argv[1]), backend="file")
+for i in range(int(sys.argv[3])):
+    resource = f"https://{sys.argv[2]}-{i}.example/mcp"
+    tokens = {"access_token": f"tok-{sys.argv[2]}-{i}-abcdef", "token_type": "Bearer"}
+    store.save(Grant(issuer="https://as.example", resource=resource, server="s", grant="client_credentials",
+                     obtained_at_ms=1, tokens=tokens))
+"""
+
+
+def test_logins_in_several_processes_at_once_lose_no_grant(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    directory, writers, each = tmp_path / "oauth", 6, 15
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _SAVER, str(directory), f"w{n}", str(each)]) for n in range(writers)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0] * writers
+    store = TokenStore(directory, backend="file")
+    assert len(store.facts()) == writers * each
+    for n in range(writers):
+        for i in range(each):
+            found = store.find(f"https://w{n}-{i}.example/mcp")
+            assert found is not None and found.tokens["access_token"] == f"tok-w{n}-{i}-abcdef"

@@ -11,6 +11,11 @@ Where the secrets live (``backend``):
 - ``file``: ``DIR/tokens.enc``, AES-256-GCM with a random key in ``DIR/tokens.key``; both mode
   0600, written atomically. Used when no keyring is usable (a container, CI, a server).
 
+Several Truss processes may share one home (two ``truss mcp login`` at once, a run refreshing a
+token while another logs in): every read and every read-modify-write of the index and the token
+file holds a lock on ``DIR/lock`` (``flock``: shared to read, exclusive to change), so no process
+reads a half-written file and no update is lost.
+
 ``DIR/index.json`` (mode 0600) lists the grants' non-secret facts (issuer, resource, server name,
 grant, client id, scopes, expiry) for ``truss mcp auth status`` and for finding a grant by its
 resource; it never holds a token or a secret. What the file backend protects against and what
@@ -24,8 +29,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -125,6 +132,20 @@ class TokenStore:
             ("keyring" if keyring_usable() else "file") if chosen == "auto" else cast(Any, chosen)
         )
 
+    @contextlib.contextmanager
+    def _locked(self, *, exclusive: bool) -> Iterator[None]:
+        """Hold ``DIR/lock``: exclusive around a change, shared around a read (see the module docstring)."""
+        if not exclusive and not self.directory.exists():
+            yield  # nothing stored yet, and a read must not create the folder
+            return
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
     # -- the index (non-secret) --------------------------------------------------------------
 
     @property
@@ -182,7 +203,7 @@ class TokenStore:
             if not create:
                 return None
             raw = base64.b64encode(os.urandom(32))
-            _write_private(path, raw, exclusive=True)
+            _write_private(path, raw)  # under the exclusive lock: no other process creates it meanwhile
             return base64.b64decode(raw)
         _check_private(path)
         try:
@@ -235,6 +256,10 @@ class TokenStore:
 
     def find(self, resource: str, issuer: str | None = None, client_id: str | None = None) -> Grant | None:
         """The grant for ``resource`` (from ``issuer`` and for ``client_id`` when given; else the newest)."""
+        with self._locked(exclusive=False):
+            return self._find(resource, issuer, client_id)
+
+    def _find(self, resource: str, issuer: str | None, client_id: str | None) -> Grant | None:
         index = self._index()
         candidates = [
             (key, facts)
@@ -265,13 +290,18 @@ class TokenStore:
 
     def save(self, grant: Grant) -> None:
         remember_all(grant.secret())
-        self._secret_set(grant.key, grant.secret())
-        index = self._index()
-        index[grant.key] = grant.facts()
-        self._write_index(index)
+        with self._locked(exclusive=True):
+            self._secret_set(grant.key, grant.secret())
+            index = self._index()
+            index[grant.key] = grant.facts()
+            self._write_index(index)
 
     def delete(self, resource: str, issuer: str | None = None) -> list[dict[str, Any]]:
         """Forget the grants for ``resource`` (from ``issuer`` when given); their facts."""
+        with self._locked(exclusive=True):
+            return self._delete(resource, issuer)
+
+    def _delete(self, resource: str, issuer: str | None) -> list[dict[str, Any]]:
         index = self._index()
         gone = [
             key
@@ -287,7 +317,9 @@ class TokenStore:
 
     def facts(self) -> list[dict[str, Any]]:
         """Every stored grant's non-secret facts, by resource then issuer."""
-        return sorted(self._index().values(), key=lambda f: (str(f.get("resource")), str(f.get("issuer"))))
+        with self._locked(exclusive=False):
+            index = self._index()
+        return sorted(index.values(), key=lambda f: (str(f.get("resource")), str(f.get("issuer"))))
 
 
 def _strings(value: Any) -> list[str]:
@@ -307,16 +339,9 @@ def _check_private(path: Path) -> None:
         )
 
 
-def _write_private(path: Path, data: bytes, *, exclusive: bool = False) -> None:
+def _write_private(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` with mode 0600, atomically (a temporary file renamed over it)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if exclusive:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        return
     temporary = path.with_name(f".{path.name}.{os.urandom(6).hex()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
