@@ -32,7 +32,7 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -133,7 +133,7 @@ class TokenStore:
         )
 
     @contextlib.contextmanager
-    def _locked(self, *, exclusive: bool) -> Iterator[None]:
+    def _locked(self, *, exclusive: bool) -> Generator[None]:
         """Hold ``DIR/lock``: exclusive around a change, shared around a read (see the module docstring)."""
         if not exclusive and not self.directory.exists():
             yield  # nothing stored yet, and a read must not create the folder
