@@ -12,7 +12,7 @@ import os
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "parse_duration_ms"]
+__all__ = ["Clock", "SystemClock", "new_owner_id", "parse_duration_ms"]
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case: sortable, unambiguous
 
@@ -74,3 +74,9 @@ def parse_duration_ms(text: str) -> int:
                 return value
             break
     raise ValueError(f"bad duration {text!r}: write a positive whole number and a unit, e.g. '30s', '5m', '2h'")
+
+
+def new_owner_id() -> str:
+    """An id for one process's runtime as a session lease's owner (random; never from an injected clock,
+    so taking a lease does not change the ids a test clock hands out)."""
+    return f"own_{os.getpid()}_{_encode(int.from_bytes(os.urandom(10), 'big'), 16)}"

@@ -56,6 +56,7 @@ __all__ = [
     "RuntimeFailure",
     "SandboxError",
     "ServerStartError",
+    "SessionBusyError",
     "StoreBusyError",
     "StoreConflictError",
     "StoreError",
@@ -213,6 +214,16 @@ class RunSuspended(TrussError):
 
     exit_code = 3
     kind = "suspended"
+
+
+class SessionBusyError(TrussError):
+    """Another process is driving this session (it holds the session's lease).
+
+    Fields: ``session``, ``owner``, ``host``, ``pid``, ``since_ms``, ``expires_ms``.
+    """
+
+    exit_code = 3
+    kind = "session_busy"
 
 
 # -- exit 4: the work could not be done -------------------------------------------------------

@@ -332,12 +332,15 @@ class _ReadOnlyStore:
         )
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
         raise self._refuse(", ".join(r.kind for r in records) + " entry", session)
-
-    def set_status(self, session: str, status: str) -> None:
-        raise self._refuse(f"status {status!r}", session)
 
     def erase_payloads(self, session: str) -> int:
         raise self._refuse("erasure", session)

@@ -37,7 +37,13 @@ class JournalStore(Protocol):
     replay's read-only view is one too)."""
 
     def append(
-        self, session: str, records: Sequence[Record], *, durable: bool = True, expect_seq: int | None = None
+        self,
+        session: str,
+        records: Sequence[Record],
+        *,
+        durable: bool = True,
+        expect_seq: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]: ...
 
     def blob(self, ref: str) -> bytes | None: ...
@@ -110,9 +116,14 @@ class Journal:
     so there is never a half-recorded step. Blobs are scrubbed of secrets by the caller.
     """
 
-    def __init__(self, store: JournalStore, session: str, *, recorded: Iterable[StoredEntry] = ()) -> None:
+    def __init__(
+        self, store: JournalStore, session: str, *, recorded: Iterable[StoredEntry] = (), epoch: int | None = None
+    ) -> None:
         self.store = store
         self.session = session
+        # The lease epoch of the run that drives the session: every append carries it, so the
+        # store refuses this journal's writes once another process took the session over.
+        self.epoch = epoch
         self.calls: dict[str, RecordedCall] = {}
         self.turns: dict[int, StoredEntry] = {}
         self.entries: list[StoredEntry] = []
@@ -145,7 +156,11 @@ class Journal:
 
     async def append(self, *records: Record, durable: bool = True, expect_seq: int | None = None) -> list[StoredEntry]:
         def write() -> list[StoredEntry]:
-            return self.store.append(self.session, list(records), durable=durable, expect_seq=expect_seq)
+            if self.epoch is None:
+                return self.store.append(self.session, list(records), durable=durable, expect_seq=expect_seq)
+            return self.store.append(
+                self.session, list(records), durable=durable, expect_seq=expect_seq, epoch=self.epoch
+            )
 
         if not durable or IN_FLIGHT.count <= 1:
             stored = write()

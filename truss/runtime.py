@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from truss._clock import Clock, SystemClock
+from truss._clock import Clock, SystemClock, new_owner_id
 from truss._errors import KeyFileError, UsageError
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from truss.events import Subscriber
     from truss.ledger.keys import IdentityKey, TrustedKeys
     from truss.ledger.stores import LedgerStore
+    from truss.ledger.stores.base import LeaseOwner
     from truss.providers.base import Provider
 
 __all__ = ["Connector", "ProviderFactory", "Runtime"]
@@ -68,6 +69,19 @@ class Runtime:
     provider: ProviderFactory | None = None
     events: Sequence[Subscriber] = ()
     trusted_keys: TrustedKeys | None = None
+    owner: LeaseOwner | None = None
+    lease_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        # Every read of the ledger goes through the one verified reader (truss.ledger.reader);
+        # writes go to the store it wraps.
+        from truss.ledger.reader import VerifiedStore
+        from truss.ledger.stores.base import LeaseOwner
+
+        if self.owner is None:  # one owner id per runtime; copies (dataclasses.replace) keep it
+            object.__setattr__(self, "owner", LeaseOwner.this_process(new_owner_id()))
+
+        object.__setattr__(self, "store", VerifiedStore(self.store, lambda: self.trusted, now_ms=self.clock.now_ms))
 
     @classmethod
     def open(
@@ -98,6 +112,7 @@ class Runtime:
         identity = IdentityKey.load(Path(key) if key is not None else home_path / "identity.key") if signing else None
         store = open_store(db if db is not None else home_path / "ledger.db", key=identity, clock=clock, create=create)
         return cls(
+            trusted_keys=_home_trust(Path(key) if key is not None else home_path / "identity.key"),
             store=store,
             clock=clock,
             home=home_path,
@@ -125,7 +140,19 @@ class Runtime:
             return self.trusted_keys
         from truss.ledger.keys import TrustedKeys
 
-        return TrustedKeys([self.signer.verifier])
+        if self.key is None:
+            raise KeyFileError(
+                "the ledger is read only through what verifies, and this runtime has no key to verify it with",
+                remedy="give the home's identity key (--key FILE, or HOME/identity.key), or build the Runtime "
+                "with trusted_keys",
+            )
+        return TrustedKeys([self.key.verifier])
+
+    @property
+    def lease_owner(self) -> LeaseOwner:
+        """Who this runtime's runs are, as a session's lease names them (id, host, pid)."""
+        assert self.owner is not None  # set in __post_init__
+        return self.owner
 
     def connect(self) -> Connector:
         """The connector; ``UsageError`` for a runtime built without one (replay and approvals need none)."""
@@ -145,3 +172,14 @@ class Runtime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _home_trust(key_path: Path) -> TrustedKeys | None:
+    """The keys a home's reads are checked against: its first key (rotations are followed from it)."""
+    from truss.keyring import trust_root
+    from truss.ledger.keys import TrustedKeys
+
+    try:
+        return TrustedKeys(trust_root(key_path))
+    except KeyFileError:
+        return None  # no readable key: reads that need it say so (``Runtime.trusted``)

@@ -36,6 +36,7 @@ on the same index.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import re
@@ -56,6 +57,7 @@ from truss._errors import (
     ReplayDivergenceError,
     RunSuspended,
     SandboxError,
+    StoreConflictError,
     TrussError,
     UsageError,
 )
@@ -70,7 +72,7 @@ from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import IdentityKey
 from truss.ledger.note import sign_checkpoint
-from truss.ledger.stores.base import LedgerStore
+from truss.ledger.stores.base import Lease, LedgerStore
 from truss.loop import LoopResult, run_loop
 from truss.panel import ReviewerSet, open_reviewers, run_panels
 from truss.providers.base import Provider
@@ -314,8 +316,49 @@ class _Run:
         self.redactor = Redactor(contract, runtime.environ)
         self.server_records: list[Record] = []  # reported by launchers, not yet appended
         self.server_records_wake = anyio.Event()
+        self.owner = runtime.lease_owner
+        self.lease_ms = runtime.lease_ms
 
     async def drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
+        """Drive the session as its one owner: take its lease (a second driver is refused with
+        ``SessionBusyError``, exit 3), renew it while the run goes on, and carry its epoch on every
+        append (the store refuses them once another process took over); give it up on the way out."""
+        lease = await anyio.to_thread.run_sync(
+            lambda: self.store.acquire_lease(self.session, self.owner, ttl_ms=self.lease_ms)
+        )
+        self.journal.epoch = lease.epoch
+        renewed = [lease]
+        outcome: RunOutcome | None = None
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._renew, renewed)
+                try:
+                    outcome = await self._drive_leg(principal=principal, resumed_from=resumed_from)
+                finally:
+                    group.cancel_scope.cancel()
+            assert outcome is not None  # the leg returned (else this line is not reached)
+            return outcome
+        finally:
+            if outcome is None or outcome.status not in TERMINAL:  # an ended session needs no owner
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(lambda: self._release(renewed[0]))
+
+    async def _renew(self, held: list[Lease]) -> None:
+        """Renew the lease every third of its length (one store write each), until the run ends."""
+        while True:
+            await anyio.sleep(self.lease_ms / 3000)
+            try:
+                held.append(
+                    await anyio.to_thread.run_sync(lambda: self.store.renew_lease(held[-1], ttl_ms=self.lease_ms))
+                )
+            except StoreConflictError:
+                return  # taken over: this run's next append is refused by the store (fencing)
+
+    def _release(self, lease: Lease) -> None:
+        with contextlib.suppress(TrussError):
+            self.store.release_lease(lease)
+
+    async def _drive_leg(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
         """The run leg as one span of events: ``SessionStarted`` first, ``SessionEnded`` on every way out."""
         name, resumed = self.contract.contract.name, resumed_from is not None
         agent = self.contract.agent
@@ -399,7 +442,6 @@ class _Run:
                 found = {k: exc.fields.get(k) for k in ("seq", "expected", "actual") if exc.fields.get(k) is not None}
                 with anyio.CancelScope(shield=True):
                     await self.journal.append(Record("session_suspended", {"reason": "diverged", **found}))
-            self.store.set_status(self.session, "diverged")
             return RunOutcome(self.session, "diverged", None, self._head(), None, 4, exc.message)
         except LoginRequiredError as exc:
             if not entered:
@@ -505,7 +547,6 @@ class _Run:
         if principal is not None:
             body["principal"] = principal
         await self.journal.append(Record("session_started", body), durable=True, expect_seq=0)
-        self.store.set_status(self.session, "running")
 
     async def _resumed(self, mounts: MountSet, started: Mapping[str, Any]) -> None:
         recorded: Mapping[str, Any] = started.get("pins") or {}
@@ -541,7 +582,6 @@ class _Run:
             durable=True,
             expect_seq=self.journal.next_seq,
         )
-        self.store.set_status(self.session, "running")
 
     async def _start_failed(self, exc: TrussError, principal: Any) -> RunOutcome:
         """A server that could not start: the attempt is still recorded, with an ``error`` verdict."""
@@ -606,7 +646,6 @@ class _Run:
         verdict_entry = next(e for e in reversed(self.journal.entries) if e.kind == "verdict")
         _faults.fault("during_verdict")
         [ended] = await self.journal.append(Record("session_ended", {"status": verdict.status}), durable=True)
-        self.store.set_status(self.session, verdict.status)
         checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
         self.events.checkpoint_signed(checkpoint)
         predicate = {
@@ -652,7 +691,6 @@ class _Run:
         # Shielded: an interrupted run still records that it was interrupted.
         with anyio.CancelScope(shield=True):
             [entry] = await self.journal.append(Record("session_suspended", body), durable=True)
-            self.store.set_status(self.session, status)
             checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
         self.events.checkpoint_signed(checkpoint)
         self.events.suspended(reason, calls, detail, entry)
@@ -670,7 +708,7 @@ class _Run:
 
 
 def _reindexed(journal: Journal, entries: list[StoredEntry]) -> Journal:
-    return Journal(journal.store, journal.session, recorded=entries)
+    return Journal(journal.store, journal.session, recorded=entries, epoch=journal.epoch)
 
 
 @asynccontextmanager

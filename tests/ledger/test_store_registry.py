@@ -3,6 +3,7 @@ a toy backend registered from a test passes it too, and a ``--db`` that names no
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
@@ -16,7 +17,7 @@ from truss._clock import Clock
 from truss._errors import KeyFileError, NotFoundError, StoreConflictError, StoreError, UsageError
 from truss.ledger.canonical import canonical
 from truss.ledger.cosignature import merge_notes
-from truss.ledger.entry import Record, StoredEntry, encode_record
+from truss.ledger.entry import Record, StoredEntry, encode_record, session_status
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
 from truss.ledger.stores import (
@@ -28,7 +29,17 @@ from truss.ledger.stores import (
     store_schemes,
     unregister_store,
 )
-from truss.ledger.stores.base import SessionHead, SessionInfo, StoredCheckpoint, check_status, seal_batch
+from truss.ledger.stores.base import (
+    DEFAULT_LEASE_MS,
+    Lease,
+    LeaseOwner,
+    SessionHead,
+    SessionInfo,
+    StoredCheckpoint,
+    check_epoch,
+    grant_lease,
+    seal_batch,
+)
 from truss.ledger.stores.sqlite import SqliteStore, sqlite_path
 from truss.testing import ManualClock, check_ledger_store
 
@@ -161,6 +172,29 @@ class ToyStore:
         raw = self._rows.get(name)
         return None if raw is None else json.loads(raw)
 
+    def acquire_lease(self, session: str, owner: LeaseOwner, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        with self._lock:
+            lease = grant_lease(self.lease(session), session, owner, self._clock.now_ms(), ttl_ms)
+            self._put(f"lease/{session}", dataclasses.asdict(lease))
+            return lease
+
+    def renew_lease(self, lease: Lease, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        with self._lock:
+            check_epoch(lease.session, self.lease(lease.session), lease.epoch)
+            renewed = dataclasses.replace(lease, expires_ms=self._clock.now_ms() + ttl_ms)
+            self._put(f"lease/{lease.session}", dataclasses.asdict(renewed))
+            return renewed
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._lock:
+            held = self.lease(lease.session)
+            if held is not None and held.epoch == lease.epoch:
+                self._put(f"lease/{lease.session}", dataclasses.asdict(dataclasses.replace(held, expires_ms=0)))
+
+    def lease(self, session: str) -> Lease | None:
+        row = self._json(f"lease/{session}")
+        return None if row is None else Lease(**row)
+
     def _put(self, name: str, value: Any) -> None:
         self._rows[name] = value if isinstance(value, bytes) else canonical(value)
 
@@ -172,11 +206,13 @@ class ToyStore:
         durable: bool = True,
         expect_seq: int | None = None,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
         bodies = [encode_record(r) for r in records]
         if not records:
             return []
         with self._lock:
+            check_epoch(session, self.lease(session), epoch)
             row = self._json(f"session/{session}")
             head = None if row is None else SessionHead(row["entries"], row["head"], row["ended"])
             out = seal_batch(self._key, origin=self.origin, session=session, head=head, records=records,
@@ -195,19 +231,10 @@ class ToyStore:
                 contract, principal = records[0].body.get("contract"), records[0].body.get("principal")
                 row = {"contract": contract if isinstance(contract, str) else None, "principal": principal,
                        "status": "running", "started_ms": out[0].ts}  # fmt: skip
-            status = "ended" if ended and row["status"] == "running" else row["status"]
+            status = session_status(session, out[-1].kind, out[-1].body)
             row.update(entries=out[-1].seq + 1, head=out[-1].hash, ended=ended, updated_ms=out[-1].ts, status=status)
             self._put(f"session/{session}", row)
             return out
-
-    def set_status(self, session: str, status: str) -> None:
-        check_status(status)
-        with self._lock:
-            row = self._json(f"session/{session}")
-            if row is None:
-                raise NotFoundError(f"no session {session!r}", what="session", name=session)
-            row["status"] = status
-            self._put(f"session/{session}", row)
 
     def session(self, session: str) -> SessionInfo | None:
         row = self._json(f"session/{session}")

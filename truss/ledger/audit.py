@@ -25,6 +25,7 @@ from typing import Any, Protocol, overload
 from truss._errors import InputError, StoreError, TrussError, UsageError, VerificationError
 from truss.ledger.bundle import BundleReport, verify_bundle
 from truss.ledger.entry import StoredEntry
+from truss.ledger.envelope import open_verdict
 from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
@@ -109,6 +110,9 @@ def verify_store(
     The key history in the log's own session (key rotations) is followed from ``trusted`` first:
     entries and checkpoints signed by a later key verify, each within the span its key was current.
     """
+    # A verified reader (``truss.ledger.reader``) is verified through the store it wraps: these
+    # checks are what its reads rest on.
+    store = getattr(store, "raw", store)
     history = store_key_history(store, trusted)
     if isinstance(history, VerifyReport):
         return history
@@ -130,11 +134,44 @@ def verify_store(
     size = audit.frontier.size
     try:
         finding = audit.finish(size, root_at(size, store.node))
+        if finding is None:  # L5: the frontier the store appends from is the rebuilt tree's
+            finding = audit.finish(*_stored_head(store))
     except StoreError as exc:
         finding = ("tree_mismatch", exc.message)
     if finding is None:
+        finding = _envelopes_match(store, trusted)  # L7
+    if finding is None:
         return stored_checkpoint_signers(store, history, report)
     return _failed(report, finding)
+
+
+def _stored_head(store: AuditSource) -> tuple[int, bytes]:
+    head: Callable[[], tuple[int, bytes]] | None = getattr(store, "tree_head", None)
+    if head is None:
+        return store.tree_size(), getattr(store, "tree_root", lambda: b"")()
+    return head()
+
+
+def _envelopes_match(store: AuditSource, trusted: TrustedKeys) -> tuple[str, str] | None:
+    """L7: every stored verdict envelope is signed by a trusted key, names its session and that
+    session's head, and gives the status its ``session_ended`` entry records."""
+    read: Callable[[str], bytes | None] | None = getattr(store, "envelope", None)
+    if read is None:
+        return None
+    for row in store.sessions():
+        data = read(row.id)
+        if data is None:
+            continue
+        try:
+            verdict = open_verdict(data, trusted, session=row.id, head=row.head)
+        except (VerificationError, InputError) as exc:
+            return "bad_envelope", f"session {row.id!r}: its stored verdict envelope does not verify ({exc.message})"
+        if verdict.status != row.status:
+            return (
+                "bad_envelope",
+                f"session {row.id!r}: its verdict envelope says {verdict.status}, its end {row.status}",
+            )
+    return None
 
 
 def _failed(report: VerifyReport, finding: tuple[str, str]) -> VerifyReport:
@@ -194,7 +231,11 @@ class LogAudit:
     L3 each stored checkpoint's note is signed by a trusted key for this origin and says the
        size and root its row says (``bad_stored_checkpoint`` or the note's own reason);
     L4 no checkpoint is larger than the log (``log_shrank``);
-    L5 the rebuilt root equals the store's tree root (``tree_mismatch``).
+    L5 the rebuilt root equals the store's tree root, computed both from its nodes and from its
+       stored frontier (``tree_mismatch``).
+
+    L1 also compares every interior node an entry completes with the node the store holds
+    (``node_mismatch``): later checkpoints, inclusion and consistency proofs are built from them.
     """
 
     def __init__(
@@ -242,9 +283,22 @@ class LogAudit:
         if index != self.frontier.size:
             return "leaf_mismatch", f"log index {index} arrives where leaf {self.frontier.size} belongs"
         leaf = leaf_hash(item.raw)
-        if self._node is not None and self._node(0, index) != leaf:  # L1
-            return "leaf_mismatch", f"the stored Merkle leaf {index} is not the hash of the entry at that index"
-        self.frontier.append(leaf)
+        completed = self.frontier.append(leaf)
+        if self._node is not None:
+            for level, at, digest in completed:
+                try:
+                    stored = self._node(level, at)
+                except StoreError:
+                    stored = None
+                if stored == digest:
+                    continue
+                if level == 0:  # L1
+                    return "leaf_mismatch", f"the stored Merkle leaf {index} is not the hash of the entry at that index"
+                # L1: every interior node the log completes is the hash of its two children as rebuilt.
+                return (
+                    "node_mismatch",
+                    f"the stored Merkle node ({level}, {at}) is not the hash of the entries below it",
+                )
         return self._check_root()
 
     def finish(self, tree_size: int, tree_root: bytes) -> tuple[str, str] | None:

@@ -30,6 +30,7 @@ __all__ = [
     "ENTRY_FIELDS",
     "ENTRY_VERSION",
     "KINDS",
+    "LOG_SESSION_ID",
     "PAYLOAD_TYPE",
     "REF_RE",
     "ZERO_HASH",
@@ -42,6 +43,8 @@ __all__ = [
     "iter_refs",
     "pae",
     "seal",
+    "session_status",
+    "status_after",
 ]
 
 ENTRY_VERSION = 1
@@ -73,6 +76,43 @@ KINDS: frozenset[str] = frozenset(
         "checkpoint_witnessed",
     }
 )
+
+# Entries appended while a session waits (a person's decision, a signal, a resolution): the session
+# is still waiting for a resume after them.
+_WAITING_KINDS = frozenset({"approval_decided", "signal_received", "in_doubt_resolved"})
+_STATUS_WORD = re.compile(r"[a-z_]{1,32}")
+
+
+LOG_SESSION_ID = "@log"
+"""The log's own session (``keyhistory.LOG_SESSION``): key rotations and witness outcomes, never a run."""
+
+
+def session_status(session: str, kind: str, body: Any) -> str:
+    """``status_after``, except that the log's own session is always ``log``."""
+    return "log" if session == LOG_SESSION_ID else status_after(kind, body)
+
+
+def status_after(kind: str, body: Any) -> str:
+    """A session's status as its last entry says it (docs/ledger-format.md, "the status of a session").
+
+    ``session_ended`` gives the status it records (``pass``, ``fail``, ``error``; ``ended`` when it
+    names none); ``session_suspended`` gives ``interrupted`` or ``diverged`` when that is its
+    reason, else ``suspended``; an entry recorded while a session waits (a decision, a signal, a
+    resolution) leaves it ``suspended``; anything else means ``running``. Stores keep this in their
+    session rows and verification checks the rows against it; readers derive it from the verified
+    last entry.
+    """
+    fields: dict[str, Any] = cast(dict[str, Any], body) if isinstance(body, dict) else {}
+    if kind == "session_ended":
+        status = fields.get("status")
+        return status if isinstance(status, str) and _STATUS_WORD.fullmatch(status) else "ended"
+    if kind == "session_suspended":
+        reason = fields.get("reason")
+        return reason if reason in ("interrupted", "diverged") else "suspended"
+    if kind in _WAITING_KINDS:
+        return "suspended"
+    return "running"
+
 
 REF_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)

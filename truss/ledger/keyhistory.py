@@ -91,8 +91,6 @@ class LogAppender(Protocol):
         expect_index: int | None = None,
     ) -> list[StoredEntry]: ...
 
-    def set_status(self, session: str, status: str) -> None: ...
-
 
 def ensure_log_session(store: LogAppender) -> None:
     """Start the ``@log`` session if the log has none yet (two writers racing both succeed)."""
@@ -102,7 +100,6 @@ def ensure_log_session(store: LogAppender) -> None:
         store.append(LOG_SESSION, [log_session_start()], durable=True, expect_seq=0)
     except StoreConflictError:
         return  # another writer started it first
-    store.set_status(LOG_SESSION, "log")
 
 
 def append_to_log(

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from truss._errors import NotFoundError, VerificationError
 from truss._json import as_dict
-from truss.ledger.canonical import CanonicalError, sha256_ref
+from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 from truss.ledger.entry import (
     ENTRY_FIELDS,
     ENTRY_VERSION,
@@ -57,6 +57,7 @@ from truss.ledger.entry import (
     entry_bytes,
     entry_signing_payload,
     iter_refs,
+    session_status,
 )
 from truss.ledger.keys import TrustedKeys
 
@@ -64,10 +65,14 @@ __all__ = [
     "REASONS",
     "BlobLookup",
     "EntryCheck",
+    "EntryVerifier",
     "Finding",
     "LedgerReader",
+    "SessionFacts",
     "VerifyReport",
     "check_entries",
+    "check_entry_alone",
+    "row_mismatch",
     "verify_entries",
     "verify_ledger",
 ]
@@ -92,6 +97,8 @@ REASONS = frozenset(
         "bad_signature",
         "blob_mismatch",
         "head_mismatch",
+        "row_mismatch",
+        "session_index_mismatch",
         "truncated",
     }
 )
@@ -215,6 +222,127 @@ def _parse(item: StoredEntry) -> None:
         raise _Failed("malformed", f"{_where(entry)}: " + "; ".join(problems))
 
 
+class EntryVerifier:
+    """Steps V1-V12 for one entry at a time, in stream order: what ``verify_entries`` and the
+    verified reader (``truss.ledger.reader``) share, so there is one implementation of each step.
+
+    ``check(item)`` returns ``None`` when the entry passes (and records it), else the finding of
+    the first failing step; after a finding the verifier is not used again. ``lookahead`` is the
+    rest of the stream, read only to tell a reorder from a gap (V6).
+    """
+
+    def __init__(
+        self,
+        trusted: TrustedKeys,
+        *,
+        blobs: BlobLookup | None = None,
+        session: str | None = None,
+        origin: str | None = None,
+        full_log: bool = False,
+        extra: Sequence[EntryCheck] = (),
+    ) -> None:
+        self._trusted = trusted
+        self._blobs = blobs
+        self._session = session
+        self._origin = origin
+        self._full_log = full_log
+        self._extra = extra
+        self.chains: dict[str, _Chain] = {}
+        self.count = 0
+        self.blobs_checked = 0
+        self.blobs_absent = 0
+        self.last_index = -1
+        self.last_hash: str | None = None
+
+    def check(self, item: StoredEntry, lookahead: Iterator[StoredEntry] | None = None) -> Finding | None:
+        try:
+            self._check(item, lookahead)
+        except _Failed as failed:
+            return failed.reason, failed.message
+        return None
+
+    def _check(self, item: StoredEntry, lookahead: Iterator[StoredEntry] | None) -> None:
+        entry = item.entry
+        _parse(item)  # V1
+        # V2: the bytes that were hashed and signed are exactly the canonical form of the entry.
+        try:
+            canonical_ok = entry_bytes(entry) == item.raw
+        except CanonicalError:
+            canonical_ok = False
+        if not canonical_ok:
+            raise _Failed("not_canonical", f"{_where(entry)}: its bytes are not the canonical form of the entry")
+        origin, session, trusted = self._origin, self._session, self._trusted
+        if origin is not None and entry["log"] != origin:  # V3
+            raise _Failed("wrong_log", f"{_where(entry)}: belongs to log {entry['log']!r}, not {origin!r}")
+        digest = hashlib.sha256(item.raw).hexdigest()
+        if digest != item.hash:  # V4
+            raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
+        sid: str = entry["session"]
+        if session is not None and sid != session:  # V5
+            raise _Failed("foreign_session", f"{_where(entry)}: an entry of another session among those of {session!r}")
+        seq: int = entry["seq"]
+        chain = self.chains.get(sid)
+        if chain is None:
+            chain = self.chains[sid] = _Chain()
+        expected = chain.seq + 1
+        if seq != expected:
+            if seq < expected:  # V6
+                raise _Failed(
+                    "seq_duplicate",
+                    f"{_where(entry)}: seq {seq} again after seq {chain.seq} (a duplicated or replayed entry)",
+                )
+            # V6: a gap, unless the missing entry turns up next (then two entries were swapped).
+            reason = "reordered" if lookahead is not None and _turns_up(lookahead, sid, expected) else "seq_gap"
+            what = (
+                f"entry {expected} comes after it (entries out of order)"
+                if reason == "reordered"
+                else f"entry {expected} is missing"
+            )
+            raise _Failed(reason, f"{_where(entry)}: expected seq {expected}; {what}")
+        if entry["prev"] != chain.hash:  # V7
+            before = f"entry {chain.seq}" if chain.seq >= 0 else "the zero hash of a first entry"
+            raise _Failed("prev_mismatch", f"{_where(entry)}: prev hash does not match {before}")
+        kind: str = entry["kind"]
+        if (seq == 0) != (kind == "session_started"):  # V8
+            raise _Failed(
+                "bad_start", f"{_where(entry)}: a session starts with session_started, and only its first entry"
+            )
+        if chain.ended:
+            raise _Failed("after_end", f"{_where(entry)}: an entry after the session ended")
+        index: int = entry["index"]
+        last_index = self.last_index
+        if self._full_log and index != last_index + 1:  # V9
+            if index <= last_index:
+                raise _Failed("index_duplicate", f"{_where(entry)}: log index {index} again after {last_index}")
+            raise _Failed("index_gap", f"{_where(entry)}: log index {index} after {last_index}; entries missing")
+        if index <= last_index:
+            raise _Failed("index_order", f"{_where(entry)}: log index {index} is not after {last_index}")
+        if item.keyid not in trusted:  # V10
+            raise _Failed(
+                "untrusted_key", f"{_where(entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
+            )
+        if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
+            raise _Failed("bad_signature", f"{_where(entry)}: the signature does not verify")
+        if self._blobs is not None:  # V11
+            for ref in dict.fromkeys(iter_refs(entry["body"])):
+                data = self._blobs(ref)
+                if data is None:
+                    self.blobs_absent += 1
+                    continue
+                self.blobs_checked += 1
+                if sha256_ref(data) != ref:
+                    raise _Failed("blob_mismatch", f"{_where(entry)}: the payload {ref[:19]}... was changed")
+        for check in self._extra:  # V12
+            finding = check(item)
+            if finding is not None:
+                raise _Failed(*finding)
+        chain.seq, chain.hash = seq, item.hash
+        chain.ended = kind == "session_ended"
+        self.last_index = index
+        self.last_hash = item.hash
+        self.count += 1
+
+
 def verify_entries(
     entries: Iterable[StoredEntry],
     trusted: TrustedKeys,
@@ -232,115 +360,61 @@ def verify_entries(
     otherwise they only increase. ``blobs`` looks payload bytes up by ref (V11); an absent blob
     is counted (erased or never kept), not a failure. ``extra`` checks run last (V12).
     """
-    chains: dict[str, _Chain] = {}
-    count = blobs_checked = blobs_absent = 0
-    last_index = -1
-    last_hash: str | None = None
+    verifier = EntryVerifier(trusted, blobs=blobs, session=session, origin=origin, full_log=full_log, extra=extra)
     stream = iter(entries)
     for position, item in enumerate(stream):
-        entry = item.entry
-        try:
-            _parse(item)  # V1
-            # V2: the bytes that were hashed and signed are exactly the canonical form of the entry.
-            try:
-                canonical_ok = entry_bytes(entry) == item.raw
-            except CanonicalError:
-                canonical_ok = False
-            if not canonical_ok:
-                raise _Failed("not_canonical", f"{_where(entry)}: its bytes are not the canonical form of the entry")
-            if origin is not None and entry["log"] != origin:  # V3
-                raise _Failed("wrong_log", f"{_where(entry)}: belongs to log {entry['log']!r}, not {origin!r}")
-            digest = hashlib.sha256(item.raw).hexdigest()
-            if digest != item.hash:  # V4
-                raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
-            sid: str = entry["session"]
-            if session is not None and sid != session:  # V5
-                raise _Failed(
-                    "foreign_session", f"{_where(entry)}: an entry of another session among those of {session!r}"
-                )
-            seq: int = entry["seq"]
-            chain = chains.get(sid)
-            if chain is None:
-                chain = chains[sid] = _Chain()
-            expected = chain.seq + 1
-            if seq != expected:
-                if seq < expected:  # V6
-                    raise _Failed(
-                        "seq_duplicate",
-                        f"{_where(entry)}: seq {seq} again after seq {chain.seq} (a duplicated or replayed entry)",
-                    )
-                # V6: a gap, unless the missing entry turns up next (then two entries were swapped).
-                reason = "reordered" if _turns_up(stream, sid, expected) else "seq_gap"
-                what = (
-                    f"entry {expected} comes after it (entries out of order)"
-                    if reason == "reordered"
-                    else f"entry {expected} is missing"
-                )
-                raise _Failed(reason, f"{_where(entry)}: expected seq {expected}; {what}")
-            if entry["prev"] != chain.hash:  # V7
-                before = f"entry {chain.seq}" if chain.seq >= 0 else "the zero hash of a first entry"
-                raise _Failed("prev_mismatch", f"{_where(entry)}: prev hash does not match {before}")
-            kind: str = entry["kind"]
-            if (seq == 0) != (kind == "session_started"):  # V8
-                raise _Failed(
-                    "bad_start", f"{_where(entry)}: a session starts with session_started, and only its first entry"
-                )
-            if chain.ended:
-                raise _Failed("after_end", f"{_where(entry)}: an entry after the session ended")
-            index: int = entry["index"]
-            if full_log and index != last_index + 1:  # V9
-                if index <= last_index:
-                    raise _Failed("index_duplicate", f"{_where(entry)}: log index {index} again after {last_index}")
-                raise _Failed("index_gap", f"{_where(entry)}: log index {index} after {last_index}; entries missing")
-            if index <= last_index:
-                raise _Failed("index_order", f"{_where(entry)}: log index {index} is not after {last_index}")
-            if item.keyid not in trusted:  # V10
-                raise _Failed(
-                    "untrusted_key", f"{_where(entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
-                )
-            if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
-                raise _Failed("bad_signature", f"{_where(entry)}: the signature does not verify")
-            if blobs is not None:  # V11
-                for ref in dict.fromkeys(iter_refs(entry["body"])):
-                    data = blobs(ref)
-                    if data is None:
-                        blobs_absent += 1
-                        continue
-                    blobs_checked += 1
-                    if sha256_ref(data) != ref:
-                        raise _Failed("blob_mismatch", f"{_where(entry)}: the payload {ref[:19]}... was changed")
-            for check in extra:  # V12
-                finding = check(item)
-                if finding is not None:
-                    raise _Failed(*finding)
-        except _Failed as failed:
+        finding = verifier.check(item, stream)
+        if finding is not None:
+            entry = item.entry
             raw_seq, raw_index, raw_session = entry.get("seq"), entry.get("index"), entry.get("session")
             return VerifyReport(
                 ok=False,
-                entries=count,
-                sessions=len(chains),
-                blobs_checked=blobs_checked,
-                blobs_absent=blobs_absent,
-                reason=failed.reason,
-                message=failed.message,
+                entries=verifier.count,
+                sessions=len(verifier.chains),
+                blobs_checked=verifier.blobs_checked,
+                blobs_absent=verifier.blobs_absent,
+                reason=finding[0],
+                message=finding[1],
                 session=raw_session if isinstance(raw_session, str) else None,
                 seq=raw_seq if isinstance(raw_seq, int) else None,
                 index=raw_index if isinstance(raw_index, int) else None,
                 position=position,
             )
-        chain.seq, chain.hash = seq, item.hash
-        chain.ended = kind == "session_ended"
-        last_index = index
-        last_hash = item.hash
-        count += 1
     return VerifyReport(
         ok=True,
-        entries=count,
-        sessions=len(chains),
-        blobs_checked=blobs_checked,
-        blobs_absent=blobs_absent,
-        head=last_hash if len(chains) == 1 else None,
+        entries=verifier.count,
+        sessions=len(verifier.chains),
+        blobs_checked=verifier.blobs_checked,
+        blobs_absent=verifier.blobs_absent,
+        head=verifier.last_hash if len(verifier.chains) == 1 else None,
     )
+
+
+def check_entry_alone(item: StoredEntry, trusted: TrustedKeys, *, origin: str) -> Finding | None:
+    """V1-V4 and V10 for one entry read out of its chain (a range read): it is a well-formed,
+    canonical entry of this log, signed by a trusted key. Its place in its chain is not checked."""
+    entry = item.entry
+    try:
+        _parse(item)
+        try:
+            canonical_ok = entry_bytes(entry) == item.raw
+        except CanonicalError:
+            canonical_ok = False
+        if not canonical_ok:
+            raise _Failed("not_canonical", f"{_where(entry)}: its bytes are not the canonical form of the entry")
+        if entry["log"] != origin:
+            raise _Failed("wrong_log", f"{_where(entry)}: belongs to log {entry['log']!r}, not {origin!r}")
+        if hashlib.sha256(item.raw).hexdigest() != item.hash:
+            raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
+        if item.keyid not in trusted:
+            raise _Failed(
+                "untrusted_key", f"{_where(entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
+            )
+        if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
+            raise _Failed("bad_signature", f"{_where(entry)}: the signature does not verify")
+    except _Failed as failed:
+        return failed.reason, failed.message
+    return None
 
 
 def _turns_up(stream: Iterator[StoredEntry], session: str, seq: int) -> bool:
@@ -368,15 +442,6 @@ def check_entries(
         entries, trusted, blobs=blobs, session=session, origin=origin, full_log=full_log, extra=extra
     )
     return report.raise_for_failure()
-
-
-class _SessionRow(Protocol):
-    @property
-    def id(self) -> str: ...
-    @property
-    def entries(self) -> int: ...
-    @property
-    def head(self) -> str: ...
 
 
 class LedgerReader(Protocol):
@@ -448,13 +513,15 @@ def verify_ledger(
         )
         return _check_heads(report, heads, counts={session: report.entries} if report.ok else {})
     size = store.tree_size()
-    seen: dict[str, list[Any]] = {}
+    seen: dict[str, _Tally] = {}
 
     def tracked() -> Iterator[StoredEntry]:
         for item in prefetched(store.read_range(0, size)):
-            state = seen.setdefault(str(item.entry.get("session")), [0, ""])
-            state[0] += 1
-            state[1] = item.hash
+            sid = str(item.entry.get("session"))
+            tally = seen.get(sid)
+            if tally is None:
+                tally = seen[sid] = _Tally(item)
+            tally.add(item)
             yield item
 
     report = verify_entries(tracked(), trusted, blobs=blob_lookup, origin=store.origin, full_log=True, extra=extra)
@@ -462,11 +529,11 @@ def verify_ledger(
         return report
     if report.entries != size:
         return _fail(report, "truncated", f"the log should hold {size} entries but {report.entries} were read")
-    rows: Sequence[_SessionRow] = store.sessions()
+    rows: Sequence[Any] = store.sessions()
     for row in rows:
-        state = seen.pop(row.id, None)
-        if state is None or state[0] != row.entries or state[1] != row.head:
-            read = 0 if state is None else state[0]
+        tally = seen.pop(row.id, None)
+        if tally is None or tally.count != row.entries or tally.last.hash != row.head:
+            read = 0 if tally is None else tally.count
             return _fail(
                 report,
                 "head_mismatch",
@@ -474,10 +541,107 @@ def verify_ledger(
                 f"the log holds {read}",
                 session=row.id,
             )
+        column = row_mismatch(row, SessionFacts.of(tally.first, tally.last))
+        if column is not None:  # V13: every column of the session row is what its chain says
+            return _fail(
+                report,
+                "row_mismatch",
+                f"session {row.id!r}: the stored {column} is not what its signed entries say",
+                session=row.id,
+            )
+        # V13: the session read on its own (by its seq and session columns) is the same chain.
+        order = hashlib.sha256()
+        for item in store.read_session(row.id):
+            order.update(item.hash.encode("ascii", "replace"))
+        if order.digest() != tally.order.digest():
+            return _fail(
+                report,
+                "session_index_mismatch",
+                f"session {row.id!r}: read by session and seq, the store returns other entries than the log holds",
+                session=row.id,
+            )
     if seen:
         orphan = next(iter(seen))
         return _fail(report, "head_mismatch", f"session {orphan!r} has entries but no session record", session=orphan)
     return report
+
+
+class _Tally:
+    """What the whole-log pass keeps per session: its first and last entry, count, and hash order."""
+
+    __slots__ = ("count", "first", "last", "order")
+
+    def __init__(self, first: StoredEntry) -> None:
+        self.first = first
+        self.last = first
+        self.count = 0
+        self.order = hashlib.sha256()
+
+    def add(self, item: StoredEntry) -> None:
+        self.last = item
+        self.count += 1
+        self.order.update(item.hash.encode("ascii", "replace"))
+
+
+@dataclass(frozen=True)
+class SessionFacts:
+    """What a session's signed entries say about it: the values of its (unsigned) session row.
+
+    From its first entry: ``contract``, ``principal`` (canonical JSON text, or None) and
+    ``started_ms``; from its last: ``entries``, ``head``, ``updated_ms``, ``ended`` and ``status``
+    (``entry.status_after``). A reader derives a session's listing from these; ``verify_ledger``
+    checks each stored row against them (V13).
+    """
+
+    id: str
+    contract: str | None
+    principal: str | None
+    status: str
+    entries: int
+    started_ms: int
+    updated_ms: int
+    head: str
+    ended: bool
+
+    @classmethod
+    def of(cls, first: StoredEntry, last: StoredEntry) -> SessionFacts:
+        body = first.body
+        contract = body.get("contract") if first.kind == "session_started" else None
+        principal = body.get("principal") if first.kind == "session_started" else None
+        return cls(
+            id=last.session,
+            contract=contract if isinstance(contract, str) else None,
+            principal=None if principal is None else canonical(principal).decode("utf-8"),
+            status=session_status(last.session, last.kind, last.body),
+            entries=last.seq + 1,
+            started_ms=first.ts,
+            updated_ms=last.ts,
+            head=last.hash,
+            ended=last.kind == "session_ended",
+        )
+
+
+def row_mismatch(row: Any, facts: SessionFacts) -> str | None:
+    """The first column of a stored session row that differs from what its entries say, or None."""
+    principal: Any = getattr(row, "principal", None)
+    try:
+        stored_principal = None if principal is None else canonical(principal).decode("utf-8")
+    except CanonicalError:
+        return "principal"
+    pairs: tuple[tuple[str, Any, Any], ...] = (
+        ("contract", getattr(row, "contract", None), facts.contract),
+        ("principal", stored_principal, facts.principal),
+        ("status", getattr(row, "status", None), facts.status),
+        ("entry count", getattr(row, "entries", None), facts.entries),
+        ("start time", getattr(row, "started_ms", None), facts.started_ms),
+        ("update time", getattr(row, "updated_ms", None), facts.updated_ms),
+        ("head", getattr(row, "head", None), facts.head),
+        ("ended flag", getattr(row, "ended", None), facts.ended),
+    )
+    for name, stored, derived in pairs:
+        if stored != derived or type(stored) is not type(derived):
+            return name
+    return None
 
 
 def _check_heads(report: VerifyReport, heads: Mapping[str, tuple[int, str]], counts: Mapping[str, int]) -> VerifyReport:

@@ -11,14 +11,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from truss._errors import NotFoundError, StoreConflictError, StoreError, TrussError
+from truss._errors import NotFoundError, SessionBusyError, StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import sha256_ref
 from truss.ledger.cosignature import cosign, with_signature_lines
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry
 from truss.ledger.keys import CosignerKey, IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree, leaf_hash, root_at
 from truss.ledger.note import sign_checkpoint_note
-from truss.ledger.stores.base import LedgerStore
+from truss.ledger.stores.base import LeaseOwner, LedgerStore
 from truss.ledger.verification import verify_ledger
 from truss.testing._clock import ManualClock
 
@@ -100,10 +100,14 @@ def _sessions_are_listed(store: LedgerStore, key: IdentityKey, clock: ManualCloc
     assert [s.id for s in store.sessions()] == ["s_2", "s_1"], "newest first"
     assert [s.id for s in store.sessions(limit=1)] == ["s_2"]
     assert [s.id for s in store.sessions(principal={"user": "u", "tenant": "t"})] == ["s_1"]
-    store.set_status("s_1", "suspended")
-    assert [s.id for s in store.sessions(status="suspended")] == ["s_1"]
+    store.append("s_1", [Record("session_suspended", {"reason": "approval"})])
+    assert [s.id for s in store.sessions(status="suspended")] == ["s_1"], "the status follows the last entry"
+    store.append("s_1", [Record("approval_decided", {"call": "c"})])
+    waiting = store.session("s_1")
+    assert waiting is not None and waiting.status == "suspended", "a decision leaves the session waiting"
+    store.append("s_1", [Record("session_resumed", {})])
+    assert [s.id for s in store.sessions(status="running")] == ["s_1"]
     assert store.session("s_nope") is None
-    _expect(NotFoundError, lambda: store.set_status("s_nope", "running"), "status of an unknown session")
 
 
 def _session_rules_are_enforced(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
@@ -228,6 +232,46 @@ def _concurrent_appends_leave_valid_chains(store: LedgerStore, key: IdentityKey,
     assert report.ok and report.entries == 168 and report.sessions == 8, f"{report}"
 
 
+def _a_session_has_one_owner_and_stale_epochs_are_fenced(
+    store: LedgerStore, key: IdentityKey, clock: ManualClock
+) -> None:
+    # Owners on two other hosts: nothing is assumed about this host's processes.
+    first, second = LeaseOwner("own_a", "host-a", 101), LeaseOwner("own_b", "host-b", 202)
+    assert store.lease("s_l") is None, "no lease before one is taken"
+    lease = store.acquire_lease("s_l", first, ttl_ms=30_000)
+    assert (lease.owner, lease.host, lease.pid, lease.epoch) == ("own_a", "host-a", 101, 1)
+    assert lease.expires_ms == clock.now_ms() + 30_000
+    store.append("s_l", [_start()], epoch=lease.epoch)
+    busy = _expect(SessionBusyError, lambda: store.acquire_lease("s_l", second), "a second driver")
+    assert busy.fields.get("pid") == 101 and busy.fields.get("host") == "host-a", "the refusal names the owner"
+    clock.advance(20)
+    lease = store.renew_lease(lease, ttl_ms=30_000)
+    clock.advance(20)
+    _expect(SessionBusyError, lambda: store.acquire_lease("s_l", second), "a renewed lease still binds")
+    clock.advance(31)
+    taken = store.acquire_lease("s_l", second, ttl_ms=30_000)
+    assert taken.epoch == 2 and taken.owner == "own_b", "an expired lease is taken over with the next epoch"
+    stale = _expect(
+        StoreConflictError,
+        lambda: store.append("s_l", [Record("model_turn", {})], epoch=lease.epoch),
+        "an append by the owner that was taken over",
+    )
+    assert stale.fields.get("reason") == "stale_epoch"
+    _expect(StoreConflictError, lambda: store.renew_lease(lease), "renewing a lease taken over")
+    store.release_lease(lease)  # the stale owner's release changes nothing
+    held = store.lease("s_l")
+    assert held is not None and held.epoch == 2 and held.expires_ms > clock.now_ms()
+    store.append("s_l", [Record("model_turn", {})], epoch=taken.epoch)
+    store.append("s_l", [Record("model_turn", {})])  # an append without an epoch is not fenced
+    store.release_lease(taken)
+    released = store.lease("s_l")
+    assert released is not None and released.expires_ms == 0 and released.epoch == 2, "released, epoch kept"
+    again = store.acquire_lease("s_l", first)
+    assert again.epoch == 3, "a released lease is taken with the next epoch"
+    info = store.session("s_l")
+    assert info is not None and info.entries == 3, "the refused append wrote nothing"
+
+
 _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _appends_assign_seq_prev_index_ts_and_sign,
     _sessions_are_listed,
@@ -238,4 +282,5 @@ _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _cosignatures_are_kept_with_their_checkpoint,
     _expect_index_refuses_an_append_elsewhere_in_the_log,
     _concurrent_appends_leave_valid_chains,
+    _a_session_has_one_owner_and_stale_epochs_are_fenced,
 ]

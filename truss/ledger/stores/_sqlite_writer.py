@@ -19,21 +19,45 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from truss._clock import Clock
 from truss._errors import StoreBusyError, StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import canonical
 from truss.ledger.cosignature import merge_notes
-from truss.ledger.entry import Record, StoredEntry, encode_record
+from truss.ledger.entry import Record, StoredEntry, encode_record, session_status
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
-from truss.ledger.stores.base import SessionHead, seal_batch, session_fields
+from truss.ledger.stores.base import Lease, SessionHead, check_epoch, seal_batch, session_fields
 
-__all__ = ["SqliteWriter", "begin", "key_retired", "store_error"]
+__all__ = ["LEASES_TABLE", "SqliteWriter", "begin", "key_retired", "read_lease", "store_error"]
+
+_T = TypeVar("_T")
+
+# Made on first use, so a ledger created before leases existed gets the table without a migration.
+LEASES_TABLE = (
+    "CREATE TABLE IF NOT EXISTS leases (session TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL,"
+    " pid INTEGER NOT NULL, epoch INTEGER NOT NULL, acquired_ms INTEGER NOT NULL, expires_ms INTEGER NOT NULL)"
+    " WITHOUT ROWID"
+)
+
+
+def read_lease(conn: sqlite3.Connection, session: str) -> Lease | None:
+    """The session's lease row, or None (also when the table does not exist yet)."""
+    try:
+        row = conn.execute(
+            "SELECT owner, host, pid, epoch, acquired_ms, expires_ms FROM leases WHERE session = ?", (session,)
+        ).fetchone()
+    except sqlite3.OperationalError as exc:
+        if "no such table" in str(exc):
+            return None
+        raise
+    if row is None:
+        return None
+    return Lease(session, str(row[0]), str(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]))
 
 
 def store_error(db: Path, busy_ms: int, what: str, exc: sqlite3.Error) -> StoreError:
@@ -77,6 +101,7 @@ class _Pending:
         "bodies",
         "done",
         "durable",
+        "epoch",
         "error",
         "expect_index",
         "expect_seq",
@@ -92,7 +117,9 @@ class _Pending:
         records: Sequence[Record],
         durable: bool,
         expect_seq: int | None,
+        *,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> None:
         # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
         self.bodies = [encode_record(record) for record in records]
@@ -101,6 +128,7 @@ class _Pending:
         self.durable = durable
         self.expect_seq = expect_seq
         self.expect_index = expect_index
+        self.epoch = epoch
         self.result: list[StoredEntry] = []
         self.error: TrussError | None = None
         self.done = False
@@ -197,6 +225,25 @@ class SqliteWriter:
                     conn.execute("ROLLBACK")
                 raise store_error(self._db, self._busy_ms, "write", exc) from exc
 
+    def transaction(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``body`` in one durable write transaction (``BEGIN IMMEDIATE``; rolled back if it raises)."""
+        self._check_open()
+        with self.lock:
+            conn = self._w
+            try:
+                self._set_sync(True)
+                begin(conn, self._db, self._busy_ms)
+                conn.execute(LEASES_TABLE)
+                result = body(conn)
+                conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise store_error(self._db, self._busy_ms, "write", exc) from exc
+                raise
+
     # -- append (group commit) -------------------------------------------------------------------
 
     def append(
@@ -207,13 +254,14 @@ class SqliteWriter:
         durable: bool = True,
         expect_seq: int | None = None,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
         self._check_open()
         if self._key is None:
             raise StoreError(f"{self._db}: opened without an identity key, so it cannot append", db=str(self._db))
         if not records:
             return []
-        pending = _Pending(session, list(records), durable, expect_seq, expect_index)
+        pending = _Pending(session, list(records), durable, expect_seq, expect_index=expect_index, epoch=epoch)
         if not self._group:
             with self.lock:
                 self._commit_group([pending])
@@ -396,6 +444,8 @@ class SqliteWriter:
         key = self._key
         assert key is not None
         session, records = pending.session, pending.records
+        if pending.epoch is not None:
+            check_epoch(session, read_lease(conn, session), pending.epoch)
         row = conn.execute("SELECT entries, head, ended FROM sessions WHERE id = ?", (session,)).fetchone()
         head = None if row is None else SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
         out = seal_batch(
@@ -451,7 +501,7 @@ class SqliteWriter:
                     session,
                     contract,
                     None if principal is None else canonical(principal).decode("utf-8"),
-                    "ended" if ended else "running",
+                    session_status(session, last.kind, last.body),
                     seq,
                     out[0].ts,
                     now,
@@ -460,9 +510,9 @@ class SqliteWriter:
                 ),
             )
         else:
+            status = session_status(session, last.kind, last.body)
             conn.execute(
-                "UPDATE sessions SET entries = ?, head = ?, updated_ms = ?, ended = ?,"
-                " status = CASE WHEN ? AND status = 'running' THEN 'ended' ELSE status END WHERE id = ?",
-                (seq, bytes.fromhex(last.hash), now, int(ended), int(ended), session),
+                "UPDATE sessions SET entries = ?, head = ?, updated_ms = ?, ended = ?, status = ? WHERE id = ?",
+                (seq, bytes.fromhex(last.hash), now, int(ended), status, session),
             )
         return out

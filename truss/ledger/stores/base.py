@@ -19,11 +19,13 @@ backend (``truss.ledger.stores.open_store``) or verify (``truss.ledger.verificat
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from truss._errors import StoreConflictError, StoreError
+from truss._errors import SessionBusyError, StoreConflictError, StoreError
 from truss.ledger.canonical import CanonicalError
 from truss.ledger.entry import ZERO_HASH, Record, Signer, StoredEntry, seal
 
@@ -32,12 +34,18 @@ if TYPE_CHECKING:
     from truss.ledger.keys import IdentityKey
 
 __all__ = [
+    "DEFAULT_LEASE_MS",
+    "Lease",
+    "LeaseOwner",
     "LedgerStore",
     "SessionHead",
     "SessionInfo",
     "StoreOpener",
     "StoredCheckpoint",
+    "check_epoch",
     "check_status",
+    "grant_lease",
+    "owner_gone",
     "seal_batch",
     "session_fields",
 ]
@@ -47,7 +55,12 @@ _STATUS_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz_")
 
 @dataclass(frozen=True)
 class SessionInfo:
-    """A row of the sessions table: derived from the chain, kept for listing (not signed)."""
+    """A row of the sessions table: derived from the chain, kept for listing (not signed).
+
+    ``verified`` says how much of it a verified reader (``truss.ledger.reader``) checked: ``chain``
+    (the whole session verified), ``ends`` (its first and last entry verified, as in a listing),
+    or None (read from a store directly, not verified).
+    """
 
     id: str
     contract: str | None
@@ -58,6 +71,7 @@ class SessionInfo:
     head: str
     principal: Any = None
     ended: bool = False
+    verified: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +84,7 @@ class SessionInfo:
             "head": self.head,
             "principal": self.principal,
             "ended": self.ended,
+            "verified": self.verified,
         }
 
 
@@ -81,6 +96,112 @@ class StoredCheckpoint:
     root: bytes
     note: str
     created_ms: int = 0
+
+
+DEFAULT_LEASE_MS = 30_000
+"""How long a session's lease lasts unless renewed; its owner renews it every third of that."""
+
+
+@dataclass(frozen=True)
+class LeaseOwner:
+    """Who drives a session: an id unique to one process's runtime, its host and pid."""
+
+    id: str
+    host: str
+    pid: int
+
+    @classmethod
+    def this_process(cls, owner_id: str) -> LeaseOwner:
+        return cls(owner_id, socket.gethostname(), os.getpid())
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A session's lease as a store holds it: owner, host, pid, epoch, when taken and until when.
+
+    ``epoch`` grows by one on every grant (a takeover, or the same owner again): an append that
+    carries an older epoch is refused (fencing). A released lease keeps its epoch with
+    ``expires_ms`` 0. Coordination, not evidence: it is not signed, and verification does not read it.
+    """
+
+    session: str
+    owner: str
+    host: str
+    pid: int
+    epoch: int
+    acquired_ms: int
+    expires_ms: int
+
+    def held(self, now_ms: int) -> bool:
+        """Whether it still binds others at ``now_ms``: not expired and its process not known gone."""
+        return self.expires_ms > now_ms and not owner_gone(self)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "owner": self.owner,
+            "host": self.host,
+            "pid": self.pid,
+            "epoch": self.epoch,
+            "acquired_ms": self.acquired_ms,
+            "expires_ms": self.expires_ms,
+        }
+
+
+def owner_gone(lease: Lease) -> bool:
+    """A lease held by a pid on this host that no longer runs (the process died without releasing it).
+
+    Only this host's pids are probed; an owner on another host counts as alive until its lease
+    expires, so nothing here assumes one host.
+    """
+    if lease.host != socket.gethostname() or lease.pid <= 0:
+        return False
+    try:
+        os.kill(lease.pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # it exists under another user
+    return False
+
+
+def grant_lease(current: Lease | None, session: str, owner: LeaseOwner, now_ms: int, ttl_ms: int) -> Lease:
+    """The lease ``owner`` gets on ``session``, given the one held (read in the store's transaction).
+
+    ``SessionBusyError`` (exit 3) when another owner holds it and it has neither expired nor lost
+    its process; else the next epoch.
+    """
+    if current is not None and current.owner != owner.id and current.held(now_ms):
+        from datetime import UTC, datetime
+
+        since = datetime.fromtimestamp(current.acquired_ms / 1000, tz=UTC).strftime("%H:%M:%S")
+        raise SessionBusyError(
+            f"session {session} is being driven by pid {current.pid} on host {current.host} since {since} UTC",
+            remedy="wait for that run to end or suspend; if it died on another host, its lease expires "
+            f"{max(0, current.expires_ms - now_ms) // 1000 + 1} s from now and the session becomes interrupted",
+            session=session,
+            owner=current.owner,
+            host=current.host,
+            pid=current.pid,
+            since_ms=current.acquired_ms,
+            expires_ms=current.expires_ms,
+        )
+    epoch = 1 if current is None else current.epoch + 1
+    return Lease(session, owner.id, owner.host, owner.pid, epoch, now_ms, now_ms + max(1, ttl_ms))
+
+
+def check_epoch(session: str, current: Lease | None, epoch: int | None) -> None:
+    """Fencing: an append that carries ``epoch`` is refused unless it is the session's current epoch."""
+    if epoch is None:
+        return
+    if current is None or current.epoch != epoch:
+        now = "no lease" if current is None else f"epoch {current.epoch}, held by pid {current.pid} on {current.host}"
+        raise StoreConflictError(
+            f"session {session}: this writer's lease (epoch {epoch}) was taken over ({now}); its append is refused",
+            remedy="another process drives this session now; stop this one",
+            session=session,
+            reason="stale_epoch",
+            epoch=epoch,
+        )
 
 
 @runtime_checkable
@@ -101,11 +222,30 @@ class LedgerStore(Protocol):
         durable: bool = True,
         expect_seq: int | None = None,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
-        """Append ``records`` to ``session`` as consecutive signed entries (see ``seal_batch``)."""
+        """Append ``records`` to ``session`` as consecutive signed entries (see ``seal_batch``).
+
+        ``epoch``: the lease epoch of the writer; refused (``StoreConflictError``, reason
+        ``stale_epoch``) unless it is the session's current one, in the same transaction (``check_epoch``).
+        """
         ...
 
-    def set_status(self, session: str, status: str) -> None: ...
+    def acquire_lease(self, session: str, owner: LeaseOwner, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        """Take the session's lease (``grant_lease`` inside one transaction); ``SessionBusyError`` if held."""
+        ...
+
+    def renew_lease(self, lease: Lease, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        """Extend a lease still current; ``StoreConflictError`` (``stale_epoch``) when it was taken over."""
+        ...
+
+    def release_lease(self, lease: Lease) -> None:
+        """Give a current lease up (it keeps its epoch); nothing when it was taken over."""
+        ...
+
+    def lease(self, session: str) -> Lease | None:
+        """The session's lease as held (expired or released ones included), None if never taken."""
+        ...
 
     def session(self, session: str) -> SessionInfo | None: ...
 

@@ -19,14 +19,18 @@ from truss._clock import Clock
 from truss._errors import KeyFileError, NotFoundError, StoreConflictError, StoreError, UsageError
 from truss.ledger.canonical import canonical
 from truss.ledger.cosignature import merge_notes
-from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, encode_record
+from truss.ledger.entry import ZERO_HASH, Record, StoredEntry, encode_record, session_status
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import MemoryTree
 from truss.ledger.stores.base import (
+    DEFAULT_LEASE_MS,
+    Lease,
+    LeaseOwner,
     SessionHead,
     SessionInfo,
     StoredCheckpoint,
-    check_status,
+    check_epoch,
+    grant_lease,
     seal_batch,
     session_fields,
 )
@@ -51,6 +55,7 @@ class MemoryStore:
         self._envelopes: dict[str, bytes] = {}
         self._checkpoints: dict[int, StoredCheckpoint] = {}
         self._tree = MemoryTree()
+        self._leases: dict[str, Lease] = {}
 
     def append(
         self,
@@ -60,11 +65,13 @@ class MemoryStore:
         durable: bool = True,
         expect_seq: int | None = None,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
         bodies = [encode_record(record) for record in records]
         if not records:
             return []
         with self._lock:
+            check_epoch(session, self._leases.get(session), epoch)
             info = self._sessions.get(session)
             head = None if info is None else SessionHead(info.entries, info.head, info.ended)
             out = seal_batch(
@@ -102,7 +109,7 @@ class MemoryStore:
             ended = out[-1].kind == "session_ended"
             self._sessions[session] = dataclasses.replace(
                 info,
-                status="ended" if ended and info.status == "running" else info.status,
+                status=session_status(session, out[-1].kind, out[-1].body),
                 entries=out[-1].seq + 1,
                 updated_ms=out[-1].ts,
                 head=out[-1].hash,
@@ -110,11 +117,29 @@ class MemoryStore:
             )
             return out
 
-    def set_status(self, session: str, status: str) -> None:
-        check_status(status)
+    def acquire_lease(self, session: str, owner: LeaseOwner, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
         with self._lock:
-            info = self._require(session)
-            self._sessions[session] = dataclasses.replace(info, status=status)
+            lease = grant_lease(self._leases.get(session), session, owner, self._clock.now_ms(), ttl_ms)
+            self._leases[session] = lease
+            return lease
+
+    def renew_lease(self, lease: Lease, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        with self._lock:
+            current = self._leases.get(lease.session)
+            check_epoch(lease.session, current, lease.epoch)
+            renewed = dataclasses.replace(lease, expires_ms=self._clock.now_ms() + max(1, ttl_ms))
+            self._leases[lease.session] = renewed
+            return renewed
+
+    def release_lease(self, lease: Lease) -> None:
+        with self._lock:
+            current = self._leases.get(lease.session)
+            if current is not None and current.epoch == lease.epoch:
+                self._leases[lease.session] = dataclasses.replace(current, expires_ms=0)
+
+    def lease(self, session: str) -> Lease | None:
+        with self._lock:
+            return self._leases.get(session)
 
     def _require(self, session: str) -> SessionInfo:
         info = self._sessions.get(session)

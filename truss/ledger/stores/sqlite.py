@@ -36,8 +36,16 @@ from truss.ledger.cosignature import merge_notes
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
-from truss.ledger.stores._sqlite_writer import SqliteWriter, begin, key_retired, store_error
-from truss.ledger.stores.base import SessionInfo, StoredCheckpoint, check_status
+from truss.ledger.stores._sqlite_writer import SqliteWriter, begin, key_retired, read_lease, store_error
+from truss.ledger.stores.base import (
+    DEFAULT_LEASE_MS,
+    Lease,
+    LeaseOwner,
+    SessionInfo,
+    StoredCheckpoint,
+    check_epoch,
+    grant_lease,
+)
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "open_sqlite", "sqlite_path"]
 
@@ -322,6 +330,7 @@ class SqliteStore:
         durable: bool = True,
         expect_seq: int | None = None,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
         """Append ``records`` to ``session`` as consecutive entries; returns them signed.
 
@@ -330,7 +339,49 @@ class SqliteStore:
         ``StoreConflictError`` and nothing is written (``expect_index`` lets a record name its
         own position, as a key rotation does).
         """
-        return self._writer.append(session, records, durable=durable, expect_seq=expect_seq, expect_index=expect_index)
+        return self._writer.append(
+            session, records, durable=durable, expect_seq=expect_seq, expect_index=expect_index, epoch=epoch
+        )
+
+    # -- leases (one owner per session; docs/durability.md) -------------------------------------
+
+    def acquire_lease(self, session: str, owner: LeaseOwner, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        def grant(conn: sqlite3.Connection) -> Lease:
+            lease = grant_lease(read_lease(conn, session), session, owner, self._clock.now_ms(), ttl_ms)
+            conn.execute(
+                "INSERT OR REPLACE INTO leases (session, owner, host, pid, epoch, acquired_ms, expires_ms)"
+                " VALUES (?,?,?,?,?,?,?)",
+                (session, lease.owner, lease.host, lease.pid, lease.epoch, lease.acquired_ms, lease.expires_ms),
+            )
+            return lease
+
+        return self._writer.transaction(grant)
+
+    def renew_lease(self, lease: Lease, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        def renew(conn: sqlite3.Connection) -> Lease:
+            check_epoch(lease.session, read_lease(conn, lease.session), lease.epoch)
+            expires = self._clock.now_ms() + max(1, ttl_ms)
+            conn.execute("UPDATE leases SET expires_ms = ? WHERE session = ?", (expires, lease.session))
+            return Lease(lease.session, lease.owner, lease.host, lease.pid, lease.epoch, lease.acquired_ms, expires)
+
+        return self._writer.transaction(renew)
+
+    def release_lease(self, lease: Lease) -> None:
+        self._writer.transaction(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE leases SET expires_ms = 0 WHERE session = ? AND epoch = ?", (lease.session, lease.epoch)
+                ).rowcount
+            )
+        )
+
+    def lease(self, session: str) -> Lease | None:
+        self._check_open()
+        with self._rlock:
+            try:
+                return read_lease(self._r, session)
+            except sqlite3.Error as exc:
+                raise store_error(self.db, self._busy_ms, "read", exc) from exc
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -342,15 +393,6 @@ class SqliteStore:
 
     def _require_session(self, session: str) -> None:
         if self.session(session) is None:
-            raise NotFoundError(f"no session {session!r} in {self.db}", what="session", name=session)
-
-    def set_status(self, session: str, status: str) -> None:
-        """Set the listing status (``running``, ``suspended``, ``passed`` ...); not part of the chain."""
-        check_status(status)
-        counts = self._writer.write(
-            [("UPDATE sessions SET status = ?, updated_ms = ? WHERE id = ?", (status, self._clock.now_ms(), session))]
-        )
-        if counts[0] == 0:
             raise NotFoundError(f"no session {session!r} in {self.db}", what="session", name=session)
 
     def erase_payloads(self, session: str) -> int:
@@ -516,7 +558,15 @@ class SqliteStore:
 
     def _frontier_now(self) -> Frontier:
         rows = self._rows("SELECT v FROM meta WHERE k = 'frontier'", ())
-        return Frontier.from_state(bytes(rows[0][0])) if rows else Frontier()
+        try:
+            return Frontier.from_state(_as_bytes(rows[0][0])) if rows else Frontier()
+        except ValueError as exc:
+            raise StoreError(
+                f"{self.db}: the stored Merkle frontier is unreadable ({exc})",
+                remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
+                db=str(self.db),
+                reason="tree_mismatch",
+            ) from exc
 
     def tree_size(self) -> int:
         return self._frontier_now().size
