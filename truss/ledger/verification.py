@@ -99,6 +99,8 @@ REASONS = frozenset(
         "head_mismatch",
         "row_mismatch",
         "session_index_mismatch",
+        "node_mismatch",
+        "bad_envelope",
         "truncated",
     }
 )
