@@ -52,6 +52,7 @@ SNAPSHOT: dict[str, list[str]] = {
         "RuntimeFailure",
         "SandboxError",
         "ServerStartError",
+        "SessionBusyError",
         "StoreBusyError",
         "StoreConflictError",
         "StoreError",

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.gate.support import contract_from, fake_connector, new_store, scripted
+from tests.gate.support import contract_from, fake_connector, new_store, read_runtime, scripted
 from truss._errors import NotFoundError, ServerStartError, UsageError
 from truss.durable import deliver_signal, replay_session, resolve_call
 from truss.ledger.entry import Record
@@ -74,7 +74,7 @@ async def test_a_second_identical_call_within_the_memo_ttl_is_answered_from_the_
     results = [e for e in store.read_session("s1") if e.kind == "mcp_tool_call"]
     assert "replayed_from" not in results[0].body
     assert results[1].body["replayed_from"] == {"session": "s1", "seq": results[0].seq, "hash": results[0].hash}
-    report = await replay_session(Runtime(store), "s1")
+    report = await replay_session(read_runtime(store), "s1")
     assert report.matches, report.reason
 
 
@@ -98,7 +98,7 @@ async def test_replay_reports_a_record_whose_model_turn_does_not_follow_from_the
         blobs = {ref: data for ref in entry.refs() if (data := store.blob(ref)) is not None}
         copied.append(Record(entry.kind, body, blobs))
     store.append("forged", copied)
-    report = await replay_session(Runtime(store), "forged")
+    report = await replay_session(read_runtime(store), "forged")
     assert not report.matches and report.replayed is None
     assert report.reason is not None and "model turn 2" in report.reason
 
@@ -107,13 +107,13 @@ async def test_resolve_and_signal_refuse_unknown_sessions_calls_and_signals_and_
     store, _ = await _run(tmp_path, _contract(secret=""))
     before = store.session("s1").entries
     with pytest.raises(NotFoundError):
-        resolve_call(Runtime(store), "nope", "c1.0", not_sent=True)
+        resolve_call(read_runtime(store), "nope", "c1.0", not_sent=True)
     with pytest.raises(NotFoundError):
-        resolve_call(Runtime(store), "s1", "c1.0", not_sent=True)
+        resolve_call(read_runtime(store), "s1", "c1.0", not_sent=True)
     with pytest.raises(UsageError):
-        resolve_call(Runtime(store), "s1", "c1.0", not_sent=True, failed="both")
+        resolve_call(read_runtime(store), "s1", "c1.0", not_sent=True, failed="both")
     with pytest.raises(NotFoundError):
-        deliver_signal(Runtime(store), "s1", "job-1", {"status": "done"})
+        deliver_signal(read_runtime(store), "s1", "job-1", {"status": "done"})
     assert store.session("s1").entries == before
 
 
@@ -132,5 +132,5 @@ async def test_replay_of_a_session_whose_server_never_started_reaches_its_error_
         session_id="s1",
     )
     assert outcome.status == "error"
-    report = await replay_session(Runtime(store), "s1")
+    report = await replay_session(read_runtime(store), "s1")
     assert report.matches and report.replayed is not None and report.replayed["status"] == "error"

@@ -38,6 +38,15 @@ def new_store(tmp_path: Path, clock: ManualClock | None = None) -> tuple[SqliteS
     return store, key
 
 
+def read_runtime(store: Any) -> Any:
+    """A runtime for replay, resolve and signal over ``store``: no key to sign with, but the
+    verifier of the gate tests' key, so its reads verify (every read does)."""
+    from truss.ledger.keys import TrustedKeys
+    from truss.runtime import Runtime
+
+    return Runtime(store, trusted_keys=TrustedKeys([IdentityKey.from_seed(SEED, "truss.test/gate").verifier]))
+
+
 def entries_of(store: SqliteStore, session: str) -> list[StoredEntry]:
     return list(store.read_session(session))
 

@@ -208,9 +208,9 @@ def test_every_key_less_mutation_fails_verification_or_changes_no_command_output
             changed = [name for name, got in _outputs(home).items() if got != baseline[name]]
             if changed:
                 escaped.append(f"{table}: {mutation} passes verify --all but changes {', '.join(changed)}")
-        else:
-            assert verify.returncode == 1, f"{table}: {mutation}: verify exit {verify.returncode}: {verify.stderr}"
-            assert "internal error" not in verify.stderr
+        elif verify.returncode not in (1, 2) or "internal error" in verify.stderr:
+            # Refused as tampered (1) or as not a usable ledger (2), with a clear message: never a crash.
+            escaped.append(f"{table}: {mutation}: verify exit {verify.returncode}: {verify.stderr.strip()[:200]}")
         shutil.rmtree(home)
     assert tried > 40, f"only {tried} mutations applied"
     assert not escaped, "\n".join(escaped)

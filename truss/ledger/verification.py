@@ -27,6 +27,9 @@ entry; the first failing step names the reason:
   V12 extra per-entry checks a caller supplies (the Merkle leaf check plugs in here)
   V13 after the stream (``verify_ledger``): stored heads and the log size
       (``head_mismatch``, ``truncated``)
+  V14 (whole log) every column of every session row is what its entries say (``row_mismatch``)
+  V15 (whole log) each session read by its own columns is the chain the log holds
+      (``session_index_mismatch``)
 
 Structure is checked before the signature so that a reordered, removed, duplicated or spliced
 entry (each validly signed) is named for what happened to it; any change to a signed byte that
@@ -544,14 +547,14 @@ def verify_ledger(
                 session=row.id,
             )
         column = row_mismatch(row, SessionFacts.of(tally.first, tally.last))
-        if column is not None:  # V13: every column of the session row is what its chain says
+        if column is not None:  # V14: every column of the session row is what its chain says
             return _fail(
                 report,
                 "row_mismatch",
                 f"session {row.id!r}: the stored {column} is not what its signed entries say",
                 session=row.id,
             )
-        # V13: the session read on its own (by its seq and session columns) is the same chain.
+        # V15: the session read on its own (by its seq and session columns) is the same chain.
         order = hashlib.sha256()
         for item in store.read_session(row.id):
             order.update(item.hash.encode("ascii", "replace"))

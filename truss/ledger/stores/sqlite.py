@@ -109,6 +109,12 @@ def _as_bytes(value: object) -> bytes:
     return b""
 
 
+def _schema_number(value: object) -> int:
+    """The schema version a ledger's meta row states (-1 when it is not a number)."""
+    text = _as_bytes(value).decode("ascii", "replace")
+    return int(text) if text.isdigit() else -1
+
+
 def sqlite_path(url: str) -> Path:
     """The file a SQLite ``--db`` names: a bare path, ``sqlite:///ABS/PATH`` or ``sqlite:REL/PATH``.
 
@@ -203,7 +209,13 @@ class SqliteStore:
             self._init_schema(conns[0])
             conns.append(self._connect())
             row = conns[1].execute("SELECT v FROM meta WHERE k = 'origin'").fetchone()
-            self.origin: str = bytes(row[0]).decode("utf-8")
+            if row is None or not isinstance(row[0], bytes | str):
+                raise InputError(
+                    f"{db} is not a usable Truss ledger: it names no log origin",
+                    remedy="the file was modified outside Truss; restore it from a copy you trust",
+                    db=str(db),
+                )
+            self.origin: str = _as_bytes(row[0]).decode("utf-8", "replace")
             if key is not None and key.name != self.origin:
                 raise KeyFileError(
                     f"the identity key is named {key.name!r} but the ledger {db} is the log {self.origin!r}",
@@ -271,7 +283,7 @@ class SqliteStore:
             row = conn.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
         except sqlite3.OperationalError:
             row = None  # no meta table yet: a new file
-        if row is not None and int(bytes(row[0]).decode()) == SCHEMA_VERSION:
+        if row is not None and _schema_number(row[0]) == SCHEMA_VERSION:
             return  # an existing ledger: readers need no write lock to open it
         begin(conn, self.db, self._busy_ms)
         try:
@@ -279,6 +291,16 @@ class SqliteStore:
                 if statement.strip():
                     conn.execute(statement)
             row = conn.execute("SELECT v FROM meta WHERE k = 'schema'").fetchone()
+            held = (
+                conn.execute("SELECT 1 FROM entries LIMIT 1").fetchone()
+                or conn.execute("SELECT 1 FROM meta WHERE k = 'origin'").fetchone()
+            )
+            if row is None and held is not None:
+                raise InputError(
+                    f"{self.db} is not a usable Truss ledger: it holds a log but states no schema version",
+                    remedy="the file was modified outside Truss; restore it from a copy you trust",
+                    db=str(self.db),
+                )
             if row is None:
                 if self._key is None:
                     raise KeyFileError(
@@ -289,10 +311,10 @@ class SqliteStore:
                 conn.execute("INSERT INTO meta (k, v) VALUES ('schema', ?)", (str(SCHEMA_VERSION).encode(),))
                 conn.execute("INSERT INTO meta (k, v) VALUES ('origin', ?)", (self._key.name.encode("utf-8"),))
                 conn.execute("INSERT INTO meta (k, v) VALUES ('frontier', ?)", (Frontier().to_state(),))
-            elif int(bytes(row[0]).decode()) > SCHEMA_VERSION:
+            elif _schema_number(row[0]) != SCHEMA_VERSION:
                 raise StoreError(
-                    f"{self.db} was written by a newer Truss (schema {bytes(row[0]).decode()})",
-                    remedy="upgrade Truss to read this ledger",
+                    f"{self.db} was written by another Truss (schema {_as_bytes(row[0]).decode('utf-8', 'replace')})",
+                    remedy="use the Truss version that wrote this ledger",
                     db=str(self.db),
                 )
             conn.execute("COMMIT")
