@@ -30,7 +30,15 @@ from typing import Any
 from urllib.parse import unquote
 
 from truss._clock import Clock
-from truss._errors import InputError, KeyFileError, NotFoundError, StoreConflictError, StoreError, UsageError
+from truss._errors import (
+    InputError,
+    KeyFileError,
+    NotFoundError,
+    StoreConflictError,
+    StoreError,
+    UsageError,
+    VerificationError,
+)
 from truss.ledger.canonical import canonical
 from truss.ledger.cosignature import merge_notes
 from truss.ledger.entry import Record, StoredEntry
@@ -583,10 +591,9 @@ class SqliteStore:
         try:
             return Frontier.from_state(_as_bytes(rows[0][0])) if rows else Frontier()
         except ValueError as exc:
-            raise StoreError(
+            raise VerificationError(
                 f"{self.db}: the stored Merkle frontier is unreadable ({exc})",
-                remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
-                db=str(self.db),
+                remedy="the ledger file was modified outside Truss; do not trust it beyond a checkpoint you hold",
                 reason="tree_mismatch",
             ) from exc
 
