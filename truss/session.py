@@ -330,12 +330,18 @@ class _Run:
         renewed = [lease]
         outcome: RunOutcome | None = None
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._renew, renewed)
-                try:
-                    outcome = await self._drive_leg(principal=principal, resumed_from=resumed_from)
-                finally:
-                    group.cancel_scope.cancel()
+            try:
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._renew, renewed)
+                    try:
+                        outcome = await self._drive_leg(principal=principal, resumed_from=resumed_from)
+                    finally:
+                        group.cancel_scope.cancel()
+            except BaseExceptionGroup as group_error:
+                # The renewer never fails, so a group holds the leg's one error: raise it as itself.
+                if len(group_error.exceptions) == 1:
+                    raise group_error.exceptions[0] from None
+                raise
             assert outcome is not None  # the leg returned (else this line is not reached)
             return outcome
         finally:

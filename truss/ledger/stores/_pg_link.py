@@ -78,6 +78,10 @@ CREATE TABLE IF NOT EXISTS erased (session text NOT NULL, ref text NOT NULL, PRI
 CREATE TABLE IF NOT EXISTS nodes (
     level smallint NOT NULL, idx bigint NOT NULL, hash bytea NOT NULL, PRIMARY KEY (level, idx)
 );
+CREATE TABLE IF NOT EXISTS leases (
+    session text PRIMARY KEY, owner text NOT NULL, host text NOT NULL, pid bigint NOT NULL,
+    epoch bigint NOT NULL, acquired_ms bigint NOT NULL, expires_ms bigint NOT NULL
+);
 CREATE TABLE IF NOT EXISTS checkpoints (
     size bigint PRIMARY KEY, root bytea NOT NULL, note text NOT NULL, created_ms bigint NOT NULL
 );

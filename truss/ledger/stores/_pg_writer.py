@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Any, LiteralString
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
 import psycopg.errors
@@ -29,12 +29,33 @@ from psycopg import sql
 from truss._clock import Clock
 from truss._errors import StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import canonical
-from truss.ledger.entry import Record, StoredEntry, encode_record
+from truss.ledger.entry import Record, StoredEntry, encode_record, session_status
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
 from truss.ledger.stores._pg_link import KEY_RETIRED, Conn, PgLink, first_line, insert_checkpoint
-from truss.ledger.stores.base import SessionHead, SessionInfo, StoredCheckpoint, seal_batch, session_fields
+from truss.ledger.stores.base import (
+    Lease,
+    SessionHead,
+    SessionInfo,
+    StoredCheckpoint,
+    check_epoch,
+    seal_batch,
+    session_fields,
+)
+
+_T = TypeVar("_T")
+
+
+def read_lease(conn: Conn, session: str) -> Lease | None:
+    """The session's lease row, or None."""
+    row = conn.execute(
+        "SELECT owner, host, pid, epoch, acquired_ms, expires_ms FROM leases WHERE session = %s", (session,)
+    ).fetchone()
+    if row is None:
+        return None
+    return Lease(session, str(row[0]), str(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]))
+
 
 __all__ = ["LedgerImport", "PostgresWriter"]
 
@@ -51,6 +72,7 @@ class _Pending:
         "bodies",
         "done",
         "durable",
+        "epoch",
         "error",
         "expect_index",
         "expect_seq",
@@ -67,8 +89,11 @@ class _Pending:
         durable: bool,
         expect_seq: int | None,
         expect_index: int | None = None,
+        *,
+        epoch: int | None = None,
     ) -> None:
         self.bodies = [encode_record(record) for record in records]  # in the caller's thread
+        self.epoch = epoch
         self.session = session
         self.records = records
         self.durable = durable
@@ -144,9 +169,11 @@ class PostgresWriter:
         durable: bool = True,
         expect_seq: int | None = None,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
         """Append ``records`` to ``session`` as consecutive entries; returns them signed.
 
+        ``epoch``: refused unless it is the session's current lease epoch (fencing, ``check_epoch``).
         Committed (the WAL flushed, unless ``durable=False``) before it returns. ``expect_seq`` is
         the seq and ``expect_index`` the log index the first record must get (checked under the
         tree row's lock, so it is a compare-and-set across processes); otherwise
@@ -158,7 +185,7 @@ class PostgresWriter:
             raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=self.db)
         if not records:
             return []
-        pending = _Pending(session, list(records), durable, expect_seq, expect_index)
+        pending = _Pending(session, list(records), durable, expect_seq, expect_index, epoch=epoch)
         if not self._group:
             with self._wlock:
                 self._commit_group([pending])
@@ -358,6 +385,8 @@ class PostgresWriter:
         key = self._key
         assert key is not None
         session, records = pending.session, pending.records
+        if pending.epoch is not None:
+            check_epoch(session, read_lease(conn, session), pending.epoch)
         head = None if row is None else SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
         out = seal_batch(
             key,
@@ -414,7 +443,7 @@ class PostgresWriter:
                     session,
                     contract,
                     None if principal is None else canonical(principal).decode("utf-8"),
-                    "ended" if ended else "running",
+                    session_status(session, last.kind, last.body),
                     last.seq + 1,
                     out[0].ts,
                     last.ts,
@@ -423,12 +452,22 @@ class PostgresWriter:
                 ),
             )
         else:
+            status = session_status(session, last.kind, last.body)
             conn.execute(
-                "UPDATE sessions SET entries = %s, head = %s, updated_ms = %s, ended = %s,"
-                " status = CASE WHEN %s AND status = 'running' THEN 'ended' ELSE status END WHERE id = %s",
-                (last.seq + 1, bytes.fromhex(last.hash), last.ts, ended, ended, session),
+                "UPDATE sessions SET entries = %s, head = %s, updated_ms = %s, ended = %s, status = %s WHERE id = %s",
+                (last.seq + 1, bytes.fromhex(last.hash), last.ts, ended, status, session),
             )
         return out
+
+    def transaction(self, body: Callable[[Conn], _T]) -> _T:
+        """Run ``body`` in one durable transaction on the append connection (rolled back if it raises)."""
+        with self._wlock:
+            conn = self._conn()
+            try:
+                with conn.transaction():
+                    return body(conn)
+            except psycopg.Error as exc:
+                raise self._link.error("write", exc) from exc
 
     # -- other writes --------------------------------------------------------------------------
 

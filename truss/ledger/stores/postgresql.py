@@ -54,8 +54,16 @@ from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
 from truss.ledger.stores._pg_link import SCHEMA_VERSION, Conn, PgLink, insert_checkpoint, key_retired, missing_node
 from truss.ledger.stores._pg_url import DEFAULT_CHECKPOINT_INTERVAL_MS, PostgresTarget, parse_postgres_url
-from truss.ledger.stores._pg_writer import LedgerImport, PostgresWriter
-from truss.ledger.stores.base import SessionInfo, StoredCheckpoint, check_status
+from truss.ledger.stores._pg_writer import LedgerImport, PostgresWriter, read_lease
+from truss.ledger.stores.base import (
+    DEFAULT_LEASE_MS,
+    Lease,
+    LeaseOwner,
+    SessionInfo,
+    StoredCheckpoint,
+    check_epoch,
+    grant_lease,
+)
 
 __all__ = [
     "DEFAULT_CHECKPOINT_INTERVAL_MS",
@@ -202,9 +210,11 @@ class PostgresStore:
         durable: bool = True,
         expect_seq: int | None = None,
         expect_index: int | None = None,
+        epoch: int | None = None,
     ) -> list[StoredEntry]:
         """Append ``records`` to ``session`` as consecutive entries; returns them signed.
 
+        ``epoch``: the writer's lease epoch, refused unless current (fencing).
         Committed (the WAL flushed, unless ``durable=False``) before it returns. ``expect_seq`` is
         the seq and ``expect_index`` the log index the first record must get; otherwise
         ``StoreConflictError`` and nothing is written. A key retired by a key rotation in the log
@@ -213,7 +223,9 @@ class PostgresStore:
         writer = self._check_open()
         if self._key is None:
             raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=self.db)
-        return writer.append(session, records, durable=durable, expect_seq=expect_seq, expect_index=expect_index)
+        return writer.append(
+            session, records, durable=durable, expect_seq=expect_seq, expect_index=expect_index, epoch=epoch
+        )
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -230,19 +242,45 @@ class PostgresStore:
         """One transaction that fills this empty ledger with another's entries, unchanged (migrate)."""
         return self._check_open().importing()
 
-    def set_status(self, session: str, status: str) -> None:
-        """Set the listing status (``running``, ``suspended``, ``pass`` ...); not part of the chain."""
-        check_status(status)
-        counts = self._check_open().write(
-            [
-                (
-                    "UPDATE sessions SET status = %s, updated_ms = %s WHERE id = %s",
-                    (status, self._clock.now_ms(), session),
-                )
-            ]
+    # -- leases (one owner per session; docs/ledger-format.md, section 5) ----------------------
+
+    def acquire_lease(self, session: str, owner: LeaseOwner, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        def grant(conn: Conn) -> Lease:
+            # Serialises acquirers of one session across workers and hosts, even before its row exists.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (session,))
+            lease = grant_lease(read_lease(conn, session), session, owner, self._clock.now_ms(), ttl_ms)
+            conn.execute(
+                "INSERT INTO leases (session, owner, host, pid, epoch, acquired_ms, expires_ms)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (session) DO UPDATE SET owner = EXCLUDED.owner,"
+                " host = EXCLUDED.host, pid = EXCLUDED.pid, epoch = EXCLUDED.epoch,"
+                " acquired_ms = EXCLUDED.acquired_ms, expires_ms = EXCLUDED.expires_ms",
+                (session, lease.owner, lease.host, lease.pid, lease.epoch, lease.acquired_ms, lease.expires_ms),
+            )
+            return lease
+
+        return self._check_open().transaction(grant)
+
+    def renew_lease(self, lease: Lease, *, ttl_ms: int = DEFAULT_LEASE_MS) -> Lease:
+        def renew(conn: Conn) -> Lease:
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (lease.session,))
+            check_epoch(lease.session, read_lease(conn, lease.session), lease.epoch)
+            expires = self._clock.now_ms() + max(1, ttl_ms)
+            conn.execute("UPDATE leases SET expires_ms = %s WHERE session = %s", (expires, lease.session))
+            return Lease(lease.session, lease.owner, lease.host, lease.pid, lease.epoch, lease.acquired_ms, expires)
+
+        return self._check_open().transaction(renew)
+
+    def release_lease(self, lease: Lease) -> None:
+        self._check_open().transaction(
+            lambda conn: (
+                conn.execute(
+                    "UPDATE leases SET expires_ms = 0 WHERE session = %s AND epoch = %s", (lease.session, lease.epoch)
+                ).rowcount
+            )
         )
-        if counts[0] == 0:
-            raise NotFoundError(f"no session {session!r} in {self.db}", what="session", name=session)
+
+    def lease(self, session: str) -> Lease | None:
+        return self._check_open().transaction(lambda conn: read_lease(conn, session))
 
     def erase_payloads(self, session: str) -> int:
         """Remove the session's payload bytes; returns how many refs were newly erased."""
