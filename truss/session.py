@@ -359,6 +359,8 @@ class _Run:
                 )
             except StoreConflictError:
                 return  # taken over: this run's next append is refused by the store (fencing)
+            except TrussError:
+                continue  # the store was busy or unreachable: try again next period
 
     def _release(self, lease: Lease) -> None:
         with contextlib.suppress(TrussError):
