@@ -65,9 +65,10 @@ def test_a_killed_run_is_interrupted_a_second_driver_is_refused_and_a_stale_owne
         assert second.returncode == 3, second.stdout + second.stderr
         assert f"session c1 is being driven by pid {holder.pid} on host" in second.stderr
     finally:
-        assert holder.stdin is not None
+        assert holder.stdin is not None and holder.stdout is not None
         holder.stdin.close()
         holder.wait(timeout=TIMEOUT)
+        holder.stdout.close()
     assert _sessions(home)["c1"] == "interrupted"
 
     resumed = truss(home, "resume", "c1")
