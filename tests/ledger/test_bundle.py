@@ -105,7 +105,7 @@ def build_ledger(db: Path, *, key: IdentityKey | None = None, rewrite_other: boo
             ],
         )
     store.append(VERDICT_SESSION, [Record("verdict", {"status": "pass", "checks": [], "contract_hash": "sha256:x"})])
-    ended = store.append(VERDICT_SESSION, [Record("session_ended", {})])[-1]
+    ended = store.append(VERDICT_SESSION, [Record("session_ended", {"status": "pass"})])[-1]
     checkpoint = sign_checkpoint(store, key)
     assert checkpoint.note is not None
     envelope = sign_verdict(
@@ -122,7 +122,7 @@ def build_ledger(db: Path, *, key: IdentityKey | None = None, rewrite_other: boo
     if not rewrite_other:
         store.set_envelope(VERDICT_SESSION, envelope.to_bytes())
     store.append(OTHER_SESSION, [Record("verdict", {"status": "fail", "checks": [], "contract_hash": "sha256:y"})])
-    other_end = store.append(OTHER_SESSION, [Record("session_ended", {})])[-1]
+    other_end = store.append(OTHER_SESSION, [Record("session_ended", {"status": "fail"})])[-1]
     other_cp = sign_checkpoint(store, key)
     assert other_cp.note is not None
     store.set_envelope(

@@ -25,7 +25,6 @@ def _source(tmp_path: Path) -> SqliteStore:
     key = golden_key()
     store: SqliteStore = build_store(key, lambda k, clock: open_store(tmp_path / "ledger.db", key=k, clock=clock))
     sign_checkpoint(store, key)
-    store.set_envelope("s_alpha", b'{"payloadType":"application/vnd.in-toto+json"}')
     store.erase_payloads("s_alpha")
     return store
 
