@@ -80,3 +80,29 @@ def test_migrating_into_a_ledger_that_holds_entries_is_refused(tmp_path: Path, p
     assert target.tree_size() == 11
     source.close()
     target.close()
+
+
+# What a copy reads besides the entries goes through the verified reader's rules: a source whose
+# rows or envelopes say what its signed entries do not is refused, and nothing is copied.
+_SOURCE_ATTACKS = {
+    "forged_verdict_envelope": 'UPDATE sessions SET envelope = CAST(\'{"payloadType":"x"}\' AS BLOB)'
+    " WHERE id = 's_alpha'",
+    "session_row_status_rewritten": "UPDATE sessions SET status = 'pass' WHERE id = 's_beta'",
+}
+
+
+@pytest.mark.parametrize("attack", sorted(_SOURCE_ATTACKS))
+def test_a_source_whose_rows_or_envelopes_contradict_its_entries_is_not_copied_at_all(
+    tmp_path: Path, postgres_url: str, attack: str
+) -> None:
+    _source(tmp_path).close()
+    conn = sqlite3.connect(str(tmp_path / "ledger.db"), isolation_level=None)
+    assert conn.execute(_SOURCE_ATTACKS[attack]).rowcount == 1
+    conn.close()
+    source = open_store(tmp_path / "ledger.db", key=None, clock=ManualClock(), create=False)
+    target = _target(postgres_url, source.origin)
+    with pytest.raises(VerificationError):
+        migrate_ledger(source, target, TrustedKeys([golden_key().verifier]))
+    assert target.tree_size() == 0 and target.sessions() == [] and target.checkpoints() == []
+    source.close()
+    target.close()

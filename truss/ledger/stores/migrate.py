@@ -3,10 +3,15 @@
 The copy keeps every entry's bytes and signature (nothing is re-signed, so it verifies with the
 same keys). The source is read once, in log order, through the one verification
 (``verify_ledger`` with the Merkle audit of ``truss ledger verify --all``): each entry is copied
-only after its checks passed, into one target transaction. If any check fails (a bad signature,
-a broken chain, a checkpoint that does not match the tree), the transaction is rolled back and the
-target is left as it was. Session rows (status, envelope, erased payloads) and checkpoints follow;
-then the copy is verified again as it is stored.
+only after its checks passed, into one target transaction. Everything else is read through the
+verified reader's rules (``truss.ledger.reader.VerifiedStore``): payload bytes only when they hash
+to their ref (R5); session rows as their signed first and last entries say (R3: status, head,
+counts and times are derived, never the stored columns); a verdict envelope only when it opens
+under the trusted keys for that session's verified head and status (R4). If any check fails (a
+bad signature, a broken chain, a checkpoint that does not match the tree, a changed payload, a
+forged envelope, a session row its entries contradict), the transaction is rolled back and the
+target is left as it was. Checkpoints follow; then the copy is verified again as it is stored.
+Leases are not copied: a session that was running in the source has no owner in the copy.
 
 What it does not do: merge into a ledger that holds entries, or re-sign with another key.
 """
@@ -21,6 +26,7 @@ from truss._errors import VerificationError
 from truss.ledger.audit import LogAudit, verify_store
 from truss.ledger.entry import StoredEntry
 from truss.ledger.keys import TrustedKeys
+from truss.ledger.reader import VerifiedStore
 from truss.ledger.stores.base import LedgerStore
 from truss.ledger.stores.postgresql import LedgerImport, PostgresStore, parse_postgres_url
 from truss.ledger.verification import verify_ledger
@@ -69,13 +75,14 @@ def migrate_ledger(source: LedgerStore, target: PostgresStore, trusted: TrustedK
             remedy="migrate into a new, empty ledger",
             reason="wrong_log",
         )
+    verified = VerifiedStore(source, trusted)
     checkpoints = source.checkpoints()
     audit = LogAudit(checkpoints, trusted, source.origin, node=source.node)
     erased: dict[str, set[str]] = {}
     page: list[StoredEntry] = []
 
     def copy_page(sink: LedgerImport) -> None:
-        held = source.blobs_for(ref for item in page for ref in item.refs())
+        held = verified.blobs_for(ref for item in page for ref in item.refs())
         for item in page:
             gone = erased.get(item.session)
             if gone is None:
@@ -103,8 +110,8 @@ def migrate_ledger(source: LedgerStore, target: PostgresStore, trusted: TrustedK
                 remedy="run `truss ledger verify --all` on the source; nothing was copied",
                 reason=problem[0],
             )
-        for info in source.sessions():
-            sink.session(info, envelope=source.envelope(info.id), erased=source.erased_refs(info.id))
+        for info in verified.sessions():
+            sink.session(info, envelope=verified.envelope(info.id), erased=source.erased_refs(info.id))
         for checkpoint in checkpoints:
             sink.checkpoint(checkpoint)
     after = verify_store(target, trusted)
