@@ -47,11 +47,19 @@ from truss.ledger.stores.base import (
 _T = TypeVar("_T")
 
 
-def read_lease(conn: Conn, session: str) -> Lease | None:
-    """The session's lease row, or None."""
-    row = conn.execute(
-        "SELECT owner, host, pid, epoch, acquired_ms, expires_ms FROM leases WHERE session = %s", (session,)
-    ).fetchone()
+_LEASE_SELECT: LiteralString = "SELECT owner, host, pid, epoch, acquired_ms, expires_ms FROM leases WHERE session = %s"
+
+
+def read_lease(conn: Conn, session: str, *, hold: bool = False) -> Lease | None:
+    """The session's lease row, or None.
+
+    ``hold``: lock the row ``FOR SHARE`` until the transaction ends, as an append does before its
+    epoch check: a takeover (which updates the row) then waits for the append to commit, and an
+    append that waited for a takeover reads the new epoch and is refused. An epoch is never
+    checked against a lease that changes before the entries it admits are committed.
+    """
+    query: LiteralString = _LEASE_SELECT + " FOR SHARE" if hold else _LEASE_SELECT
+    row = conn.execute(query, (session,)).fetchone()
     if row is None:
         return None
     return Lease(session, str(row[0]), str(row[1]), int(row[2]), int(row[3]), int(row[4]), int(row[5]))
@@ -386,7 +394,7 @@ class PostgresWriter:
         assert key is not None
         session, records = pending.session, pending.records
         if pending.epoch is not None:
-            check_epoch(session, read_lease(conn, session), pending.epoch)
+            check_epoch(session, read_lease(conn, session, hold=True), pending.epoch)
         head = None if row is None else SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
         out = seal_batch(
             key,

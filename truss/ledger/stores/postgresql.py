@@ -24,8 +24,9 @@ PostgreSQL driver is the model):
   while it signs, so checkpoints form one sequence however many workers end sessions at once; a
   new one is signed at most once per ``checkpoint_interval`` (server time), and a caller whose
   entries a stored checkpoint already covers gets that one without waiting.
-- A session's row is locked ``FOR UPDATE`` in the same transaction before its head is read: that
-  is where a lease epoch check (fencing) goes, as one more predicate on the same row lock.
+- A session's row is locked ``FOR UPDATE`` in the same transaction before its head is read, and
+  the writer's lease epoch is checked there against the lease row held ``FOR SHARE`` (fencing):
+  a takeover waits for an admitted append; an append after a takeover is refused.
 
 The tables live in one PostgreSQL schema (default ``truss``; ``?schema=NAME`` in the URL picks
 another), so one database can hold several ledgers. Truss's own URL parameters (``schema``,
