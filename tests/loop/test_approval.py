@@ -125,7 +125,7 @@ async def test_ask_suspends_the_run_and_approval_lets_resume_finish_it(tmp_path:
     assert kinds_of(w.store, first.session)[-1] == "session_suspended"
     assert w.verified(first.session)
 
-    approve_call(Runtime(w.store), first.session, "c2.1", approved=True, reason="looks fine")
+    approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=True, reason="looks fine")
     asked_before = len(w.model.requests)
     second = await w.resume(first.session)
     assert second.status == "pass" and second.exit_code == 0
@@ -142,7 +142,7 @@ async def test_ask_suspends_the_run_and_approval_lets_resume_finish_it(tmp_path:
 async def test_a_denied_approval_reaches_the_model_as_a_denial(tmp_path: Path) -> None:
     w = World(tmp_path)
     first = await w.run()
-    approve_call(Runtime(w.store), first.session, "c2.1", approved=False, reason="not today")
+    approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=False, reason="not today")
     second = await w.resume(first.session)
     assert second.status == "fail" and second.exit_code == 1
     assert [c.tool for c in w.transport.calls] == ["mcp:srv:read", "mcp:srv:read"]
@@ -167,12 +167,12 @@ async def test_approving_twice_or_an_unknown_call_is_refused(tmp_path: Path) -> 
     w = World(tmp_path)
     first = await w.run()
     with pytest.raises(NotFoundError):
-        approve_call(Runtime(w.store), first.session, "c9.9", approved=True)
+        approve_call(Runtime(w.store, key=w.key), first.session, "c9.9", approved=True)
     with pytest.raises(NotFoundError):
-        approve_call(Runtime(w.store), "s_missing", "c2.1", approved=True)
-    approve_call(Runtime(w.store), first.session, "c2.1", approved=True)
+        approve_call(Runtime(w.store, key=w.key), "s_missing", "c2.1", approved=True)
+    approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=True)
     with pytest.raises(UsageError):
-        approve_call(Runtime(w.store), first.session, "c2.1", approved=False)
+        approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=False)
 
 
 async def test_a_stop_request_records_the_run_as_interrupted_and_resume_finishes_it(tmp_path: Path) -> None:

@@ -102,7 +102,7 @@ class World:
     async def suspended(self, provider: Planner) -> str:
         first = await self.run(provider)
         assert first.status == "suspended" and first.waiting == ("c1.0",)
-        approve_call(Runtime(self.store), first.session, "c1.0", approved=True)
+        approve_call(Runtime(self.store, key=self.key), first.session, "c1.0", approved=True)
         return first.session
 
 

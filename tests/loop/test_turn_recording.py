@@ -162,7 +162,7 @@ async def test_after_resume_the_new_turns_request_rebuilds_to_what_the_provider_
     )
     first = await world.run(fixed(model))
     assert first.status == "suspended"
-    approve_call(Runtime(world.store), first.session, "c2.1", approved=True)
+    approve_call(Runtime(world.store, key=world.key), first.session, "c2.1", approved=True)
     second = await world.resume(first.session, fixed(model))
     assert second.status == "pass"
     turns = world.turns(first.session)
