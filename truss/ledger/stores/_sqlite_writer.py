@@ -163,6 +163,7 @@ class SqliteWriter:
         self._leading = False
         self._commits = 0
         self._batches = 0
+        self._flushes = 0  # commits with synchronous=FULL: the ones that wait for the disk
         self._sync_full: bool | None = None
         self._frontier: Frontier | None = None
         self._rotated_here = False
@@ -182,7 +183,7 @@ class SqliteWriter:
             self._sync_full = full
 
     def stats(self) -> dict[str, int]:
-        return {"commits": self._commits, "batches": self._batches}
+        return {"commits": self._commits, "batches": self._batches, "flushes": self._flushes}
 
     def close(self) -> None:
         self.closed = True
@@ -392,6 +393,7 @@ class SqliteWriter:
             if any(r.kind == "key_rotated" for p in group if p.result for r in p.records):
                 self._rotated_here = True
             self._commits += 1
+            self._flushes += int(bool(self._sync_full))
             self._batches += len(group)
         except BaseException as exc:
             self._frontier = None

@@ -343,7 +343,8 @@ class SqliteStore:
         return out
 
     def stats(self) -> dict[str, int]:
-        """Append transactions committed and batches they carried since opening (group commit at work)."""
+        """Append transactions committed, how many of them flushed to disk (``synchronous=FULL``), and
+        the batches they carried, since opening (group commit at work)."""
         return self._writer.stats()
 
     def _check_open(self) -> None:
