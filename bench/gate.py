@@ -19,6 +19,13 @@ Same stdio server (mcp-server-time, ``get_current_time {timezone: UTC}``), same 
 3. 16 concurrent: 16 tasks sharing one client (raw) or one gate (audited, power), throughput in
    calls/s and the ratio to raw (group commit lets concurrent intents and results share fsyncs).
 
+The fsync state of the disk is measured in the same rounds (``bare-fsync``: an fsync of a small
+append; ``bare-commit``: a synchronous SQLite WAL commit of one row, in the ledger's directory;
+``bench/_disk.py``), and each audited ratio is printed beside its floor: the raw call plus the
+commits its mode requires (power: two synchronous commits, the intent's and the result's;
+process: one, the result's), so a slow-disk stretch shows as a high floor, not as Truss's cost.
+``gate-only`` also reports the CPU time of this process per call.
+
 Usage: ``python bench/gate.py [--calls N] [--rounds R] [--concurrent-calls N] [--db-dir DIR]``;
 needs ``make peers``. Results go to stdout; record them in docs/benchmarks.md.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -41,6 +49,10 @@ sys.path.insert(0, str(REPO))
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import DiskState  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 from truss.budget import BudgetState  # noqa: E402
@@ -112,6 +124,30 @@ class Instant:
         return ToolResult(dict(self.result.wire))
 
 
+class BareDisk:
+    """A bare fsync and a bare synchronous SQLite commit in the ledger's directory, as timed calls."""
+
+    def __init__(self, directory: Path) -> None:
+        self._fd = os.open(directory / "bare-fsync.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._db = sqlite3.connect(directory / "bare-commit.db", isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+
+    async def fsync(self) -> None:
+        os.write(self._fd, b"x" * 128)
+        os.fsync(self._fd)
+
+    async def commit(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute("INSERT INTO t (v) VALUES (?)", (b"x" * 128,))
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self._db.close()
+
+
 async def timed(fn: Any, n: int) -> list[float]:
     out: list[float] = []
     for _ in range(n):
@@ -167,6 +203,7 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
         watched = Audited(power_mounts, store, power_c, "s_watched", events=watched_events)
         watched.gate.transport = Instant(recorded)
         store.append("s_fsync", [Record("session_started", {"contract": "fsync"})])
+        disk = BareDisk(tmp)
 
         def appender(durable: bool) -> Any:
             record = Record("mcp_tool_intent", {"call": "c", "tool": "t"})
@@ -185,27 +222,46 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
             "no-fsync": appender(False),
             "gate-only": instant.call,
             "watched": watched.call,
+            "bare-fsync": disk.fsync,
+            "bare-commit": disk.commit,
         }
+        cpu: list[float] = []
         for fn in fns.values():  # warm up imports, caches and the WAL
             await timed(fn, 20)
         samples: dict[str, list[float]] = {name: [] for name in fns}
         per_round = max(1, calls // rounds)
         for _ in range(rounds):
             for name, fn in fns.items():
+                started = time.process_time()
                 samples[name] += await timed(fn, per_round)
+                if name == "gate-only":
+                    cpu.append((time.process_time() - started) / per_round)
         base = statistics.median(samples["raw"])
+        state = DiskState(
+            statistics.median(samples["bare-fsync"]) * 1000, statistics.median(samples["bare-commit"]) * 1000
+        )
         print(f"sequential, {per_round * rounds} calls each, {rounds} interleaved rounds (medians per call):")
         print(f"  ledger in {tmp}")
         for name in fns:
             ratio = statistics.median(samples[name]) / base
             p90 = statistics.quantiles(samples[name], n=10)[-1] * 1000
-            print(f"  {name:<9} {ms(samples[name])}  p90 {p90:.3f} ms  ratio {ratio:.2f}")
+            print(f"  {name:<11} {ms(samples[name])}  p90 {p90:.3f} ms  ratio {ratio:.2f}")
+        commit = statistics.median(samples["bare-commit"])
+        print(f"  disk: {state}; load {os.getloadavg()[0]:.2f}")
+        for mode, commits in (("power", 2), ("process", 1)):
+            floor = base + commits * commit
+            audited = statistics.median(samples[mode])
+            print(f"  {mode:<8} floor (raw + {commits} commit(s)) {floor * 1000:.3f} ms = {floor / base:.2f}x raw;"
+                  f" audited / floor {audited / floor:.2f}  (target <= 1.10)")  # fmt: skip
+        print(f"  gate-only CPU of this process per call {statistics.median(cpu) * 1000:.3f} ms (target <= 0.30 on a"
+              " RAM file system)")  # fmt: skip
 
         raw_tp = await throughput(raw_call, concurrent_calls)
         audited_tp = await throughput(power.call, concurrent_calls)
         print(f"16 concurrent, {concurrent_calls} calls each:")
         print(f"  raw      {raw_tp:.0f} calls/s")
         print(f"  audited  {audited_tp:.0f} calls/s (power)  ratio {audited_tp / raw_tp:.2f}")
+    disk.close()
     errlog.close()
     store.close()
 

@@ -111,6 +111,12 @@ class _Source:
     def checkpoints(self) -> Sequence[Any]:
         return self._checkpoints
 
+    def latest_checkpoint(self) -> Any:
+        return max(self._checkpoints, key=lambda cp: cp.size, default=None)
+
+    def checkpoint_covering(self, size: int) -> Any:
+        return min((cp for cp in self._checkpoints if cp.size >= size), key=lambda cp: cp.size, default=None)
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         from truss.ledger.stores import StoredCheckpoint
 

@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from truss_cli._ctx import Ctx
 
@@ -29,9 +29,9 @@ from truss.ledger.bundle import MAX_BUNDLE_BYTES, export_bundle, verify_bundle
 from truss.ledger.entry import StoredEntry, iter_refs
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.stores import redact_url
-from truss.report.page import build_report
-from truss.report.why import call_ids, explain_call
-from truss.runtime import Runtime
+
+if TYPE_CHECKING:
+    from truss.runtime import Runtime
 
 __all__ = ["LedgerHelpers", "register"]
 
@@ -150,6 +150,8 @@ def write_report(args: argparse.Namespace, ctx: Ctx, *, helpers: LedgerHelpers) 
             step=checked.step,
             reason=checked.reason,
         )
+    from truss.report.page import build_report
+
     page = build_report(data, [k.vkey for k in trusted], truss_version=truss.__version__)
     output = Path(args.output)
     _write(output, page.data)
@@ -176,6 +178,8 @@ def write_report(args: argparse.Namespace, ctx: Ctx, *, helpers: LedgerHelpers) 
 
 def why(args: argparse.Namespace, ctx: Ctx, *, helpers: LedgerHelpers) -> int:
     entries, blobs = _read_session(ctx, args.session, helpers)
+    from truss.report.why import call_ids, explain_call  # the contract models: only for this command
+
     explanation = explain_call(entries, blobs.get, args.call)
     if explanation is None:
         known = call_ids(entries)

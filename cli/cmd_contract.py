@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 from truss_cli._ctx import Ctx
 
-from truss.contract import Contract, load_contract
-from truss.policy import lint
+if TYPE_CHECKING:  # the contract models (pydantic) load only in the commands that read a contract
+    from truss.contract import Contract
 
 
 def add_contract_args(parser: argparse.ArgumentParser, *, positional: bool = True) -> None:
@@ -46,6 +46,8 @@ def load_from_args(
     that run) to require every ``${env.X}`` the contract uses to be set; ``check`` and ``show``
     do not, so a contract can be checked where its variables are not set.
     """
+    from truss.contract import load_contract
+
     return load_contract(
         Path(args.contract),
         home=ctx.home,
@@ -72,6 +74,8 @@ def run_check(args: argparse.Namespace, ctx: Ctx) -> int:
     contract = load_from_args(args, ctx)
     servers = ", ".join(s.name for s in contract.mcp.servers) or "none"
     # Valid but probably unintended policies are warnings: they never change the exit code.
+    from truss.policy import lint
+
     warnings = [{"path": f.path, "message": f.message} for f in lint(contract)]
     if not ctx.json:
         for warning in warnings:

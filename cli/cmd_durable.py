@@ -16,7 +16,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import anyio
 from truss_cli._ctx import Ctx
 
 from truss._errors import UsageError
@@ -66,6 +65,8 @@ def replay(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.durable import replay_session
 
     with ctx.open_runtime(create=True) as runtime:
+        import anyio
+
         report = anyio.run(replay_session, runtime, args.session)
     recorded = report.recorded.get("status")
     replayed = (report.replayed or {}).get("status", "-")

@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-import anyio
 from truss_cli import _panel_view
 from truss_cli._ctx import Ctx, row_limit, table
 from truss_cli._witnessed import (
@@ -529,6 +528,8 @@ def checkpoint_log(args: argparse.Namespace, ctx: Ctx) -> int:
 
             async def submit() -> Any:
                 return await witness_checkpoint(store, note_bytes, settings, ctx.clock, throttle=False)
+
+            import anyio
 
             witnessed = anyio.run(submit)
             note = witnessed.note

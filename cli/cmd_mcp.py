@@ -21,16 +21,16 @@ import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-import anyio
-import pydantic
 from truss_cli._ctx import Ctx, table
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
 from truss._errors import ContractError, ServerStartError, UsageError
 from truss._suggest import closest
-from truss.contract import Contract, Harness, effective_sandbox, load_contract
+
+if TYPE_CHECKING:  # the contract models (pydantic) load only in the handlers that read a contract
+    from truss.contract import Contract, Harness
 
 T = TypeVar("T")
 
@@ -151,6 +151,7 @@ class _Interrupted(Exception):
 
 def _run(fn: Callable[[], Awaitable[T]]) -> T:
     """Run ``fn``; Ctrl-C or SIGTERM cancels it, which ends every server the MCP tier started."""
+    import anyio
 
     async def main() -> T:
         box: list[T] = []
@@ -408,6 +409,8 @@ def _tool_lines(tool: Mapping[str, Any], state: str | None, *, full_pin: bool) -
 
 
 def _probe_target(args: argparse.Namespace, ctx: Ctx) -> tuple[dict[str, Any], Contract | None]:
+    from truss.contract import load_contract
+
     chosen = [flag for flag in ("contract", "url", "command") if getattr(args, flag)]
     if len(chosen) != 1:
         raise UsageError(
@@ -488,6 +491,8 @@ def _raw_server(path: Path, name: str) -> dict[str, Any] | None:
 
 
 def _contract_with(server: dict[str, Any]) -> Contract:
+    from truss.contract import Contract
+
     try:
         return Contract.model_validate({"contract": {"name": "probe", "intent": "probe"}, "mcp": {"servers": [server]}})
     except ValueError as exc:
@@ -495,6 +500,8 @@ def _contract_with(server: dict[str, Any]) -> Contract:
 
 
 def _first_error(exc: ValueError) -> str:
+    import pydantic
+
     if isinstance(exc, pydantic.ValidationError) and exc.errors():
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -506,6 +513,7 @@ def _operator_harness(ctx: Ctx) -> Harness:
     """The operator config's ``[harness]`` (its sandbox level and baseline), or the defaults."""
     import tomllib
 
+    from truss.contract import Harness
     from truss.contract.layers import read_toml_file
 
     if not ctx.config_file.exists():
@@ -523,6 +531,8 @@ def _operator_harness(ctx: Ctx) -> Harness:
 def _probe_sandbox(server: dict[str, Any], contract: Contract | None, args: argparse.Namespace, ctx: Ctx) -> None:
     """Give the probed stdio server the sandbox a run would (a contract's server: its effective one;
     ``--command``: the operator's level and baseline); ``--sandbox`` confines it whatever they say."""
+    from truss.contract import effective_sandbox
+
     if server.get("transport", "stdio") != "stdio":
         if args.sandbox:
             raise UsageError(
@@ -546,6 +556,8 @@ def _probe_sandbox(server: dict[str, Any], contract: Contract | None, args: argp
 
 
 def run_probe(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.contract import load_contract
+
     server, own_contract = _probe_target(args, ctx)
     _probe_sandbox(server, own_contract, args, ctx)
     against = load_contract(Path(args.against), home=ctx.home, require_params=False) if args.against else own_contract
@@ -896,6 +908,8 @@ def run_import(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def _contract_with_all(tables: list[dict[str, Any]], *, keep_allow: bool = False, command: str = "import") -> Contract:
+    from truss.contract import Contract
+
     servers = [table if keep_allow else {**table, "allow_tools": ["*"]} for table in tables]
     try:
         return Contract.model_validate({"contract": {"name": command, "intent": "probe"}, "mcp": {"servers": servers}})
@@ -908,6 +922,8 @@ def _contract_with_all(tables: list[dict[str, Any]], *, keep_allow: bool = False
 
 def _servers_contract(args: argparse.Namespace, ctx: Ctx) -> Contract:
     """The contract named by ``--contract``, else the servers of the operator config alone."""
+    from truss.contract import load_contract
+
     if args.contract:
         return load_contract(Path(args.contract), home=ctx.home)
     from truss.contract import load_contract_text

@@ -118,6 +118,15 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
 
 def resume(args: argparse.Namespace, ctx: Ctx) -> int:
     with ctx.open_runtime(connector=_connector(ctx, no_wait=args.no_wait)) as runtime:
+        info = None if is_log_session(args.session) else runtime.store.session(args.session)
+        if info is not None and info.ended:
+            # Nothing to continue: the outcome comes from the session's last entries, with no
+            # connector, telemetry or event loop started (and so no SDK imported).
+            from truss.session import outcome_of
+
+            outcome = outcome_of(runtime.store, args.session)
+            _render(ctx, outcome)
+            return outcome.exit_code
         telemetry = open_telemetry(ctx, runtime.environ, runtime.store)
         watching = [telemetry] if telemetry is not None else []
         from truss.session import resume_session

@@ -389,6 +389,12 @@ class _ReadOnlyStore:
     def checkpoints(self) -> list[StoredCheckpoint]:
         return self._store.checkpoints()
 
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        return self._store.latest_checkpoint()
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
+        return self._store.checkpoint_covering(size)
+
     def envelope(self, session: str) -> bytes | None:
         return self._store.envelope(session)
 

@@ -510,7 +510,11 @@ async def _turn(  # noqa: PLR0917 - one private call site
     blobs = {request_ref: request_bytes, response_ref: response_bytes}
     if not turn.chain.tools_stored:
         blobs[turn.chain.tools] = turn.chain.tools_bytes
-    [entry] = await journal.append(Record("model_turn", body_out, blobs), durable=True)
+    # A turn that proposes calls is committed without its own flush: the first thing the gate records
+    # for its first call (an intent, a denial, an approval request) is committed durably after it, and
+    # one flush makes both durable (the store commits in order), before anything depends on the turn.
+    # A turn without calls (the final answer) is flushed at once: reviewers may read it next.
+    [entry] = await journal.append(Record("model_turn", body_out, blobs), durable=not response.tool_calls)
     turn.chain.tools_stored = True
     turn.advance(request_ref, replay_key)
     if events is not None:

@@ -272,19 +272,30 @@ def pending_signals(entries: list[StoredEntry]) -> dict[str, str]:
     }
 
 
+_OUTCOME_TAIL = 8  # entries an ended session's outcome is read from: its verdict is among the last few
+
+
 def outcome_of(store: LedgerStore, session: str) -> RunOutcome:
     """The outcome of a session as recorded (for a repeated session id, a finished resume, status)."""
     info = store.session(session)
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session)
-    entries: list[StoredEntry] = list(store.read_session(session))
+    entries: list[StoredEntry] = []
+    if info.ended:
+        # An ended session says its outcome in its last entries (the verdict, then session_ended):
+        # read those, not the whole session, so showing a 5,000-call run's outcome is a lookup.
+        entries = list(store.read_session(session, from_seq=max(0, int(info.entries) - _OUTCOME_TAIL)))
+        if not any(e.kind == "verdict" for e in entries):
+            entries = []
+    if not entries:
+        entries = list(store.read_session(session))
     verdict = next((e.body for e in reversed(entries) if e.kind == "verdict"), None)
     suspended = next((e.body for e in reversed(entries) if e.kind == "session_suspended"), None)
     status = str(info.status)
     reason = verdict.get("reason") if verdict else (suspended.get("reason") if suspended else None)
     checkpoint = _envelope_checkpoint(store.envelope(session))
     head = entries[-1].hash if entries else None
-    waiting = tuple(pending_approvals(entries))
+    waiting = () if info.ended else tuple(pending_approvals(entries))  # nothing waits once a session ended
     waiting_on: str | None = None
     if suspended is not None and status in ("suspended", "interrupted"):
         # The same answer as the run that suspended gave: what it waits on, and for which calls.

@@ -132,6 +132,22 @@ def test_help_does_not_import_the_mcp_sdk(truss_home: Path) -> None:
     assert not {m for m in modules if m.split(".")[0] in ("mcp", "mcp_types")}
 
 
+_HEAVY = ("mcp", "mcp_types", "httpx2", "pydantic", "pydantic_core")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["ledger", "verify"], ["ledger", "list"], ["ledger", "--help"], ["sessions"]], ids=" ".join
+)
+def test_commands_that_read_no_contract_import_neither_pydantic_nor_the_sdk_nor_httpx2(
+    truss_home: Path, argv: list[str]
+) -> None:
+    assert _truss("--home", str(truss_home), "init").returncode == 0
+    modules = _modules_after(argv, truss_home)
+    assert "truss_cli.main" in modules
+    assert not {m for m in modules if m.split(".")[0] in _HEAVY}
+    assert not {m for m in modules if m.startswith(("truss.contract", "truss.mcp"))}
+
+
 def test_contract_check_does_not_import_the_mcp_sdk(truss_home: Path) -> None:
     modules = _modules_after(["contract", "check", "contracts/hello.toml"], truss_home)
     assert "truss.contract" in modules

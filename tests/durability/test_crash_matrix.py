@@ -44,6 +44,7 @@ class Case:
     replayed: subprocess.CompletedProcess[str] | None = None
     verified: list[subprocess.CompletedProcess[str]] = field(default_factory=list[subprocess.CompletedProcess[str]])
     counts_after_resume: dict[str, int] = field(default_factory=dict[str, int])
+    recorded_at_crash: list[str] = field(default_factory=list[str])
 
     @property
     def in_doubt(self) -> bool:
@@ -74,6 +75,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Ca
         fault = case.point if case.point == "during_verdict" else f"{case.point}:2"
         environ = {"TRUSS_FAULT": fault}
         case.crashed = truss(case.home, "run", str(case.contract), "--session", case.session, env=environ)
+        case.recorded_at_crash = kinds(case.home, case.session)
 
     def resume(case: Case) -> None:
         case.resumed = truss(case.home, "resume", case.session)
@@ -179,3 +181,19 @@ def test_a_tool_declared_safe_to_resend_is_resent_on_resume_without_an_in_doubt_
     assert case.resumed is not None and case.resumed.returncode == 0, _text(case.resumed)
     recorded = kinds(case.home, case.session)
     assert "in_doubt" not in recorded and recorded.count("mcp_tool_intent") == 3  # first, second, second again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", [NOT_RETRYABLE, RETRYABLE])
+def test_a_model_turn_committed_without_its_own_flush_is_recorded_when_the_run_dies_before_its_intent(
+    matrix: dict[tuple[str, str], Case], tool: str
+) -> None:
+    # The turn proposing call 2 shares the flush of that call's intent; killed just before the intent,
+    # the turn is in the ledger all the same (a process crash loses no committed entry), and the
+    # resumed run replays it instead of asking the plan again.
+    case = matrix[("before_intent", tool)]
+    assert case.recorded_at_crash[-1] == "model_turn", case.recorded_at_crash
+    assert case.recorded_at_crash.count("model_turn") == 2
+    recorded = kinds(case.home, case.session)
+    assert recorded.count("model_turn") == 3  # turns 1 and 2 once each, then the final answer
+    assert recorded.count("mcp_tool_intent") == 2

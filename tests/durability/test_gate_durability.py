@@ -134,3 +134,39 @@ async def test_replay_of_a_session_whose_server_never_started_reaches_its_error_
     assert outcome.status == "error"
     report = await replay_session(read_runtime(store), "s1")
     assert report.matches and report.replayed is not None and report.replayed["status"] == "error"
+
+
+def _plan(calls: int, durability: str) -> str:
+    steps = "".join(f'[[agent.steps]]\ntool = "mcp:kv:get"\narguments = {{ key = "k{i}" }}\n' for i in range(calls))
+    return (
+        f'[contract]\nname = "flushes"\nintent = "count the flushes"\n[ledger]\ndurability = "{durability}"\n'
+        f'{steps}[[mcp.servers]]\nname = "kv"\ncommand = "kv-server"\nallow_tools = ["get"]\n'
+    )
+
+
+async def _flushes(tmp_path: Path, calls: int, durability: str) -> int:
+    async def handler(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
+        return text_result(f"value of {arguments['key']}")
+
+    transport = FakeTransport(handler, tools=[mounted_tool("kv", "get")])
+    directory = tmp_path / f"{durability}-{calls}"
+    directory.mkdir()
+    store, key = new_store(directory)
+    runtime = Runtime(store=store, key=key, clock=ManualClock(), home=directory, environ={},
+                      connector=fake_connector(transport), provider=scripted())  # fmt: skip
+    try:
+        outcome = await run_contract(runtime, contract_from(_plan(calls, durability)), session_id="s1")
+        assert outcome.status == "pass", outcome
+        assert [e.kind for e in store.read_session("s1")].count("model_turn") == calls + 1
+        return store.stats()["flushes"]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("durability", "per_call"), [("power", 2), ("process", 1)])
+async def test_an_audited_call_flushes_twice_in_power_mode_and_once_in_process_mode(
+    tmp_path: Path, durability: str, per_call: int
+) -> None:
+    # The model turn that proposes a call shares the flush of that call's intent (power) or result (process).
+    few, many = await _flushes(tmp_path, 2, durability), await _flushes(tmp_path, 6, durability)
+    assert (many - few) == 4 * per_call, (few, many)

@@ -75,3 +75,39 @@ def test_resolve_refuses_a_call_that_is_not_in_doubt_and_records_nothing(tmp_pat
     bad_json = cli(home, "resolve", "s1", "c1.0", "--result", "{not json")
     assert bad_json.returncode == 2 and "not JSON" in bad_json.stderr
     assert kinds(home, "s1") == before
+
+
+def test_resuming_an_ended_session_prints_its_outcome_without_the_sdk_or_a_full_read(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    contract = counting_contract(
+        tmp_path, steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(12)], check_tool="mcp:cnt:count"
+    )
+    home = make_home(tmp_path / "home")
+    ran = truss(home, "run", str(contract), "--session", "s-ended")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    code = (
+        "import io, contextlib, json, sys\n"
+        "from truss.ledger.stores.sqlite import SqliteStore\n"
+        "reads = []\n"
+        "original = SqliteStore.read_session\n"
+        "def read_session(self, session, *, from_seq=0):\n"
+        "    reads.append((session, from_seq))\n"
+        "    return original(self, session, from_seq=from_seq)\n"
+        "SqliteStore.read_session = read_session\n"
+        "from truss_cli.main import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    code = main(['--home', {str(home)!r}, 'resume', 's-ended'])\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types'})\n"
+        "print(json.dumps({'code': code, 'out': out.getvalue(), 'heavy': heavy, 'reads': reads}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["code"] == 0 and "verdict     pass" in result["out"]
+    assert result["heavy"] == []
+    session_reads = [start for session, start in result["reads"] if session == "s-ended"]
+    assert session_reads and min(session_reads) > 0, result["reads"]

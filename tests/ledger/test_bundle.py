@@ -467,6 +467,12 @@ class _RacingStore:
     def checkpoints(self) -> list[Any]:
         return list(self.inner.checkpoints())
 
+    def latest_checkpoint(self) -> Any:
+        return self.inner.latest_checkpoint()
+
+    def checkpoint_covering(self, size: int) -> Any:
+        return self.inner.checkpoint_covering(size)
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         self.inner.add_checkpoint(size, root, note)
 

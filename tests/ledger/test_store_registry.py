@@ -323,6 +323,13 @@ class ToyStore:
         rows = [(int(n.split("/")[1]), self._json(n)) for n in names]
         return [StoredCheckpoint(size, bytes.fromhex(r["root"]), r["note"], r["ms"]) for size, r in rows]
 
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        held = self.checkpoints()  # a toy: its keys are not an index
+        return held[-1] if held else None
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
+        return next((cp for cp in self.checkpoints() if cp.size >= size), None)
+
     def set_envelope(self, session: str, envelope: bytes) -> None:
         if self._get(f"session/{session}") is None:
             raise NotFoundError(f"no session {session!r}", what="session", name=session)

@@ -322,3 +322,68 @@ def test_a_step_using_an_unset_environment_variable_is_refused_before_the_run_st
     with pytest.raises(InputError) as caught:
         make_provider(contract, environ={}, clock=ManualClock())
     assert (caught.value.env, caught.value.step, caught.value.exit_code) == ("TRUSS_TEST_UNSET", 0, 2)
+
+
+class _CountedMessage(dict[str, Any]):
+    """A message that counts how often the provider looks into it."""
+
+    reads = 0
+
+    def get(self, key: str, default: Any = None) -> Any:
+        _CountedMessage.reads += 1
+        return super().get(key, default)
+
+
+async def test_a_turn_reads_only_the_messages_added_since_the_turn_before() -> None:
+    steps = [{"tool": "mcp:echo:echo", "arguments": {"i": i}} for i in range(200)]
+    provider = scripted(steps)
+    messages: list[dict[str, Any]] = [_CountedMessage(role="user", text="go")]
+    per_turn: list[int] = []
+    for turn in range(1, 202):
+        _CountedMessage.reads = 0
+        response = await provider.next_turn(TurnRequest("", list(messages), [], turn))
+        per_turn.append(_CountedMessage.reads)
+        if not response.tool_calls:
+            break
+        [call] = response.tool_calls
+        messages.append(_CountedMessage(role="assistant", text="", tool_calls=[call.to_json()]))
+        messages.append(_CountedMessage(role="tool", call_id=call.id, name=call.name, is_error=False, text="ok"))
+    assert len(per_turn) == 201
+    assert max(per_turn[1:]) == min(per_turn[1:]), "a late turn reads as much as an early one"
+
+
+async def test_a_request_that_does_not_continue_the_last_one_is_read_from_its_start() -> None:
+    steps = [
+        {"tool": "mcp:echo:echo", "arguments": {"x": 1}},
+        {"tool": "mcp:echo:echo", "arguments": {"x": "${steps.0.result}"}},
+        {"tool": "mcp:echo:echo", "arguments": {"x": 3}},
+    ]
+    provider = scripted(steps)
+    responses, calls = await play(provider, lambda _name, _args: ok("first"))
+    assert calls[1] == ("mcp__echo__echo", {"x": "first"})
+    # The same instance, a different conversation (another run's): its own results, not the last run's.
+    _, again = await play(provider, lambda _name, _args: ok("second"))
+    assert again[1] == ("mcp__echo__echo", {"x": "second"})
+    assert responses[-1].tool_calls == []
+
+
+async def test_an_incremental_reading_answers_as_a_fresh_instance_reading_the_whole_request() -> None:
+    steps = [
+        {"tool": "mcp:echo:echo", "arguments": {"x": 0}},
+        {"tool": "mcp:echo:echo", "arguments": {"x": "${steps.0.is_error}"}},
+        {"tool": "mcp:echo:echo", "arguments": {"x": "${steps.1.result}"}},
+    ]
+    provider = scripted(steps)
+    messages: list[dict[str, Any]] = [{"role": "user", "text": "go"}]
+    for turn in range(1, 6):
+        request = TurnRequest("", list(messages), [], turn)
+        live = await provider.next_turn(request)
+        fresh = await scripted(steps).next_turn(request)
+        assert live.to_json() == fresh.to_json()
+        if not live.tool_calls:
+            assert "step(s) 0, 2 returned an error" in live.text
+            break
+        [call] = live.tool_calls
+        messages.append({"role": "assistant", "text": "", "tool_calls": [call.to_json()]})
+        outcome = failed() if call.id in {"step-0", "step-2"} else ok(f"r{turn}")
+        messages.append({"role": "tool", "call_id": call.id, "name": call.name, **outcome})

@@ -60,6 +60,10 @@ class AuditSource(LedgerReader, Protocol):
 
     def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
 
+    def latest_checkpoint(self) -> StoredCheckpointLike | None: ...
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpointLike | None: ...
+
     def node(self, level: int, index: int) -> bytes: ...
 
 
@@ -117,19 +121,27 @@ def verify_store(
     if isinstance(history, VerifyReport):
         return history
     trusted = history.trusted
-    checkpoints = store.checkpoints()
     extra: list[EntryCheck] = []
     audit: LogAudit | None = None
+    used: list[StoredCheckpointLike] = []
     if session is None:
-        audit = LogAudit(checkpoints, trusted, store.origin, node=store.node)
+        audit = LogAudit(store.checkpoints(), trusted, store.origin, node=store.node)
         extra.append(audit.check)
     else:
-        extra.append(SessionInLog(checkpoints, trusted, store.origin, store.node).check)
+        # One session needs one checkpoint: the latest (an index lookup). Only when that one does
+        # not open under the trusted keys are the earlier ones read, latest first.
+        latest = store.latest_checkpoint()
+        used = [latest] if latest is not None else []
+        in_log = SessionInLog(used, trusted, store.origin, store.node)
+        if in_log.checkpoint is None and latest is not None:
+            used = list(store.checkpoints())
+            in_log = SessionInLog(used, trusted, store.origin, store.node)
+        extra.append(in_log.check)
     if history.rotations:
         extra.append(history.check)
     report = verify_ledger(store, trusted, session=session, payloads=payloads, extra=extra)
     if audit is None or not report.ok:
-        return stored_checkpoint_signers(store, history, report)
+        return stored_checkpoint_signers(store, history, report, checkpoints=used if session is not None else None)
     # The tree as of the entries just verified: appends that land meanwhile are not this run's.
     size = audit.frontier.size
     try:
@@ -204,11 +216,19 @@ def store_key_history(store: LedgerReader, trusted: TrustedKeys) -> KeyHistory |
         )
 
 
-def stored_checkpoint_signers(store: AuditSource, history: KeyHistory, report: VerifyReport) -> VerifyReport:
-    """Each stored checkpoint is signed by a key allowed at its size (only matters after a rotation)."""
+def stored_checkpoint_signers(
+    store: AuditSource,
+    history: KeyHistory,
+    report: VerifyReport,
+    *,
+    checkpoints: Sequence[StoredCheckpointLike] | None = None,
+) -> VerifyReport:
+    """Each stored checkpoint (or each of ``checkpoints``: those a session's verification used) is
+    signed by a key allowed at its size (only matters after a rotation)."""
     if not report.ok or not history.rotations:
         return report
-    notes = [(cp.note.encode("utf-8"), f"the stored checkpoint of size {cp.size}") for cp in store.checkpoints()]
+    held = store.checkpoints() if checkpoints is None else checkpoints
+    notes = [(cp.note.encode("utf-8"), f"the stored checkpoint of size {cp.size}") for cp in held]
     finding = check_checkpoint_signers(notes, history.checkpoint_keys, store.origin)
     return report if finding is None else _failed(report, finding)
 
@@ -369,6 +389,10 @@ class SinceSource(Protocol):
 
     def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
 
+    def latest_checkpoint(self) -> StoredCheckpointLike | None: ...
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpointLike | None: ...
+
 
 @dataclass(frozen=True)
 class SinceReport:
@@ -433,9 +457,9 @@ def verify_since(
         )
     size, root = store.tree_head()
     facts.update(old_size=old.size, old_root=old.root.hex(), size=size, root=root.hex())
-    stored = sorted(store.checkpoints(), key=lambda cp: cp.size)
-    if stored:
-        facts["latest_checkpoint"] = stored[-1].note
+    latest = store.latest_checkpoint()
+    if latest is not None:
+        facts["latest_checkpoint"] = latest.note
     if recompute:  # S2
         frontier = Frontier()
         for item in store.read_range(0, size):
@@ -450,7 +474,8 @@ def verify_since(
         )
     proof = consistency_proof(old.size, size, store.node)  # S4
     if not verify_consistency(old.size, size, old.root, root, proof):
-        if old.size == size or any(cp.size == old.size and cp.root != old.root for cp in stored):
+        same = store.checkpoint_covering(old.size)
+        if old.size == size or (same is not None and same.size == old.size and same.root != old.root):
             return _since_fail(
                 facts, "fork", f"the log at size {old.size} has another root than the old checkpoint: a fork"
             )

@@ -172,6 +172,10 @@ class BundleSource(Protocol):
 
     def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
 
+    def latest_checkpoint(self) -> StoredCheckpointLike | None: ...
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpointLike | None: ...
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None: ...
 
 
@@ -204,7 +208,7 @@ def export_bundle(
         envelope = parse_envelope(envelope_raw).to_json()
     note = _choose_checkpoint(store, head.index, envelope_raw, signer)
     named = _predicate_checkpoint(envelope_raw) if envelope_raw is not None else None
-    note = witnessed_checkpoint(store.checkpoints(), note, head.index)
+    note = witnessed_checkpoint(store.checkpoint_covering, note, head.index)
     checkpoint = parse_checkpoint(parse_note(note).text)
     if root_at(checkpoint.size, store.node) != checkpoint.root:
         raise VerificationError(
@@ -253,9 +257,9 @@ def _choose_checkpoint(
         named = _predicate_checkpoint(envelope)
         if named is not None and parse_checkpoint(parse_note(named).text).size > head_index:
             return named
-    covering = sorted((cp for cp in store.checkpoints() if cp.size > head_index), key=lambda cp: cp.size)
-    if covering:
-        return covering[0].note.encode("utf-8")
+    covering = store.checkpoint_covering(head_index + 1)
+    if covering is not None:
+        return covering.note.encode("utf-8")
     if signer is not None:
         signed = sign_checkpoint(store, signer)
         assert signed.note is not None

@@ -23,7 +23,7 @@ sends them).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -240,19 +240,36 @@ def has_cosignatures(note: bytes) -> bool:
     return any(sig.name != origin for sig in parsed.signatures)
 
 
-def witnessed_checkpoint(stored: Iterable[StoredCheckpointLike], chosen: bytes, head_index: int) -> bytes:
+WITNESSED_LOOKAHEAD = 64
+"""How many later stored checkpoints a bundle looks through for a witnessed one (each one lookup)."""
+
+
+def witnessed_checkpoint(
+    covering: Callable[[int], StoredCheckpointLike | None], chosen: bytes, head_index: int
+) -> bytes:
     """The note a bundle carries for ``chosen`` (covering log index ``head_index``): the stored
     version with its cosignatures, or, when that one was never witnessed, the earliest later
-    stored checkpoint that was; else ``chosen`` itself."""
+    stored checkpoint that was, among the next ``WITNESSED_LOOKAHEAD``; else ``chosen`` itself.
+
+    ``covering(n)`` is the store's ``checkpoint_covering``: the smallest stored checkpoint of at
+    least ``n`` entries. Each step is one index lookup, so the export of a session costs the same
+    however many checkpoints the ledger holds; a session end submits its checkpoint to the
+    witnesses, so a witnessed one is the same or the next few, and a ledger that is not witnessed
+    pays the bounded look-ahead.
+    """
     body = checkpoint_of(chosen)
-    ordered = sorted(stored, key=lambda cp: cp.size)
-    same = next((cp for cp in ordered if cp.size == body.size and cp.root == body.root), None)
-    held = chosen if same is None else same.note.encode("utf-8")
+    same = covering(body.size)
+    held = chosen if same is None or (same.size, same.root) != (body.size, body.root) else same.note.encode("utf-8")
     if has_cosignatures(held):
         return held
-    for cp in ordered:
-        if cp.size > max(body.size, head_index) and has_cosignatures(cp.note.encode("utf-8")):
+    cursor = max(body.size, head_index) + 1
+    for _ in range(WITNESSED_LOOKAHEAD):
+        cp = covering(cursor)
+        if cp is None:
+            break
+        if has_cosignatures(cp.note.encode("utf-8")):
             return cp.note.encode("utf-8")
+        cursor = cp.size + 1
     return held
 
 

@@ -352,6 +352,12 @@ class VerifiedStore:
     def checkpoints(self) -> list[StoredCheckpoint]:
         return self.raw.checkpoints()
 
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        return self.raw.latest_checkpoint()
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
+        return self.raw.checkpoint_covering(size)
+
     def set_envelope(self, session: str, envelope: bytes) -> None:
         self.raw.set_envelope(session, envelope)
 

@@ -27,6 +27,14 @@ same references.
 pass, one reference at a time, so a parameter's value is never read as a reference either. Every
 step is rendered once when the provider is built, so a missing parameter or variable is an
 ``InputError`` before the run starts, never half-way through it. This module does no I/O.
+
+Cost per turn: the loop only ever appends to the conversation, so the provider keeps what it read
+of the previous request (the highest step called, the outcomes later steps or ``agent.final``
+refer to, which steps failed) and reads only the messages added since. It takes the earlier
+reading when the new request holds, at the place where the last one ended, the very message
+object that reading ended with, and otherwise reads the request from its start; either way the
+answer is the one a reading of the whole request gives. Only the outcomes of steps that some
+reference names are kept, so memory stays flat over a long plan.
 """
 
 from __future__ import annotations
@@ -68,6 +76,68 @@ class _BrokenReference(Exception):
         self.why = why
 
 
+class _Reading:
+    """What the conversation said so far: the highest step called, the outcomes that are referred to,
+    the steps that failed, and where the reading stopped (``read`` messages, ending with ``last``)."""
+
+    def __init__(self, needed: frozenset[int]) -> None:
+        self.needed = needed
+        self.called: int | None = None
+        self.outcomes: dict[int, _Outcome] = {}
+        self.failed: set[int] = set()
+        self.read = 0
+        self.last: dict[str, Any] | None = None
+
+    def continues(self, messages: list[dict[str, Any]]) -> bool:
+        return self.read == 0 or (len(messages) >= self.read and messages[self.read - 1] is self.last)
+
+    def take(self, messages: list[dict[str, Any]]) -> None:
+        for message in messages[self.read :]:
+            self._one(message)
+        self.read = len(messages)
+        self.last = messages[-1] if messages else None
+
+    def _one(self, message: dict[str, Any]) -> None:
+        role = message.get("role")
+        if role == "assistant":
+            for raw in as_list(message.get("tool_calls")) or []:
+                call = as_object(raw)
+                index = _step_index(call.get("id") if call else None)
+                if index is not None:
+                    self.called = index if self.called is None else max(self.called, index)
+        elif role == "tool":
+            index = _step_index(message.get("call_id"))
+            if index is None:
+                return
+            is_error = message.get("is_error") is True
+            if is_error:
+                self.failed.add(index)
+            else:
+                self.failed.discard(index)
+            if index in self.needed:
+                text = message.get("text")
+                self.outcomes[index] = _Outcome(
+                    is_error=is_error,
+                    text=text if isinstance(text, str) else "",
+                    structured=message.get("structured"),
+                    has_structured="structured" in message and message.get("structured") is not None,
+                )
+
+
+def _referenced_steps(value: Any) -> set[int]:
+    """The step numbers the references in ``value`` (a step's arguments, ``agent.final``) name."""
+    if isinstance(value, str):
+        return {
+            int(step.group(1))
+            for ref in _ANY_REF.finditer(value)
+            if (step := _STEP_REF.fullmatch(ref.group(1))) is not None
+        }
+    found: set[int] = set()
+    for item in as_list(value) or (as_object(value) or {}).values():
+        found |= _referenced_steps(item)
+    return found
+
+
 class ScriptedProvider:
     """Plays the contract's steps; ``environ`` fills ``${env.X}`` in their arguments."""
 
@@ -83,6 +153,11 @@ class ScriptedProvider:
             return render_arguments({"value": reference}, params=params, environ=environ)["value"]
 
         self._fill: Callable[[str], Any] = fill
+        needed: set[int] = _referenced_steps(self._final) if self._final is not None else set()
+        for step in self._steps:
+            needed |= _referenced_steps(dict(step.arguments))
+        self._needed = frozenset(needed)
+        self._reading = _Reading(self._needed)
         for index, step in enumerate(self._steps):
             try:
                 render_arguments(step.arguments, params=params, environ=environ)
@@ -103,10 +178,14 @@ class ScriptedProvider:
 
     def respond(self, request: TurnRequest) -> TurnResponse:
         """The next turn for ``request`` (the synchronous core of ``next_turn``)."""
-        called, outcomes = _read_conversation(request.messages)
+        reading = self._reading
+        if not reading.continues(request.messages):
+            reading = self._reading = _Reading(self._needed)
+        reading.take(request.messages)
+        called, outcomes = reading.called, reading.outcomes
         index = called + 1 if called is not None else 0
         if index >= len(self._steps):
-            return self._finish(outcomes)
+            return self._finish(reading)
         step = self._steps[index]
         split = split_namespaced(step.tool)
         if split is None:  # the contract model already refuses this; kept so the plan ends, not crashes
@@ -121,9 +200,10 @@ class ScriptedProvider:
         call = ToolCall(id=f"step-{index}", name=provider_name(*split), arguments=arguments)
         return TurnResponse(text="", tool_calls=[call], stop_reason="tool_use")
 
-    def _finish(self, outcomes: Mapping[int, _Outcome]) -> TurnResponse:
+    def _finish(self, reading: _Reading) -> TurnResponse:
+        outcomes = reading.outcomes
         if self._final is None:
-            failed = sorted(i for i, o in outcomes.items() if o.is_error)
+            failed = sorted(reading.failed)
             text = f"Scripted plan complete: {len(self._steps)} step(s) played"
             text += f"; step(s) {', '.join(map(str, failed))} returned an error." if failed else "."
             return _stop(text)
@@ -136,31 +216,6 @@ class ScriptedProvider:
 
 def _stop(text: str) -> TurnResponse:
     return TurnResponse(text=text, tool_calls=[], stop_reason="end_turn")
-
-
-def _read_conversation(messages: list[dict[str, Any]]) -> tuple[int | None, dict[int, _Outcome]]:
-    """The highest step index called so far, and the outcome of every step that has a result."""
-    called: int | None = None
-    outcomes: dict[int, _Outcome] = {}
-    for message in messages:
-        role = message.get("role")
-        if role == "assistant":
-            for raw in as_list(message.get("tool_calls")) or []:
-                call = as_object(raw)
-                index = _step_index(call.get("id") if call else None)
-                if index is not None:
-                    called = index if called is None else max(called, index)
-        elif role == "tool":
-            index = _step_index(message.get("call_id"))
-            if index is not None:
-                text = message.get("text")
-                outcomes[index] = _Outcome(
-                    is_error=message.get("is_error") is True,
-                    text=text if isinstance(text, str) else "",
-                    structured=message.get("structured"),
-                    has_structured="structured" in message and message.get("structured") is not None,
-                )
-    return called, outcomes
 
 
 def _step_index(call_id: Any) -> int | None:

@@ -178,6 +178,29 @@ def _checkpoints_and_envelopes_are_kept(store: LedgerStore, key: IdentityKey, cl
     _expect(NotFoundError, lambda: store.set_envelope("s_none", b"{}"), "an envelope for an unknown session")
 
 
+def _checkpoints_are_found_by_size(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
+    assert store.latest_checkpoint() is None and store.checkpoint_covering(0) is None, "no checkpoint yet"
+    sizes: list[int] = []
+    for i in range(4):  # stored out of order: the lookups go by size, not by when a row was added
+        store.append(f"s_k{i}", [_start()])
+        store.append(f"s_k{i}", [Record("model_turn", {"n": i})])
+        sizes.append(store.tree_size())
+    roots = {size: root_at(size, store.node) for size in sizes}
+    for size in (sizes[2], sizes[0], sizes[3], sizes[1]):
+        store.add_checkpoint(size, roots[size], f"note {size}\n")
+    latest = store.latest_checkpoint()
+    assert latest is not None and (latest.size, latest.root, latest.note) == (
+        sizes[3],
+        roots[sizes[3]],
+        f"note {sizes[3]}\n",
+    ), "the latest checkpoint is the largest"
+    for want, expected in [(0, sizes[0]), (sizes[0], sizes[0]), (sizes[0] + 1, sizes[1]), (sizes[3], sizes[3])]:
+        found = store.checkpoint_covering(want)
+        assert found is not None and found.size == expected, f"the first checkpoint covering {want} entries"
+        assert found.root == roots[expected]
+    assert store.checkpoint_covering(sizes[3] + 1) is None, "none covers more than the largest"
+
+
 def _cosignatures_are_kept_with_their_checkpoint(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
     store.append("s_w", [_start()])
     size, root = store.tree_head()
@@ -279,6 +302,7 @@ _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _blobs_are_content_addressed_and_erasable,
     _the_merkle_tree_is_maintained,
     _checkpoints_and_envelopes_are_kept,
+    _checkpoints_are_found_by_size,
     _cosignatures_are_kept_with_their_checkpoint,
     _expect_index_refuses_an_append_elsewhere_in_the_log,
     _concurrent_appends_leave_valid_chains,

@@ -61,6 +61,10 @@ class WitnessStore(LogAppender, Protocol):
 
     def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
 
+    def latest_checkpoint(self) -> StoredCheckpointLike | None: ...
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpointLike | None: ...
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None: ...
 
 
@@ -124,10 +128,8 @@ def _cosigned_names(note: bytes, policy: Policy) -> list[str]:
 
 
 def _held_note(store: WitnessStore, size: int, note: bytes) -> bytes:
-    for cp in store.checkpoints():
-        if cp.size == size:
-            return cp.note.encode("utf-8")
-    return note
+    held = store.checkpoint_covering(size)
+    return held.note.encode("utf-8") if held is not None and held.size == size else note
 
 
 def _history(store: WitnessStore) -> tuple[dict[str, int], int | None]:

@@ -36,6 +36,7 @@ from truss.ledger.stores.base import Lease, SessionHead, check_epoch, seal_batch
 __all__ = ["LEASES_TABLE", "SqliteWriter", "begin", "key_retired", "read_lease", "store_error"]
 
 _T = TypeVar("_T")
+_HEADS_KEPT = 4096  # sessions whose head a writer remembers (a long serve-mcp drives many)
 
 # Made on first use, so a ledger created before leases existed gets the table without a migration.
 LEASES_TABLE = (
@@ -163,9 +164,16 @@ class SqliteWriter:
         self._leading = False
         self._commits = 0
         self._batches = 0
+        self._flushes = 0  # commits with synchronous=FULL: the ones that wait for the disk
         self._sync_full: bool | None = None
         self._frontier: Frontier | None = None
         self._rotated_here = False
+        # What this connection knows of the ledger as of its last commit, valid while no other
+        # connection commits (``PRAGMA data_version`` unchanged): the sessions' heads and leases
+        # this writer read or wrote. An owner's append then reads nothing back (docs/ledger-format.md).
+        self._version: int | None = None
+        self._heads: dict[str, SessionHead] = {}
+        self._leases: dict[str, Lease | None] = {}
         self.closed = False
 
     @property
@@ -182,7 +190,7 @@ class SqliteWriter:
             self._sync_full = full
 
     def stats(self) -> dict[str, int]:
-        return {"commits": self._commits, "batches": self._batches}
+        return {"commits": self._commits, "batches": self._batches, "flushes": self._flushes}
 
     def close(self) -> None:
         self.closed = True
@@ -234,6 +242,7 @@ class SqliteWriter:
                 self._set_sync(True)
                 begin(conn, self._db, self._busy_ms)
                 conn.execute(LEASES_TABLE)
+                self._leases.clear()  # a lease written here: read it again at the next append
                 result = body(conn)
                 conn.execute("COMMIT")
                 return result
@@ -344,24 +353,18 @@ class SqliteWriter:
             self._fail_all(group, store_error(self._db, self._busy_ms, "append", exc))
             return
         try:
-            row = conn.execute("SELECT MAX(idx) FROM entries").fetchone()
-            next_index = 0 if row is None or row[0] is None else int(row[0]) + 1
+            version = int(conn.execute("PRAGMA data_version").fetchone()[0])
             frontier = self._frontier
-            if frontier is None or frontier.size != next_index:
-                # Another process appended (or this is the first append): reload what it committed.
-                state = conn.execute("SELECT v FROM meta WHERE k = 'frontier'").fetchone()
-                frontier = Frontier.from_state(bytes(state[0]))
-                if frontier.size != next_index:
-                    raise StoreError(
-                        f"{self._db}: the Merkle frontier covers {frontier.size} entries but the log holds "
-                        f"{next_index}",
-                        remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
-                        db=str(self._db),
-                    )
-                # Another writer may have rotated this key away: its entries would not verify.
-                self._refuse_retired(conn)
-            elif self._rotated_here:
-                self._refuse_retired(conn)
+            if frontier is not None and version == self._version:
+                # Nobody else committed since this writer did: its frontier, heads and leases are current.
+                next_index = frontier.size
+                if self._rotated_here:
+                    self._refuse_retired(conn)
+            else:
+                self._forget()
+                next_index = self._reload(conn)
+                frontier = self._frontier
+            assert frontier is not None
             if len(group) == 1:
                 # A lone batch needs no savepoint: if it fails, the whole transaction is rolled
                 # back (two statements and a frontier copy fewer on the common, sequential path).
@@ -369,7 +372,7 @@ class SqliteWriter:
                 try:
                     pending.result = self._apply(conn, pending, next_index, frontier)
                 except (TrussError, sqlite3.IntegrityError) as exc:
-                    self._frontier = None  # the frontier took the failed batch's leaves: reload it
+                    self._forget()  # the frontier took the failed batch's leaves: reload it
                     conn.execute("ROLLBACK")
                     self._fail_all(group, self._batch_error(pending, exc))
                     return
@@ -388,13 +391,14 @@ class SqliteWriter:
                     pending.error = self._batch_error(pending, exc)
             conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('frontier', ?)", (frontier.to_state(),))
             conn.execute("COMMIT")
-            self._frontier = frontier
+            self._frontier, self._version = frontier, version
             if any(r.kind == "key_rotated" for p in group if p.result for r in p.records):
                 self._rotated_here = True
             self._commits += 1
+            self._flushes += int(bool(self._sync_full))
             self._batches += len(group)
         except BaseException as exc:
-            self._frontier = None
+            self._forget()
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             if isinstance(exc, TrussError):
@@ -409,6 +413,28 @@ class SqliteWriter:
             pending.done = True
             if pending.wake is not None:
                 pending.wake.set()
+
+    def _forget(self) -> None:
+        self._frontier, self._version = None, None
+        self._heads.clear()
+        self._leases.clear()
+
+    def _reload(self, conn: sqlite3.Connection) -> int:
+        """Read the log's size and frontier as another writer (or none) left them; the next index."""
+        row = conn.execute("SELECT MAX(idx) FROM entries").fetchone()
+        next_index = 0 if row is None or row[0] is None else int(row[0]) + 1
+        state = conn.execute("SELECT v FROM meta WHERE k = 'frontier'").fetchone()
+        frontier = Frontier.from_state(bytes(state[0]))
+        if frontier.size != next_index:
+            raise StoreError(
+                f"{self._db}: the Merkle frontier covers {frontier.size} entries but the log holds {next_index}",
+                remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
+                db=str(self._db),
+            )
+        # Another writer may have rotated this key away: its entries would not verify.
+        self._refuse_retired(conn)
+        self._frontier = frontier
+        return next_index
 
     def _refuse_retired(self, conn: sqlite3.Connection) -> None:
         assert self._key is not None
@@ -445,9 +471,13 @@ class SqliteWriter:
         assert key is not None
         session, records = pending.session, pending.records
         if pending.epoch is not None:
-            check_epoch(session, read_lease(conn, session), pending.epoch)
-        row = conn.execute("SELECT entries, head, ended FROM sessions WHERE id = ?", (session,)).fetchone()
-        head = None if row is None else SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
+            if session not in self._leases:
+                self._leases[session] = read_lease(conn, session)
+            check_epoch(session, self._leases[session], pending.epoch)
+        head = self._heads.get(session)
+        if head is None:
+            row = conn.execute("SELECT entries, head, ended FROM sessions WHERE id = ?", (session,)).fetchone()
+            head = None if row is None else SessionHead(int(row[0]), bytes(row[1]).hex(), bool(row[2]))
         out = seal_batch(
             key,
             origin=self._origin,
@@ -492,7 +522,7 @@ class SqliteWriter:
         last = out[-1]
         ended = last.kind == "session_ended"
         seq, now = last.seq + 1, last.ts
-        if row is None:
+        if head is None:
             contract, principal = session_fields(records[0])
             conn.execute(
                 "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended)"
@@ -515,4 +545,8 @@ class SqliteWriter:
                 "UPDATE sessions SET entries = ?, head = ?, updated_ms = ?, ended = ?, status = ? WHERE id = ?",
                 (seq, bytes.fromhex(last.hash), now, int(ended), status, session),
             )
+        if len(self._heads) >= _HEADS_KEPT:
+            self._heads.clear()
+            self._leases.clear()
+        self._heads[session] = SessionHead(seq, last.hash, ended)
         return out

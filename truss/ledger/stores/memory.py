@@ -9,6 +9,7 @@ reopen (each ``open_store("memory:")`` is a new, empty ledger).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import threading
@@ -54,6 +55,7 @@ class MemoryStore:
         self._erased: dict[str, set[str]] = {}
         self._envelopes: dict[str, bytes] = {}
         self._checkpoints: dict[int, StoredCheckpoint] = {}
+        self._checkpoint_sizes: list[int] = []  # sorted: the index the lookups bisect
         self._tree = MemoryTree()
         self._leases: dict[str, Lease] = {}
 
@@ -230,10 +232,20 @@ class MemoryStore:
                 self._checkpoints[size] = dataclasses.replace(held, note=merge_notes(held.note, note))
                 return
             self._checkpoints[size] = StoredCheckpoint(size, root, note, self._clock.now_ms())
+            bisect.insort(self._checkpoint_sizes, size)
 
     def checkpoints(self) -> list[StoredCheckpoint]:
         with self._lock:
-            return [self._checkpoints[k] for k in sorted(self._checkpoints)]
+            return [self._checkpoints[k] for k in self._checkpoint_sizes]
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        with self._lock:
+            return self._checkpoints[self._checkpoint_sizes[-1]] if self._checkpoint_sizes else None
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
+        with self._lock:
+            at = bisect.bisect_left(self._checkpoint_sizes, size)
+            return self._checkpoints[self._checkpoint_sizes[at]] if at < len(self._checkpoint_sizes) else None
 
     def set_envelope(self, session: str, envelope: bytes) -> None:
         with self._lock:

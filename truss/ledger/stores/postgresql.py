@@ -476,6 +476,16 @@ class PostgresStore:
         rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size")
         return [StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3])) for r in rows]
 
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size DESC LIMIT 1")
+        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), str(rows[0][2]), int(rows[0][3])) if rows else None
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
+        rows = self._rows(
+            "SELECT size, root, note, created_ms FROM checkpoints WHERE size >= %s ORDER BY size LIMIT 1", (size,)
+        )
+        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), str(rows[0][2]), int(rows[0][3])) if rows else None
+
     def envelope(self, session: str) -> bytes | None:
         rows = self._rows("SELECT envelope FROM sessions WHERE id = %s", (session,))
         return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
@@ -524,6 +534,18 @@ class _CheckpointView:
     def checkpoints(self) -> list[StoredCheckpoint]:
         rows = self._conn.execute("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size").fetchall()
         return [StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3])) for r in rows]
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        r = self._conn.execute(
+            "SELECT size, root, note, created_ms FROM checkpoints ORDER BY size DESC LIMIT 1"
+        ).fetchone()
+        return None if r is None else StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3]))
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
+        r = self._conn.execute(
+            "SELECT size, root, note, created_ms FROM checkpoints WHERE size >= %s ORDER BY size LIMIT 1", (size,)
+        ).fetchone()
+        return None if r is None else StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3]))
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         insert_checkpoint(self._conn, self._store.db, self._now_ms(), size=size, root=root, note=note)

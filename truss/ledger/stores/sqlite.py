@@ -343,7 +343,8 @@ class SqliteStore:
         return out
 
     def stats(self) -> dict[str, int]:
-        """Append transactions committed and batches they carried since opening (group commit at work)."""
+        """Append transactions committed, how many of them flushed to disk (``synchronous=FULL``), and
+        the batches they carried, since opening (group commit at work)."""
         return self._writer.stats()
 
     def _check_open(self) -> None:
@@ -624,6 +625,16 @@ class SqliteStore:
     def checkpoints(self) -> list[StoredCheckpoint]:
         rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size", ())
         return [StoredCheckpoint(int(r[0]), bytes(r[1]), r[2], int(r[3])) for r in rows]
+
+    def latest_checkpoint(self) -> StoredCheckpoint | None:
+        rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size DESC LIMIT 1", ())
+        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), rows[0][2], int(rows[0][3])) if rows else None
+
+    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
+        rows = self._rows(
+            "SELECT size, root, note, created_ms FROM checkpoints WHERE size >= ? ORDER BY size LIMIT 1", (size,)
+        )
+        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), rows[0][2], int(rows[0][3])) if rows else None
 
     def envelope(self, session: str) -> bytes | None:
         rows = self._rows("SELECT envelope FROM sessions WHERE id = ?", (session,))
