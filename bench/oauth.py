@@ -9,7 +9,10 @@ OAuth-protected SDK MCP server on 127.0.0.1) and connects to the same server two
    alternate the two, ``--calls`` calls each; the median per-call time and the ratio (target
    ≤ 1.05×);
 2. per connect: a connect whose stored token must be refreshed first (its stored expiry set in
-   the past) vs one with a valid token; the refresh's share of the connect.
+   the past) vs one with a valid token; the refresh's share of the connect;
+3. the auth flow alone, per request: the OAuth provider of a connection holding a valid token,
+   driven as httpx drives it (one request, its 200 response) against httpx's no-op ``Auth``, so
+   the flow's own work is seen without the server's and the load's noise around it.
 
 The token store is the encrypted file (``TRUSS_OAUTH_STORE=file``), whose writes are fsync'd: the
 refresh cost includes that.
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -87,6 +91,35 @@ def _expire(home: Path) -> None:
     index.write_text(json.dumps(data))
 
 
+async def _flow_us(auth: httpx2.Auth, requests: int) -> float:
+    """Microseconds per request that ``auth`` takes to pass one request and see its 200 response."""
+    request = httpx2.Request("POST", "http://127.0.0.1/mcp", headers={"mcp-protocol-version": "2025-11-25"})
+    response = httpx2.Response(200, request=request)
+    start = time.perf_counter()
+    for _ in range(requests):
+        flow = auth.async_auth_flow(request)
+        await flow.__anext__()
+        with contextlib.suppress(StopAsyncIteration):
+            await flow.asend(response)
+        await flow.aclose()
+    return (time.perf_counter() - start) / requests * 1e6
+
+
+async def bench_flow(contract: Contract, home: Path, environ: dict[str, str], rounds: int) -> tuple[float, float]:
+    """Median microseconds per request: (the OAuth provider with a valid token, no auth)."""
+    flows = OAuthFlows(TokenStore(home / "oauth"), SystemClock(), environ=environ)
+    server = contract.mcp.servers[0]
+    flows.describe(server)
+    provider = flows.flow(server, lambda name, attributes: None)
+    assert provider is not None
+    await _flow_us(provider, 10)  # loads the stored token, as a connection's first request does
+    timed: dict[str, list[float]] = {"oauth": [], "none": []}
+    for _ in range(rounds):
+        timed["oauth"].append(await _flow_us(provider, 2000))
+        timed["none"].append(await _flow_us(httpx2.Auth(), 2000))
+    return statistics.median(timed["oauth"]), statistics.median(timed["none"])
+
+
 async def bench(issuer: str, url: str, calls: int, rounds: int) -> None:
     home = Path(tempfile.mkdtemp(prefix="truss-bench-oauth-"))
     environ = {"CC_SECRET": "cc-secret-value", "BEARER": _token(issuer, url)}
@@ -116,6 +149,10 @@ async def bench(issuer: str, url: str, calls: int, rounds: int) -> None:
     print(f"  token must be refreshed  {r:8.1f} ms")
     print(f"  valid token              {v:8.1f} ms")
     print(f"  the refresh's share      {(r - v) / r * 100:8.1f} %  ({r - v:.1f} ms, token request + store write)")
+    flow_us, none_us = await bench_flow(oauth, home, environ, rounds)
+    print(f"the auth flow alone per request, median of {rounds} x 2000:")
+    print(f"  OAuth, valid token       {flow_us:8.1f} us")
+    print(f"  no auth (httpx's Auth)   {none_us:8.1f} us")
 
 
 def main(calls: int, rounds: int) -> None:

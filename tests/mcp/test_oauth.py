@@ -19,12 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import tomli_w
 
 from tests.conftest import truss_cmd
 from tests.mcp._util import SERVERS
 from tests.mcp.conftest import _read_marker, _stop  # pyright: ignore[reportPrivateUsage]
+from truss._clock import SystemClock
+from truss.contract import Contract
+from truss.mcp.client import connect
+from truss.mcp.oauth import OAuthFlows, TokenStore
+from truss.mcp.oauth.store import Grant
 
 TIMEOUT = 120
 BROWSER = Path(__file__).resolve().parent / "data" / "oauth_browser.py"
@@ -323,3 +329,40 @@ def test_probe_url_reports_an_oauth_servers_metadata_without_a_login(oauth: Serv
     assert authz["issuer"].rstrip("/") == oauth.issuer and "authorization_code" in authz["grant_types_supported"]
     assert authz["dynamic_registration"] is True
     assert oauth.admin("log") == []  # no token was asked for
+
+
+# -- per call -------------------------------------------------------------------------------------
+
+
+class _CountingStore(TokenStore):
+    """A file token store that counts its reads and writes."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory, backend="file")
+        self.touched = 0
+
+    def find(self, resource: str, issuer: str | None = None, client_id: str | None = None) -> Grant | None:
+        self.touched += 1
+        return super().find(resource, issuer, client_id)
+
+    def save(self, grant: Grant) -> None:
+        self.touched += 1
+        super().save(grant)
+
+
+@pytest.mark.anyio
+async def test_calls_with_a_cached_token_send_it_from_memory_and_never_touch_the_store(
+    oauth: Servers, tmp_path: Path
+) -> None:
+    store = _CountingStore(tmp_path / "oauth")
+    flows = OAuthFlows(store, SystemClock(), environ=CC_ENV)
+    data = {"contract": {"name": "per-call", "intent": "calls"}, "mcp": {"servers": [server("a", oauth.a, CC)]}}
+    contract = Contract.model_validate(data)
+    with anyio.fail_after(60):
+        async with connect(contract, log_dir=tmp_path / "logs", clock=SystemClock(), environ=CC_ENV, auth=flows) as m:
+            at_connect = store.touched
+            answers = [await m.call(m.tools["mcp:a:whoami"], {}, timeout_s=20) for _ in range(5)]
+            during_calls = store.touched - at_connect
+    assert at_connect > 0 and during_calls == 0
+    assert all(answer.text.startswith("cc-client") for answer in answers)
+    assert [entry["grant"] for entry in oauth.admin("log")] == ["client_credentials"]  # one token, five calls

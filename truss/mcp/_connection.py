@@ -60,7 +60,7 @@ from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCall
 from truss.contract import Contract, SecretHeader, Server, duration_ms
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.mcp import _procs
-from truss.mcp._authfail import AUTH_FAILED, auth_failure
+from truss.mcp._authfail import flow_failure, refused_at_connect
 from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
 from truss.mcp._mount import UNPINNABLE, list_all, mount, pin_or_none
 from truss.mcp._results import closed
@@ -230,15 +230,6 @@ class Live:
         # reads the sandbox's counters once (after it), not twice. None: not read yet (the first
         # call reads them before it starts, so that hits of the start-up are not blamed on it).
         self.limits_seen: frozenset[tuple[str, str]] | None = None
-
-    def auth_failure(self) -> McpError | None:
-        """The Truss error an auth flow raised inside the transport (which reports only a closed
-        connection), taken once: an OAuth flow keeps it as ``failure`` (truss.mcp.oauth)."""
-        failure = getattr(self.auth_flow, "failure", None)
-        if isinstance(failure, McpError):
-            setattr(self.auth_flow, "failure", None)  # noqa: B010 - a duck-typed seam attribute
-            return failure
-        return None
 
     # -- sandbox limits (truss.mcp.launch.Confinement) ------------------------------------------
 
@@ -666,7 +657,7 @@ def _explain_sandbox(error: McpError, confinement: Confinement) -> None:
 
 def _start_error(exc: BaseException, live: Live) -> McpError:
     server = live.settings
-    failure = live.auth_failure()
+    failure = flow_failure(live.auth_flow)
     if failure is not None:
         return failure
     errors = [s for s in live.http_statuses if s >= 400]
@@ -689,10 +680,7 @@ def _start_error(exc: BaseException, live: Live) -> McpError:
     status = fields.get("status")
     if http and status in (401, 403):
         challenge = live.auth_challenge[1] if live.auth_challenge is not None else None
-        failure = auth_failure(server, status, challenge)
-        fields.update(failure.fields)
-        return to_start_error(exc, server=server.name, text=failure.text, cause=AUTH_FAILED, retryable=False,
-                              remedy=failure.remedy, **fields)  # fmt: skip
+        return refused_at_connect(exc, server, status, challenge, fields)
     if http and status == 404:
         url = fields["url"]
         if urlsplit(url).path in ("", "/"):

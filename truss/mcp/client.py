@@ -38,7 +38,7 @@ from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCall
 from truss.contract import Contract, Server
 from truss.elicitation import CallElicitations
 from truss.mcp import _tasks
-from truss.mcp._authfail import AUTH_FAILED, auth_failure
+from truss.mcp._authfail import call_refusal
 from truss.mcp._connection import CALLING, ELICITING, Live, Reach, ServerEvents, quiet_sdk_logs, run_server
 from truss.mcp._errmap import to_call_error
 from truss.mcp._results import closed, result_of, safe_progress, too_large
@@ -254,13 +254,9 @@ class Mounts:
         else:
             # An OAuth flow that failed (login needed) says so; else a 401/403 during the call is an
             # authentication failure with its status, not the JSON-RPC error the SDK makes of it.
-            error = live.auth_failure() or (
-                _refused_call(live, tool, *live.auth_challenge)
-                if refused and live.auth_challenge is not None
-                else to_call_error(
-                    exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s, answered=slot.server_error
-                )
-            )
+            error = call_refusal(
+                live.auth_flow, live.settings, tool.tool, refused=refused, challenge=live.auth_challenge
+            ) or to_call_error(exc, server=tool.server, tool=tool.tool, timeout_s=timeout_s, answered=slot.server_error)
         if live.log is not None and error.fields.get("cause") in ("connection_closed", "transport"):
             error.fields["stderr_log"] = str(live.log)
             error.remedy = f"The server exited or failed; its stderr is in {live.log}"
@@ -356,21 +352,6 @@ def _strings(value: Any, out: list[str]) -> None:
     elif isinstance(value, list):
         for item in cast(list[Any], value):
             _strings(item, out)
-
-
-def _refused_call(live: Live, tool: MountedTool, status: int, challenge: str | None) -> ToolCallError:
-    """A call the server refused with 401/403 (say, a token that expired): an authentication failure
-    with the HTTP status, not the JSON-RPC error the SDK turns the response into."""
-    failure = auth_failure(live.settings, status, challenge)
-    return ToolCallError(
-        f"calling tool {tool.tool!r} on MCP server {tool.server!r} failed: {failure.text}",
-        remedy=failure.remedy,
-        retryable=False,
-        server=tool.server,
-        tool=tool.tool,
-        cause=AUTH_FAILED,
-        **failure.fields,
-    )
 
 
 async def _launcher_for(

@@ -3,6 +3,7 @@
 Prints ``PORT=<n>`` on stdout once listening. Paths:
 
     /status401/mcp  every request gets 401
+    /status403/mcp  every request gets 403
     /status500/mcp  every request gets 500
     /drip/mcp       every POST gets a 200 event stream that drips comments and never an event
     /ok/mcp         a plain JSON-response server (2025-11-25 handshake) with tools echo and slow;
@@ -10,6 +11,7 @@ Prints ``PORT=<n>`` on stdout once listening. Paths:
     /auth/mcp       as /ok, but only with ``Authorization: Bearer right-token``; else 401
     /oauth/mcp      every request gets 401 with a ``WWW-Authenticate`` naming ``resource_metadata`` (RFC 9728)
     /expire/mcp     as /ok, but ``tools/call`` gets 401 (a credential that stops working mid-run)
+    /forbid/mcp     as /ok, but ``tools/call`` gets 403 (a client the server stops accepting mid-run)
     anything else   404 (a URL without the ``/mcp`` endpoint path)
     /bare-result/mcp  a 2026-07-28 server (``server/discover``) whose ``tools/call`` result has no
                     ``resultType``, which SEP-2322 says a client must read as ``complete``
@@ -77,6 +79,9 @@ class Handler(BaseHTTPRequestHandler):
         if kind in ("status401", "oauth"):
             self._reply(401, b'{"error": "unauthorized"}')
             return
+        if kind == "status403":
+            self._reply(403, b'{"error": "forbidden"}')
+            return
         if kind == "status500":
             self._reply(500, b"boom")
             return
@@ -104,6 +109,9 @@ class Handler(BaseHTTPRequestHandler):
             result = {"tools": TOOLS}
         elif method == "tools/call" and kind == "expire":
             self._reply(401, b'{"error": "token expired"}')
+            return
+        elif method == "tools/call" and kind == "forbid":
+            self._reply(403, b'{"error": "forbidden"}')
             return
         elif method == "tools/call" and message["params"]["name"] == "slow":
             self._drip()

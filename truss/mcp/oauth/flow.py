@@ -49,6 +49,7 @@ from mcp.shared.auth import (
 )
 from mcp.shared.auth_utils import calculate_token_expiry, resource_url_from_server_url
 from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 
 from truss._clock import Clock
 from truss._errors import InputError, LoginRequiredError, ServerStartError, TrussError
@@ -172,6 +173,7 @@ class _Hooks:
 
     context: Any
     _truss: _Wiring
+    _initialized: bool  # the SDK's: the stored tokens and client are loaded
     failure: TrussError | None = None
     """The last error this flow raised: the connector reports it instead of the closed connection."""
 
@@ -231,6 +233,42 @@ class _Hooks:
             )
             raise _login_needed(wiring.server, cause, wiring.storage.issuer(), why)
         return await super()._perform_authorization()  # type: ignore[misc]
+
+    async def async_auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        """Each request of the connection: the token held in memory, unless something must happen.
+
+        The token lives in the provider (``context.current_tokens``) from the connect on; the
+        store is read at the connect and written when a token changes, never per request. While
+        the token is valid and no other request is refreshing or authorizing (the SDK's lock is
+        free), a request only gets its header: no lock, no extra generator layers, no turn of the
+        event loop. Any 401 or 403 is handed to the SDK's flow as if it had sent the request
+        itself (it re-authorizes, steps up or refreshes, and retries), as is every request that
+        finds the token expired or the lock taken.
+        """
+        context = self.context
+        refusal: httpx2.Response | None = None
+        if self._initialized and context.is_token_valid() and not context.lock.locked():
+            context.protocol_version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+            self._add_auth_header(request)  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue,reportUnknownMemberType]
+            response = yield request
+            if response.status_code not in (401, 403):
+                return
+            refusal = response
+        flow = cast(AsyncGenerator[httpx2.Request, httpx2.Response], super().async_auth_flow(request))  # type: ignore[misc]  # pyright: ignore[reportUnknownMemberType]
+        try:
+            outgoing = await flow.__anext__()
+            if refusal is not None and outgoing is request:
+                # The SDK's flow would send the request as it is now: give it the refusal already
+                # received. (When it first asks for something else, a refresh because the token
+                # expired meanwhile, the request is sent again when it asks, with the new token.)
+                outgoing = await flow.asend(refusal)
+            while True:
+                response = yield outgoing
+                outgoing = await flow.asend(response)
+        except StopAsyncIteration:
+            return
+        finally:
+            await flow.aclose()
 
     async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
         wiring = self._truss

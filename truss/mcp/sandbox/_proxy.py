@@ -19,6 +19,7 @@ drops ``Proxy-*`` headers, so a second request on the same connection cannot rea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import ipaddress
@@ -48,7 +49,7 @@ MAX_TUNNELS = 64
 _HEAD_LIMIT = 16 * 1024
 _HEAD_TIMEOUT_S = 10.0
 _CONNECT_TIMEOUT_S = 10.0
-_CHUNK = 256 * 1024  # asyncio reads up to this much per readiness event
+_CLOSE_TIMEOUT_S = 10.0  # for what a tunnel still has buffered when it ends
 
 
 @dataclass(frozen=True)
@@ -141,10 +142,21 @@ class EgressProxy:
         self._tunnels = anyio.Semaphore(max_tunnels)
         self._send, self._receive = anyio.create_memory_object_stream[SandboxEvent](max_events + MAX_SUMMARY_KEYS + 1)
 
-    async def serve(self, listener: anyio.abc.Listener[anyio.abc.SocketStream]) -> None:
+    async def serve(self, listener: anyio.abc.SocketListener) -> None:
+        """Accept on ``listener``'s socket and handle each connection in a task of its own, until cancelled."""
+        raw: socket.socket = listener.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610 - anyio, not Django
+        loop = asyncio.get_running_loop()
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(self._deliver)
-            await listener.serve(self._handle, task_group=tg)
+            while True:
+                try:
+                    client, _ = await loop.sock_accept(raw)
+                except (ConnectionAbortedError, InterruptedError):
+                    continue
+                client.setblocking(False)
+                if client.family in (socket.AF_INET, socket.AF_INET6):
+                    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
+                tg.start_soon(self._handle, client)
 
     async def _deliver(self) -> None:
         async for event in self._receive:
@@ -188,7 +200,7 @@ class EgressProxy:
         count.bytes_up += event.bytes_up
         count.bytes_down += event.bytes_down
 
-    async def _handle(self, client: anyio.abc.SocketStream) -> None:
+    async def _handle(self, client: socket.socket) -> None:
         started = self.clock.monotonic()
         host, port, method = "", 0, ""
         up = down = 0
@@ -208,87 +220,225 @@ class EgressProxy:
                 )
             )
 
-        async with client:
+        loop = asyncio.get_running_loop()
+        with client:
             try:
                 with anyio.fail_after(_HEAD_TIMEOUT_S):
-                    head, rest = await _read_head(client)
+                    head, rest = await _read_head(loop, client)
                 method, host, port, forward = _parse(head)
-            except (_BadRequest, TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError) as exc:
-                with contextlib.suppress(Exception):
-                    await client.send(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+            except (_BadRequest, TimeoutError, OSError) as exc:
+                with contextlib.suppress(OSError):
+                    client.send(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
                 done("refused", "bad_request" if isinstance(exc, _BadRequest) else "incomplete_request")
                 return
             rule = match_host(self.rules, host, port)
             if rule is None:
-                await _answer(client, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
+                await _answer(loop, client, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
                 done("refused", "not_allowed")
                 return
             if self._tunnels.value == 0:
-                await _answer(client, 503, "too many connections through this sandbox's proxy")
+                await _answer(loop, client, 503, "too many connections through this sandbox's proxy")
                 done("refused", "busy")
                 return
             async with self._tunnels:
                 try:
                     address = await _resolve(host, port, literal=rule.is_literal)
                 except _Internal:
-                    await _answer(client, 403, f"{host} resolves to an internal address")
+                    await _answer(loop, client, 403, f"{host} resolves to an internal address")
                     done("refused", "resolves_to_internal")
                     return
                 except OSError:
-                    await _answer(client, 502, f"cannot resolve {host}")
+                    await _answer(loop, client, 502, f"cannot resolve {host}")
                     done("failed", "resolve_failed")
                     return
                 try:
                     with anyio.fail_after(_CONNECT_TIMEOUT_S):
-                        upstream = await anyio.connect_tcp(address, port)
+                        upstream = await _connect(loop, address, port)
                 except (OSError, TimeoutError):
-                    await _answer(client, 502, f"cannot connect to {host}:{port}")
+                    await _answer(loop, client, 502, f"cannot connect to {host}:{port}")
                     done("failed", "connect_failed")
                     return
-                async with upstream:
+                with upstream:
                     try:
                         if method == "CONNECT":
-                            await client.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                            await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
                         else:
-                            await upstream.send(forward)
+                            await loop.sock_sendall(upstream, forward)
                             up += len(forward)
                         if rest:
-                            await upstream.send(rest)
+                            await loop.sock_sendall(upstream, rest)
                             up += len(rest)
-                    except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    except OSError:
                         done("allowed", "closed_early")
                         return
-                    counts = [0, 0]
+                    tunnel = _Tunnel(loop)
                     try:
-                        async with anyio.create_task_group() as tg:
-                            tg.start_soon(_pump, client, upstream, counts, 0)
-                            tg.start_soon(_pump, upstream, client, counts, 1)
+                        await tunnel.run(client, upstream)
                     finally:
-                        up += counts[0]
-                        down += counts[1]
+                        up += tunnel.counts[0]
+                        down += tunnel.counts[1]
                         done("allowed", None)
+
+
+class _Tunnel:
+    """The bytes of one allowed connection, both ways, copied in the event loop's callbacks.
+
+    Each side is an asyncio transport whose protocol writes what it receives straight to the
+    other side's transport: no task switch, no await and no extra copy per chunk (the proxy's
+    cost is per round trip, so this is the data path to keep short). A side whose peer cannot
+    keep up stops reading until the peer's buffer drains (the transports' flow control); an end
+    of stream is passed on as a half close; the tunnel ends when both ways have ended or either
+    connection is lost, and the sockets are closed (by the caller) after it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.counts = [0, 0]  # bytes client -> upstream, upstream -> client
+        self.ended = [False, False]
+        self.finished = loop.create_future()  # both ways ended, or a connection lost
+        self.closed = loop.create_future()  # both transports closed
+        self.halves: list[_Half] = []
+        self.lost = 0
+
+    async def run(self, client: socket.socket, upstream: socket.socket) -> None:
+        # The transports own duplicates of the caller's sockets, which close them as before.
+        sides: list[asyncio.Transport] = []
+        try:
+            for index, sock in enumerate((client, upstream)):
+                half = _Half(self, index)
+                self.halves.append(half)
+                transport, _ = await self.loop.connect_accepted_socket(lambda h=half: h, sock.dup())
+                sides.append(transport)
+            for half in self.halves:
+                half.ready()
+            await self.finished
+            for transport in sides:
+                transport.close()  # after what is still buffered for it is sent
+            with anyio.move_on_after(_CLOSE_TIMEOUT_S):
+                await self.closed
+        finally:
+            for transport in sides:
+                transport.abort()  # a peer that reads nothing does not keep its transport alive
+            for future in (self.finished, self.closed):
+                if not future.done():
+                    future.cancel()
+
+    def end(self, index: int) -> None:
+        self.ended[index] = True
+        if all(self.ended):
+            self.finish()
+
+    def finish(self) -> None:
+        if not self.finished.done():
+            self.finished.set_result(None)
+
+    def gone(self) -> None:
+        self.lost += 1
+        self.finish()
+        if self.lost == 2 and not self.closed.done():
+            self.closed.set_result(None)
+
+
+class _Half(asyncio.Protocol):
+    """One side of a ``_Tunnel``: ``index`` 0 is the client, 1 the upstream."""
+
+    def __init__(self, tunnel: _Tunnel, index: int) -> None:
+        self.tunnel = tunnel
+        self.index = index
+        self.transport: asyncio.Transport | None = None
+        self.early: list[bytes] = []  # what arrived before the other side's transport existed
+        self.early_eof = False
+
+    @property
+    def peer(self) -> _Half | None:
+        halves = self.tunnel.halves
+        other = halves[1 - self.index] if len(halves) == 2 else None
+        return other if other is not None and other.transport is not None else None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def ready(self) -> None:
+        """Both transports exist: pass on what arrived before."""
+        early, self.early = self.early, []
+        for data in early:
+            self.data_received(data)
+        if self.early_eof:
+            self.eof_received()
+
+    def data_received(self, data: bytes) -> None:
+        peer = self.peer
+        if peer is None or len(self.tunnel.halves) < 2:
+            self.early.append(data)
+            return
+        assert peer.transport is not None
+        if not peer.transport.is_closing():
+            self.tunnel.counts[self.index] += len(data)
+            peer.transport.write(data)
+
+    def eof_received(self) -> bool:
+        peer = self.peer
+        if peer is None:
+            self.early_eof = True
+            return True
+        assert peer.transport is not None
+        if not peer.transport.is_closing() and peer.transport.can_write_eof():
+            peer.transport.write_eof()
+        self.tunnel.end(self.index)
+        return True  # keep this side open: the other way may still be sending
+
+    def pause_writing(self) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None:
+            peer.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        peer = self.peer
+        if peer is not None and peer.transport is not None and not peer.transport.is_closing():
+            peer.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.tunnel.gone()
 
 
 class _Internal(Exception):
     pass
 
 
-async def _answer(client: anyio.abc.SocketStream, status: int, text: str) -> None:
+async def _answer(loop: asyncio.AbstractEventLoop, client: socket.socket, status: int, text: str) -> None:
     reason = {403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}[status]
     body = f"truss sandbox: {text}\n".encode()
     head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-    with contextlib.suppress(Exception):
-        await client.send(head.encode() + b"Connection: close\r\n\r\n" + body)
+    with contextlib.suppress(OSError), anyio.move_on_after(_HEAD_TIMEOUT_S):
+        await loop.sock_sendall(client, head.encode() + b"Connection: close\r\n\r\n" + body)
 
 
-async def _read_head(client: anyio.abc.SocketStream) -> tuple[bytes, bytes]:
+async def _read_head(loop: asyncio.AbstractEventLoop, client: socket.socket) -> tuple[bytes, bytes]:
     buf = b""
     while b"\r\n\r\n" not in buf:
         if len(buf) > _HEAD_LIMIT:
             raise _BadRequest("request head too large")
-        buf += await client.receive(_CHUNK)
+        chunk = await loop.sock_recv(client, _HEAD_LIMIT)
+        if not chunk:
+            raise ConnectionResetError("the client closed before the end of its request head")
+        buf += chunk
     head, _, rest = buf.partition(b"\r\n\r\n")
     return head, rest
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, address: str, port: int) -> socket.socket:
+    """A non-blocking TCP connection to ``address`` (an IP address), with Nagle off like the client's."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await loop.sock_connect(sock, (address, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _parse(head: bytes) -> tuple[str, str, int, bytes]:
@@ -364,15 +514,3 @@ async def _resolve(host: str, port: int, *, literal: bool) -> str:
     if not literal and any(_internal(a) for a in addresses):
         raise _Internal(host)
     return addresses[0]
-
-
-async def _pump(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream, counts: list[int], index: int) -> None:
-    try:
-        while True:
-            chunk = await source.receive(_CHUNK)
-            await sink.send(chunk)
-            counts[index] += len(chunk)
-    except (anyio.EndOfStream, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass
-    with contextlib.suppress(Exception):
-        await sink.send_eof()
