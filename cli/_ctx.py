@@ -107,6 +107,21 @@ def table(rows: list[list[str]], header: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+# How much of a listed session row the verified reader checked (``SessionInfo.verified``), as the
+# human listings' VERIFIED column says it.
+_VERIFIED = {"chain": "chain", "ends": "ends", None: "no"}
+VERIFIED_NOTE = (
+    "VERIFIED: ends = the row was checked at its first and last entry (signed by a trusted key, and "
+    "what the row says); the entries between were not: `truss ledger verify SESSION` (or --all) checks them; "
+    "no = not checked at all"
+)
+
+
+def verified_cell(verified: str | None) -> str:
+    """The VERIFIED column of a session listing: ``chain``, ``ends`` or ``no``."""
+    return _VERIFIED.get(verified, "no")
+
+
 def row_limit(value: int) -> int | None:
     """A command's ``--limit N``: at most N rows; 0 means all (None); a negative number is refused."""
     if value < 0:

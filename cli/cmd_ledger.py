@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from truss_cli import _panel_view
-from truss_cli._ctx import Ctx, row_limit, table
+from truss_cli._ctx import VERIFIED_NOTE, Ctx, row_limit, table, verified_cell
 from truss_cli._witnessed import (
     add_policy_args,
     policy_for_bundle,
@@ -204,13 +204,27 @@ def list_sessions(args: argparse.Namespace, ctx: Ctx) -> int:
         rows = [s for s in store.sessions(status=args.status, limit=None if limit is None else limit + 1)
                 if not is_log_session(s.id)][:limit]  # fmt: skip
     human = table(
-        [[s.id, s.contract or "-", s.status, str(s.entries), _time(s.started_ms), s.head[:12]] for s in rows],
-        ["SESSION", "CONTRACT", "STATUS", "ENTRIES", "STARTED (UTC)", "HEAD"],
+        [
+            [
+                s.id,
+                s.contract or "-",
+                s.status,
+                str(s.entries),
+                _time(s.started_ms),
+                s.head[:12],
+                verified_cell(s.verified),
+            ]
+            for s in rows
+        ],
+        ["SESSION", "CONTRACT", "STATUS", "ENTRIES", "STARTED (UTC)", "HEAD", "VERIFIED"],
     )
     if not rows:
         human = "no sessions"
-    elif limit is not None and len(rows) == limit:
-        human += f"\n(the {limit} most recent; --limit 0 for all)"
+    else:
+        if limit is not None and len(rows) == limit:
+            human += f"\n(the {limit} most recent; --limit 0 for all)"
+        if any(s.verified != "chain" for s in rows):
+            human += f"\n({VERIFIED_NOTE})"
     ctx.emit({"sessions": [s.to_json() for s in rows]}, human)
     return 0
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from truss_cli._ctx import Ctx, row_limit, table
+from truss_cli._ctx import VERIFIED_NOTE, Ctx, row_limit, table, verified_cell
 from truss_cli._telemetry import close_telemetry, open_telemetry, secrets_of
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
@@ -218,9 +218,14 @@ def sessions(args: argparse.Namespace, ctx: Ctx) -> int:
         rows = [r for r in listed if not is_log_session(r.id)][:limit]
     data = [r.to_json() for r in rows]
     human = table(
-        [[r.id, r.contract or "-", r.status, str(r.entries), _when(r.started_ms)] for r in rows],
-        ["SESSION", "CONTRACT", "STATUS", "ENTRIES", "STARTED (UTC)"],
+        [
+            [r.id, r.contract or "-", r.status, str(r.entries), _when(r.started_ms), verified_cell(r.verified)]
+            for r in rows
+        ],
+        ["SESSION", "CONTRACT", "STATUS", "ENTRIES", "STARTED (UTC)", "VERIFIED"],
     )
+    if any(r.verified != "chain" for r in rows):
+        human += f"\n({VERIFIED_NOTE})"
     ctx.emit({"sessions": data}, human if rows else "no sessions")
     return 0
 

@@ -83,9 +83,16 @@ def test_list_shows_sessions_with_contract_status_entries_and_head(home: Path) -
     assert proc.returncode == 0, proc.stderr
     lines = {line.split()[0]: line.split() for line in proc.stdout.splitlines()[1:] if line.strip()}
     assert lines["s_one"][1:3] == ["repo-triage", "pass"] and lines["s_two"][1:3] == ["other", "interrupted"]
+    # A listing checks each row at its two ends only, and says so, row by row and once below.
+    assert lines["s_one"][-1] == "ends" and lines["s_two"][-1] == "ends"
+    assert "the entries between were not: `truss ledger verify SESSION`" in proc.stdout
+    listed = truss(home, "sessions")
+    assert listed.returncode == 0, listed.stderr
+    assert all(line.split()[-1] == "ends" for line in listed.stdout.splitlines()[1:3])
+    assert "the entries between were not" in listed.stdout
     rows = {s["id"]: s for s in _json(truss(home, "ledger", "list", "--json"))["sessions"]}
     assert rows["s_one"]["entries"] == 4 and rows["s_one"]["status"] == "pass"
-    assert rows["s_two"]["status"] == "interrupted"
+    assert rows["s_two"]["status"] == "interrupted" and rows["s_one"]["verified"] == "ends"
     assert len(rows["s_one"]["head"]) == 64
 
 

@@ -3,6 +3,7 @@ concurrency and clients that go away mid-run."""
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager, closing
@@ -158,3 +159,70 @@ async def test_a_client_that_disconnects_mid_run_finds_the_run_completed(
             status = structured(await client.call_tool("truss_contract_status", {"session": answer["session"]}))
     assert answer["status"] == "pass"
     assert status["status"] == "pass" and status["verification"]["ok"] is True
+
+
+@pytest.mark.parametrize(("sig", "detached"), [("SIGTERM", True), ("SIGINT", False), ("SIGTERM", False)])
+async def test_a_stop_signal_records_http_runs_in_flight_as_interrupted_and_a_later_server_resumes_them(
+    serve_site: Site, sig: str, detached: bool
+) -> None:
+    # As over stdio: SIGTERM or SIGINT stops the server, and a run still in progress (detached, or
+    # a caller's request still open) records itself interrupted; a new server resumes it by id.
+    flag = serve_site.flag(f"stop-{sig}-{detached}")
+    session = f"stop-{sig.lower()}-{'detached' if detached else 'waiting'}"
+    call = {"contract": "gated", "params": {"flag": str(flag)}, "session_id": session}
+    server = HttpServer(serve_site, "--tokens", str(serve_site.tokens))
+    answered: list[Any] = []
+    try:
+        with anyio.fail_after(120):
+            started = anyio.Event()
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                started.set()
+
+            async with http_client(server.url, TOKEN_A) as client, anyio.create_task_group() as tg:
+                if detached:
+                    handle = structured(await client.call_tool("truss_run_contract", {**call, "async": True}))
+                    while not structured(
+                        await client.call_tool("truss_contract_status", {"session": handle["session"]})
+                    ).get("progress"):
+                        pass  # each round trip is a request: until the run has reached its blocking call
+                else:
+
+                    async def waiting_caller() -> None:
+                        try:
+                            answered.append(
+                                await client.call_tool("truss_run_contract", call, progress_callback=on_progress)
+                            )
+                        except Exception as exc:  # the server may go before it answers: the ledger says what happened
+                            answered.append(exc)
+
+                    tg.start_soon(waiting_caller)
+                    await started.wait()
+                server.proc.send_signal(getattr(signal, sig))
+                code = await anyio.to_thread.run_sync(lambda: server.proc.wait(timeout=60))
+                tg.cancel_scope.cancel()
+    finally:
+        code, _ = server.stop()
+    log = "".join(server.lines)
+    assert code == 0 and "Traceback" not in log, log
+    assert "interrupting 1 run" in log, log
+    with closing(sqlite3.connect(serve_site.home / "ledger.db")) as db, db:
+        (stored,) = [row[0] for row in db.execute("SELECT id FROM sessions")]  # the caller's id, scoped to them
+        kinds = [row[0] for row in db.execute("SELECT kind FROM entries WHERE session = ? ORDER BY seq", (stored,))]
+    assert kinds[-1] == "session_suspended", kinds
+    if not detached:  # the caller still waiting was answered before the server went
+        (answer,) = answered
+        assert not isinstance(answer, Exception), answer
+        assert structured(answer)["status"] == "interrupted"
+
+    again = HttpServer(serve_site, "--tokens", str(serve_site.tokens))
+    try:
+        with anyio.fail_after(120):
+            async with http_client(again.url, TOKEN_A) as client:
+                status = structured(await client.call_tool("truss_contract_status", {"session": stored}))
+                assert status["status"] == "interrupted"
+                flag.touch()
+                resumed = structured(await client.call_tool("truss_run_contract", call))
+    finally:
+        again.stop()
+    assert resumed["session"] == stored and resumed["status"] == "pass"

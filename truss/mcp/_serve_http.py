@@ -3,23 +3,29 @@
 ``serve_http`` runs a ``ServeApp`` (``truss.mcp.server``) behind uvicorn on ``host:port``. Every
 request needs ``Authorization: Bearer <token>`` whose hash is in the tokens table (``_BearerGate``
 answers 401 before anything reaches the MCP layer), unless the loopback-only ``--unsafe-no-auth``
-mode gives every caller one fixed principal. A stop signal ends the server and interrupts the runs
-still in progress (recorded as interrupted, resumable by handle).
+mode gives every caller one fixed principal. SIGINT or SIGTERM stops the server as over stdio:
+the runs still in progress (detached, or with a caller's request open) are asked to stop and
+record themselves interrupted (resumable by handle), uvicorn stops listening and answers what it
+can within its grace, and the process exits 0. The signals are Truss's, not uvicorn's: uvicorn
+would re-raise them after it stopped, killing the process before the runs were recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
+from collections.abc import Generator
 from typing import Any
 
+import anyio
 from mcp.server import ServerRequestContext
 from mcp.server.streamable_http import EventMessage, EventStore
 
 from truss._clock import Clock
 from truss._errors import InputError
 from truss.mcp._serve_core import Principal, TokenTable
-from truss.mcp.server import ServeConfig, say, serve_app
+from truss.mcp.server import ServeApp, ServeConfig, say, serve_app
 
 __all__ = ["serve_http"]
 
@@ -42,6 +48,13 @@ async def serve_http(
     import socket
 
     import uvicorn
+
+    class _QuietServer(uvicorn.Server):
+        """uvicorn without its own signal handlers (``_stop_on_signal`` is the one)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None]:
+            yield
 
     if tokens is None and fixed_principal is None:
         raise InputError("HTTP needs --tokens FILE", remedy="See docs/serve-mcp.md", what="tokens")
@@ -75,7 +88,7 @@ async def serve_http(
             retry_interval=1000,
         )
         asgi: Any = _BearerGate(starlette, tokens) if tokens is not None else starlette
-        server = uvicorn.Server(
+        server = _QuietServer(
             uvicorn.Config(
                 asgi,
                 log_level="warning",
@@ -85,14 +98,30 @@ async def serve_http(
             )
         )
         say(f"truss serve-mcp: listening on http://{_url_host(host)}:{bound}{path}")
-        try:
-            await server.serve(sockets=[sock])
-        finally:
-            sock.close()
-        # Stopped by a signal: interrupt what is still running (it is recorded, and resumable).
-        if app.active_runs:
-            say(f"truss serve-mcp: stopping; interrupting {app.active_runs} run(s)")
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(_stop_on_signal, app, server)
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                sock.close()
+            watching.cancel_scope.cancel()
+        # Stopped: what is still running records itself interrupted (and is resumable).
         await app.shutdown()
+
+
+async def _stop_on_signal(app: ServeApp, server: Any) -> None:
+    """On SIGINT/SIGTERM: ask every run to stop (each records itself interrupted) and uvicorn to
+    exit; a second signal makes uvicorn stop waiting for open requests."""
+    import signal
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if server.should_exit:
+                server.force_exit = True
+                continue
+            say(f"truss serve-mcp: stopping; interrupting {app.active_runs} run(s) (recorded as interrupted)")
+            app.stopping.set()
+            server.should_exit = True
 
 
 class _RecentEvents(EventStore):
