@@ -141,7 +141,7 @@ class OAuth(Model):
     @field_validator("issuer")
     @classmethod
     def _issuer(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^\s?#@]+$", value):
+        if value is not None and not re.match(r"^https?://[^\s?#@]+\Z", value):
             raise ValueError(
                 f"issuer {value!r} must be the authorization server's http(s) URL, without query or user info"
             )
@@ -150,7 +150,7 @@ class OAuth(Model):
     @field_validator("client_metadata_url")
     @classmethod
     def _metadata_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https://[^\s/?#@]+/[^\s?#]+$", value):
+        if value is not None and not re.match(r"^https://[^\s/?#@]+/[^\s?#]+\Z", value):
             raise ValueError(
                 f"client_metadata_url {value!r} must be an https URL with a path (a client ID metadata document)"
             )
@@ -287,7 +287,7 @@ class Server(Model):
             if self.url is not None or self.headers or self.oauth is not None:
                 raise ValueError(f"server {self.name!r}: url, headers and oauth belong to http servers")
         else:
-            if not self.url or not re.match(r"^https?://[^\s]+$", self.url):
+            if not self.url or not re.match(r"^https?://[^\s]+\Z", self.url):
                 raise ValueError(f"server {self.name!r}: an http server needs a url starting with http:// or https://")
             if self.command is not None or self.args or self.env or self.cwd is not None:
                 raise ValueError(f"server {self.name!r}: command, args, env and cwd belong to stdio servers")

@@ -51,8 +51,8 @@ _SECRET_SHAPES = [
         r"^[A-Za-z0-9+/_=-]{32,}$",
     )
 ]
-_WHOLE_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-_EMBEDDED_VAR = re.compile(r"^(.*)\$\{([A-Za-z_][A-Za-z0-9_]*)\}(.*)$")
+_WHOLE_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}\Z")
+_EMBEDDED_VAR = re.compile(r"^(.*)\$\{([A-Za-z_][A-Za-z0-9_]*)\}(.*)\Z")
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
 
 
@@ -76,7 +76,7 @@ class ImportedServer:
     tools: list[ProbedTool] | None = None
 
 
-_PATH_LIKE = re.compile(r"^(/|\./|\.\./|~/)[^/]|^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+/?$")
+_PATH_LIKE = re.compile(r"^(/|\./|\.\./|~/)[^/]|^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+/?\Z")
 
 
 def _looks_secret(key: str, value: str) -> bool:
@@ -205,7 +205,7 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
 
 def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str]) -> None:
     url = entry.get("url")
-    if not isinstance(url, str) or not re.match(r"^https?://\S+$", url):
+    if not isinstance(url, str) or not re.match(r"^https?://\S+\Z", url):
         problems.append(f"{where}.url: an http server needs an http:// or https:// url")
         return
     if _has_var(url):
