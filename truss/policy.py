@@ -33,12 +33,13 @@ call (``bad_arguments``) whatever the rule's effect, unless another of the rule'
 fails. A regex that nests repetition (exponential on a crafted string) is never run on an
 argument at all: its condition is unknown. The path operators (``glob``, ``not_glob``, ``regex``,
 ``under``) match the value as ``normalise_path`` rewrites it and never vouch for a value with a
-``..`` path segment: unknown too. ``each`` applies its conditions to every element of an array. Reasons name arguments and conditions, never argument values, so a secret
-argument can not leak into the ledger or the model's context through a denial.
+``..`` path segment: unknown too. ``each`` applies its conditions to every element of an array.
+Reasons name arguments and conditions, never argument values, so a secret argument can not leak
+into the ledger or the model's context through a denial.
 
 ``lint(contract)`` reports valid policies that will not behave as written, for ``contract check``.
-What this module does not do: interpret paths beyond ``normalise_path`` (symlinks, case folding), validate
-arguments against the tool's input schema (the gate does), or count anything.
+What this module does not do: interpret paths beyond ``normalise_path`` (symlinks, case folding),
+validate arguments against the tool's input schema (the gate does), or count anything.
 """
 
 from __future__ import annotations
