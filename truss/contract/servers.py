@@ -32,6 +32,7 @@ from truss.contract.fields import (
     NonNegativeInt,
     Pointer,
     check_env_name,
+    credentials_in_args,
 )
 from truss.contract.sandbox import Sandbox
 
@@ -231,6 +232,25 @@ class Server(Model):
                     f"env {key!r} holds a literal value and its name says it is a credential; the contract "
                     f"is recorded, so list {key!r} in secret_env and set it in Truss's environment instead"
                 )
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _args_without_credentials(cls, value: list[str]) -> list[str]:
+        # The effective contract is recorded and exported: a password in a command line would be too.
+        found = credentials_in_args(value)
+        if found:
+            first = found[0]
+            rewrite = f"write args[{first.index}] as {first.without!r} and " if first.without else ""
+            variable = first.env or "VARIABLE"
+            read = f" ({first.env} is read by its client library)" if first.env else " the server reads"
+            raise KeyValueError(
+                f"args[{first.index}] holds a credential ({first.what}); the contract is recorded and exported, "
+                "so a credential may not be written in a server's command line",
+                remedy=f"Take it out of args: {rewrite}list the environment variable{read} in "
+                f'secret_env = ["{variable}"], and set it in Truss\'s environment',
+                at=(first.index,),
+            )
         return value
 
     @field_validator("url")
