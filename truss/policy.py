@@ -450,7 +450,7 @@ def lint(contract: Contract) -> list[Finding]:
     rules = contract.policy.rules
     known = _allowlisted(contract)
     for index, rule in enumerate(rules):
-        for name, condition in rule.args.items():
+        for name, condition in _conditions(rule.args):
             if condition.regex is not None and regex_profile(condition.regex).nested:
                 findings.append(
                     Finding(
@@ -481,6 +481,18 @@ def lint(contract: Contract) -> list[Finding]:
                 )
                 break
     return findings
+
+
+def _conditions(args: Mapping[str, ArgCondition]) -> list[tuple[str, ArgCondition]]:
+    """Every condition of a rule with its key path below ``args``, those inside ``each`` too."""
+    out: list[tuple[str, ArgCondition]] = []
+    for name, condition in args.items():
+        path = name
+        current: ArgCondition | None = condition
+        while current is not None:
+            out.append((path, current))
+            current, path = current.each, f"{path}.each"
+    return out
 
 
 def _allowlisted(contract: Contract) -> list[str] | None:
