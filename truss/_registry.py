@@ -21,7 +21,7 @@ from typing import Generic, Protocol, TypeVar
 
 __all__ = ["NAME_RE", "Named", "Registry"]
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,63}\Z")
 """What a registered name looks like: lower-case letters, digits, ``_`` and ``-``, starting with a letter."""
 
 

@@ -71,8 +71,8 @@ _MAX_PROCESSES = 1_000_000
 _MAX_CPU_S = 365 * 24 * 3600
 _MIN_MEMORY = 16 * 1024 * 1024  # below this not even an interpreter starts: a typo, not a limit
 _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-_SIZE_RE = re.compile(r"^([0-9]+)\s*([KMGT]?)(?:i?B)?$", re.IGNORECASE)
-_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_SIZE_RE = re.compile(r"^([0-9]+)\s*([KMGT]?)(?:i?B)?\Z", re.IGNORECASE)
+_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 # Kernel file systems a bind would expose from the host, not from the sandbox's own mounts.
 _NEVER_BIND = ("/proc", "/sys", "/dev")
 

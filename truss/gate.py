@@ -3,7 +3,9 @@
 For each call, in this order:
 
 1. resolve the namespaced tool; unknown or unmounted -> denied (``not_mounted``); arguments that
-   did not parse or do not fit the tool's input schema -> denied (``bad_arguments``);
+   did not parse or do not fit the tool's input schema -> denied (``bad_arguments``); arguments
+   holding a known secret value the server was not given (a provider's API key, another server's
+   token: ``Redactor.foreign_secret``) -> denied (``secret``), whatever the policy says;
 2. ``policy.decide`` -> Allow | Deny | Ask;
 3. ``budget.charge_call`` under a lock, before the call, so concurrent calls never overspend;
 4. Deny or Exceeded -> ``mcp_tool_denied`` and an ``isError`` result the model can read;
@@ -188,6 +190,13 @@ class Gate:
             return await self._deny(
                 request, stored_args, code="bad_arguments", reason=f"{problem} (see the tool's input schema)"
             )
+        # A known secret (a provider's API key, another server's token) is never sent to a server
+        # that was not given it, whatever the policy says: the model may have been shown it.
+        leaked = self.redactor.foreign_secret(tool.server, arguments)
+        if leaked is not None:
+            why = (f"the arguments hold {leaked}, which server {tool.server!r} was not given; Truss never sends a "
+                   "known secret to another server")  # fmt: skip
+            return await self._deny(request, stored_args, code="secret", reason=why)
         # 2. policy
         decision = policy_mod.decide(self.contract, tool.name, arguments, self.tools)
         if self._events is not None:

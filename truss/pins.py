@@ -24,7 +24,7 @@ from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 
 __all__ = ["DefinitionStore", "PinWriteError", "changes", "set_pins", "summary"]
 
-_PIN_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+_PIN_RE = re.compile(r"^sha256:([0-9a-f]{64})\Z")
 _MAX_FILE_BYTES = 1 << 20
 _MEMBERS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 _MAX_LINES = 40

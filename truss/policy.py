@@ -31,13 +31,15 @@ runs on strings up to ``MAX_MATCH_CHARS`` characters, a ``regex`` on strings up 
 backtracking shape allows (``regex_profile``), and a longer string tested by a pattern denies the
 call (``bad_arguments``) whatever the rule's effect, unless another of the rule's conditions
 fails. A regex that nests repetition (exponential on a crafted string) is never run on an
-argument at all: its condition is unknown. A glob never vouches for a value with a ``..`` path
-segment: unknown too. Reasons name arguments and conditions, never argument values, so a secret
-argument can not leak into the ledger or the model's context through a denial.
+argument at all: its condition is unknown. The path operators (``glob``, ``not_glob``, ``regex``,
+``under``) match the value as ``normalise_path`` rewrites it and never vouch for a value with a
+``..`` path segment: unknown too. ``each`` applies its conditions to every element of an array.
+Reasons name arguments and conditions, never argument values, so a secret argument can not leak
+into the ledger or the model's context through a denial.
 
 ``lint(contract)`` reports valid policies that will not behave as written, for ``contract check``.
-What this module does not do: interpret paths beyond ``..`` (symlinks, case folding), validate
-arguments against the tool's input schema (the gate does), or count anything.
+What this module does not do: interpret paths beyond ``normalise_path`` (symlinks, case folding),
+validate arguments against the tool's input schema (the gate does), or count anything.
 """
 
 from __future__ import annotations
@@ -178,7 +180,7 @@ class _V(Enum):
     UNKNOWN = "unknown"
 
 
-_Why = Literal["", "missing", "type", "dot_dot", "unsafe_regex", "too_long"]
+_Why = Literal["", "missing", "type", "dot_dot", "relative", "unsafe_regex", "too_long"]
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,9 @@ def _apply_rule(index: int, rule: PolicyRule, tool: str, arguments: Mapping[str,
 _UNKNOWN_TEXT = {
     "missing": "argument {arg!r} is missing and policy rule {rule} tests it",
     "type": "argument {arg!r} has a type that policy rule {rule} cannot test",
-    "dot_dot": "argument {arg!r} has a '..' path segment, which policy rule {rule} never matches against a glob",
+    "dot_dot": "argument {arg!r} has a '..' path segment, which policy rule {rule} never matches against a path "
+    "pattern",
+    "relative": "argument {arg!r} is a relative path, which policy rule {rule} cannot place under a directory",
     "unsafe_regex": "policy rule {rule} tests argument {arg!r} with a regex that nests repetition, which Truss "
     "does not run on untrusted input (make the inner repetition atomic or possessive)",
     "too_long": "argument {arg!r} is too long for policy rule {rule}",
@@ -237,13 +241,20 @@ _UNKNOWN_TEXT = {
 
 
 def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, Any]) -> _Outcome:
-    """Kleene AND of the conditions on one argument: any failure fails, else any unknown is unknown."""
     if name not in arguments:
         return _Outcome(_V.UNKNOWN, name, "missing")
-    value = arguments[name]
+    return _check_value(name, condition, arguments[name], 0)
+
+
+_MAX_EACH_DEPTH = 8  # 'each' inside 'each': arrays of arrays; a contract does not nest deeper
+
+
+def _check_value(name: str, condition: ArgCondition, value: Any, depth: int) -> _Outcome:
+    """Kleene AND of the conditions on one value: any failure fails, else any unknown is unknown."""
     given = condition.model_fields_set
     fails = False
     unknown: _Why | None = None
+    where = name
     limit = 0
 
     def record(holds: bool) -> None:
@@ -255,30 +266,40 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
     if condition.in_ is not None:
         record(any(json_equal(value, option) for option in condition.in_))
 
-    if condition.glob is not None or condition.not_glob is not None or condition.regex is not None:
+    if (
+        condition.glob is not None
+        or condition.not_glob is not None
+        or condition.regex is not None
+        or (condition.under is not None)
+    ):
         profile = regex_profile(condition.regex) if condition.regex is not None else LINEAR
         if not isinstance(value, str):
             unknown = "type"
         elif len(value) > profile.max_chars:
             # Never run the pattern; the call is denied unless another condition already fails.
             unknown, limit = "too_long", profile.max_chars
+        elif _has_dot_dot(value):
+            # A '..' segment can climb out of the directory a pattern names ('/srv/work/../etc'
+            # matches '/srv/work/*' and '/srv/work(/.*)?'), so no path operator vouches for such a
+            # value either way.
+            unknown = "dot_dot"
         else:
-            if condition.glob is not None or condition.not_glob is not None:
-                # A '..' segment can climb out of the directory a glob names ('/srv/work/../etc'
-                # matches '/srv/work/*'), so a glob never vouches for such a value either way.
-                if _has_dot_dot(value):
-                    unknown = "dot_dot"
+            path = normalise_path(value)
+            # fnmatch compiles '*' so that it cannot backtrack: linear in the value.
+            if condition.glob is not None:
+                record(fnmatch.fnmatchcase(path, condition.glob))
+            if condition.not_glob is not None:
+                record(not fnmatch.fnmatchcase(path, condition.not_glob))
+            if condition.under is not None:
+                if path.startswith("/"):
+                    record(_is_under(path, condition.under))
                 else:
-                    # fnmatch compiles '*' so that it cannot backtrack: linear in the value.
-                    if condition.glob is not None:
-                        record(fnmatch.fnmatchcase(value, condition.glob))
-                    if condition.not_glob is not None:
-                        record(not fnmatch.fnmatchcase(value, condition.not_glob))
+                    unknown = "relative"
             if condition.regex is not None:
                 if profile.nested:
                     unknown = unknown or "unsafe_regex"
                 else:
-                    record(_compiled(condition.regex).fullmatch(value) is not None)
+                    record(_compiled(condition.regex).fullmatch(path) is not None)
 
     if condition.max_len is not None:
         length = _length(value)
@@ -297,15 +318,33 @@ def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, 
             if condition.max is not None:
                 record(number <= condition.max)
 
+    if condition.each is not None:
+        if not isinstance(value, list) or depth >= _MAX_EACH_DEPTH:
+            unknown = unknown or "type"
+        else:
+            # Every element must pass: one failing element fails the condition; otherwise the
+            # first element that cannot be tested makes it unknown (and names that element).
+            element_unknown: _Outcome | None = None
+            for index, element in enumerate(cast(list[Any], value)):
+                outcome = _check_value(f"{name}[{index}]", condition.each, element, depth + 1)
+                if outcome.value is _V.FAILS:
+                    record(False)
+                    break
+                if outcome.value is _V.UNKNOWN and element_unknown is None:
+                    element_unknown = outcome
+            if element_unknown is not None and unknown is None and not fails:
+                unknown, where, limit = element_unknown.why, element_unknown.argument, element_unknown.limit
+
     if fails:
         return _Outcome(_V.FAILS)
     if unknown is not None:
-        return _Outcome(_V.UNKNOWN, name, unknown, limit)
+        return _Outcome(_V.UNKNOWN, where, unknown, limit)
     return _Outcome(_V.HOLDS)
 
 
 _PERCENT_DOT = re.compile(r"%2e", re.IGNORECASE)
 _PERCENT_SEP = re.compile(r"%2f|%5c", re.IGNORECASE)
+_REPEATED_SLASH = re.compile(r"(?<!:)//+")
 
 
 def _has_dot_dot(value: str) -> bool:
@@ -313,6 +352,31 @@ def _has_dot_dot(value: str) -> bool:
     if "%" in value:
         value = _PERCENT_SEP.sub("/", _PERCENT_DOT.sub(".", value))
     return ".." in re.split(r"[/\\]", value)
+
+
+def normalise_path(value: str) -> str:
+    """The text path operators match: repeated ``/`` collapsed (not the ``//`` after a URL's ``scheme:``)
+    and ``.`` segments dropped, so ``/etc//passwd`` and ``/etc/./passwd`` meet a rule about ``/etc/passwd``.
+
+    ``..`` is never resolved (a value with a ``..`` segment is not matched at all), nor are symlinks,
+    case or percent-encoding: the server's file system alone knows what those mean.
+    """
+    if "/" not in value:
+        return value
+    kept = [s for s in _REPEATED_SLASH.sub("/", value).split("/") if s != "."]
+    path = "/".join(kept)
+    if path in ("", "/") or not path.strip("/"):
+        return "/" if value.startswith("/") else "."
+    return path
+
+
+def _is_under(path: str, directory: str) -> bool:
+    """``path`` (normalised, absolute) is ``directory`` or below it, compared segment by segment."""
+    top = directory.rstrip("/")
+    if not top:
+        return True
+    trimmed = path.rstrip("/") or "/"
+    return trimmed == top or trimmed.startswith(top + "/")
 
 
 def _number(value: Any) -> float | int | None:
@@ -386,7 +450,7 @@ def lint(contract: Contract) -> list[Finding]:
     rules = contract.policy.rules
     known = _allowlisted(contract)
     for index, rule in enumerate(rules):
-        for name, condition in rule.args.items():
+        for name, condition in _conditions(rule.args):
             if condition.regex is not None and regex_profile(condition.regex).nested:
                 findings.append(
                     Finding(
@@ -417,6 +481,18 @@ def lint(contract: Contract) -> list[Finding]:
                 )
                 break
     return findings
+
+
+def _conditions(args: Mapping[str, ArgCondition]) -> list[tuple[str, ArgCondition]]:
+    """Every condition of a rule with its key path below ``args``, those inside ``each`` too."""
+    out: list[tuple[str, ArgCondition]] = []
+    for name, condition in args.items():
+        path = name
+        current: ArgCondition | None = condition
+        while current is not None:
+            out.append((path, current))
+            current, path = current.each, f"{path}.each"
+    return out
 
 
 def _allowlisted(contract: Contract) -> list[str] | None:

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, cast
 
-from truss.contract import Contract
+from truss.contract import PROVIDER_KINDS, Contract
 
 __all__ = ["REDACTED", "Redactor", "remember_secret", "scrub_secrets"]
 
@@ -70,11 +70,20 @@ def _alternation(values: set[str]) -> re.Pattern[str]:
 
 
 class Redactor:
-    """Redacts ``secret_args`` fields and scrubs known secret values from anything stored."""
+    """Redacts ``secret_args`` fields and scrubs known secret values from anything stored.
+
+    The known values are each server's ``secret_env``, secret header and OAuth client-secret
+    values, the model providers' API keys (``agent.api_key_env`` and each reviewer's, or their
+    kind's usual variable), and the ``secret_args`` values seen in this run. Each value also
+    carries the servers it was given to (none, for a provider key): ``foreign_secret`` finds a
+    value in a call's arguments that its server was not given, so the gate can refuse to send it.
+    """
 
     def __init__(self, contract: Contract, environ: Mapping[str, str]) -> None:
         self._secret_fields: dict[str, tuple[str, ...]] = {s.name: tuple(s.secret_args) for s in contract.mcp.servers}
         self._values: set[str] = set()
+        self._owners: dict[str, set[str]] = {}  # value -> the servers it was given to
+        self._labels: dict[str, str] = {}  # value -> what it is, for a refusal (never the value)
         for server in contract.mcp.servers:
             names = list(server.secret_env)
             names += [h.secret_env for h in server.headers.values() if not isinstance(h, str)]
@@ -83,7 +92,11 @@ class Redactor:
             for name in names:
                 value = environ.get(name)
                 if value:
-                    self.remember(value)
+                    self._learn(value, server.name, f"the secret in {name}")
+        for name in _provider_key_names(contract):
+            value = environ.get(name)
+            if value:
+                self._learn(value, None, f"the model provider's API key ({name})")
         self._pattern: re.Pattern[str] | None = None
         self._generation = -1
 
@@ -91,6 +104,27 @@ class Redactor:
         if len(value) >= _MIN_SCRUB_LEN and value not in self._values:
             self._values.add(value)
             self._pattern = None
+
+    def _learn(self, value: str, server: str | None, label: str) -> None:
+        if len(value) < _MIN_SCRUB_LEN:
+            return
+        self.remember(value)
+        owners = self._owners.setdefault(value, set())
+        if server is not None:
+            owners.add(server)
+        self._labels.setdefault(value, label)
+
+    def foreign_secret(self, server: str, arguments: Any) -> str | None:
+        """What a known secret in ``arguments`` is (``"the secret in GITHUB_TOKEN"``), when ``server``
+        was not given it; None when the arguments hold no such value. Never returns the value itself."""
+        foreign = [v for v, owners in self._owners.items() if server not in owners]
+        if not foreign:
+            return None
+        for text in _strings(arguments):
+            for value in foreign:
+                if value in text:
+                    return self._labels[value]
+        return None
 
     def redact_arguments(self, server: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """A copy with ``secret_args`` fields replaced by ``"[redacted]"``; their values are remembered.
@@ -108,19 +142,10 @@ class Redactor:
             for part in path[:-1]:
                 holder = _as_dict(holder.get(part)) if holder is not None else None
             if holder is not None and path[-1] in holder:
-                self._remember_all(holder[path[-1]])
+                for text in _strings(holder[path[-1]], keys=False):
+                    self._learn(text, server, f"a secret_args value given to server {server!r}")
                 holder[path[-1]] = REDACTED
         return self.scrub(out)
-
-    def _remember_all(self, value: Any) -> None:
-        if isinstance(value, str):
-            self.remember(value)
-        elif isinstance(value, dict):
-            for item in cast(dict[str, Any], value).values():
-                self._remember_all(item)
-        elif isinstance(value, list):
-            for item in cast(list[Any], value):
-                self._remember_all(item)
 
     def scrub(self, value: Any) -> Any:
         """``value`` with every known secret value inside its strings replaced by ``"[redacted]"``."""
@@ -152,6 +177,37 @@ def _scrub(value: Any, pattern: re.Pattern[str]) -> Any:
     if isinstance(value, list | tuple):
         return [_scrub(v, pattern) for v in cast(list[Any], value)]
     return value
+
+
+def _provider_key_names(contract: Contract) -> list[str]:
+    """The environment variables that may hold a model provider's API key in this contract's runs."""
+    agents = [(contract.agent.provider, contract.agent.api_key_env)]
+    for check in contract.done.checks:
+        agents += [(r.provider, r.api_key_env) for r in check.reviewers or ()]
+    names: list[str] = []
+    for provider, api_key_env in agents:
+        kind = PROVIDER_KINDS.get(provider)
+        usual = kind.capabilities.api_key_env if kind is not None else None
+        names += [n for n in (api_key_env, usual) if n is not None and n not in names]
+    return names
+
+
+def _strings(value: Any, *, keys: bool = True, _depth: int = 0) -> list[str]:
+    """Every string inside a JSON value (object keys too, unless ``keys`` is false), to a bounded depth."""
+    if isinstance(value, str):
+        return [value]
+    if _depth > 200:
+        return []
+    out: list[str] = []
+    if isinstance(value, dict):
+        for key, item in cast(dict[Any, Any], value).items():
+            if keys and isinstance(key, str):
+                out.append(key)
+            out += _strings(item, keys=keys, _depth=_depth + 1)
+    elif isinstance(value, list | tuple):
+        for item in cast(list[Any], value):
+            out += _strings(item, keys=keys, _depth=_depth + 1)
+    return out
 
 
 def _as_dict(value: Any) -> dict[str, Any] | None:

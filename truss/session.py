@@ -95,7 +95,7 @@ __all__ = [
     "run_contract",
 ]
 
-SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 TERMINAL = frozenset({"pass", "fail", "error"})
 EXIT_CODES = {"pass": 0, "fail": 1, "error": 4, "suspended": 3, "interrupted": 3, "diverged": 4, "running": 3}
 RECORDED_SERVER_EVENTS = frozenset({"sandbox_egress"})

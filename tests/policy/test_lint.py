@@ -33,6 +33,11 @@ def test_a_regex_that_nests_repetition_is_reported_at_its_key_path() -> None:
     assert _paths(rules) == ["policy.rules[0].args.path.regex"]
 
 
+def test_a_regex_that_nests_repetition_inside_each_is_reported_at_its_key_path() -> None:
+    rules = [{"tool": "*", "effect": "allow", "args": {"paths": {"each": {"regex": "(a|aa)*"}}}}]
+    assert _paths(rules) == ["policy.rules[0].args.paths.each.regex"]
+
+
 def test_a_rule_behind_an_unconditional_rule_that_covers_its_tools_is_reported() -> None:
     rules = [
         {"tool": "mcp:fs:*", "effect": "allow"},

@@ -14,8 +14,10 @@ The built-in kinds:
 - ``tool_succeeded``: the tool was called and its *last* call returned a result without
   ``isError`` (a model may retry after an error; what it ended with counts).
 - ``result_matches``: the last successful call of the tool has, at ``pointer``, a value that
-  ``equals`` the given JSON value or whose text matches ``regex`` (``re.search``: the pattern may
-  match anywhere; anchor it with ``^``/``$`` to match all). ``pointer = ""`` means the result's
+  ``equals`` the given JSON value or whose text matches ``regex`` (searched: the pattern may
+  match anywhere; anchor it with ``^``/``$`` to match all). Patterns run on RE2
+  (``truss._regex.linear_regex``), linear in the text whatever the pattern: a pattern RE2
+  refuses (look-around, back-references) is refused when the contract loads. ``pointer = ""`` means the result's
   text; any other pointer (RFC 6901) reads ``structuredContent``, or the text parsed as JSON when
   the server sent no structured content. A non-string value is matched as compact JSON.
 - ``final_matches``: the model's final answer, with ``equals`` or ``regex`` as above.
@@ -31,7 +33,6 @@ Pure: evaluation reads payloads only through the ``blob`` function it is given.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -39,6 +40,7 @@ from typing import Any, cast
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from truss._pointer import resolve_pointer
+from truss._regex import NotLinearError, linear_regex
 from truss._registry import Registry
 from truss.contract.fields import TOOL_REF_RE, Duration, KeyValueError, Model, Pointer, PositiveInt, Regex
 from truss.contract.reviewers import Reviewer
@@ -86,6 +88,23 @@ class DoneCheck(Model):
                 kinds.unknown(value),
                 remedy="Use one of the kinds docs/contracts.md lists, or register yours in truss.contract.DONE_CHECKS",
             )
+        return value
+
+    @field_validator("regex")
+    @classmethod
+    def _linear(cls, value: str | None) -> str | None:
+        # A check's text is a tool result or the model's answer: untrusted, up to a megabyte.
+        # Only a pattern the linear-time engine runs is accepted, so no check can hang a run.
+        if value is not None:
+            try:
+                linear_regex(value)
+            except NotLinearError as exc:
+                raise KeyValueError(
+                    f"regex {value!r} cannot be matched in linear time ({exc.reason}); a done check's text comes "
+                    "from a tool or the model, so Truss runs its pattern on RE2, which has no look-around or "
+                    "back-references",
+                    remedy="Rewrite the pattern without look-around ((?=, (?!, (?<=, (?<!) and back-references (\\1)",
+                ) from None
         return value
 
     @model_validator(mode="after")
@@ -176,7 +195,7 @@ def match_value(check: DoneCheck, value: Any) -> Checked:
         return Checked(ok, "equals the expected value" if ok else "does not equal the expected value")
     pattern = check.regex or ""
     text = value if isinstance(value, str) else canonical(value).decode("utf-8")
-    ok = re.search(pattern, text[:MAX_MATCH_CHARS]) is not None
+    ok = linear_regex(pattern).search(text[:MAX_MATCH_CHARS])
     return Checked(ok, f"matches /{pattern}/" if ok else f"does not match /{pattern}/")
 
 

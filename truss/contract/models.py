@@ -141,7 +141,7 @@ class ContractMeta(Model):
     @classmethod
     def _param_names(cls, value: dict[str, ParamSpec]) -> dict[str, ParamSpec]:
         for key in value:
-            if not re.match(r"^[a-z_][a-z0-9_]{0,63}$", key):
+            if not re.match(r"^[a-z_][a-z0-9_]{0,63}\Z", key):
                 raise ValueError(f"param name {key!r} must be [a-z_][a-z0-9_]*")
         return value
 
@@ -192,7 +192,7 @@ class AgentConfig(Model):
         kind = provider_kinds_in(info.context).get(self.provider)  # None only if _registered refused it
         if kind is not None and kind.capabilities.needs_model and not self.model:
             raise ValueError(f"provider {self.provider!r} needs a model (agent.model)")
-        if self.base_url is not None and not re.match(r"^https?://[^\s]+$", self.base_url):
+        if self.base_url is not None and not re.match(r"^https?://[^\s]+\Z", self.base_url):
             raise ValueError(f"base_url {self.base_url!r} must be an http:// or https:// URL")
         return self
 
@@ -214,22 +214,42 @@ class Budget(Model):
 
 
 class ArgCondition(Model):
-    """Conditions on one argument; all given must hold for the rule to match."""
+    """Conditions on one argument; all given must hold for the rule to match.
+
+    ``glob``, ``not_glob``, ``regex`` and ``under`` are the path operators: ``truss.policy`` matches
+    them against the normalised string and never vouches for one with a ``..`` segment. ``each``
+    holds conditions every element of an array argument must pass.
+    """
 
     equals: Any = None
     in_: list[Any] | None = Field(default=None, alias="in")
     glob: Glob | None = None
     not_glob: Glob | None = None
     regex: Regex | None = None
+    under: str | None = None
     max_len: NonNegativeInt | None = None
     min: int | float | None = None
     max: int | float | None = None
+    each: ArgCondition | None = None
+
+    @field_validator("under")
+    @classmethod
+    def _directory(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        segments = value.split("/")
+        if not value.startswith("/") or "\\" in value or "\x00" in value:
+            raise ValueError(f"under {value!r} must be an absolute directory path ('/srv/work')")
+        if any(s in (".", "..") for s in segments) or "//" in value:
+            raise ValueError(f"under {value!r} must be a normalised path: no '.', '..' or empty segments")
+        return value
 
     @model_validator(mode="after")
     def _not_empty(self) -> ArgCondition:
         if not self.model_fields_set:
             raise ValueError(
-                "an argument condition needs at least one of equals, in, glob, not_glob, regex, max_len, min, max"
+                "an argument condition needs at least one of equals, in, glob, not_glob, regex, under, max_len, "
+                "min, max, each"
             )
         return self
 

@@ -26,7 +26,7 @@ from truss.contract.providers import provider_kinds_in
 
 __all__ = ["REVIEWER_NAME_RE", "SCRIPTED_REVIEWER", "Reviewer"]
 
-REVIEWER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+REVIEWER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 SCRIPTED_REVIEWER = "scripted"
 
 
@@ -81,6 +81,6 @@ class Reviewer(Model):
         kind = provider_kinds_in(info.context).get(self.provider)  # None only if _registered refused it
         if kind is not None and kind.capabilities.needs_model and not self.model:
             raise ValueError(f"a reviewer with provider {self.provider!r} needs a model")
-        if self.base_url is not None and not re.match(r"^https?://[^\s]+$", self.base_url):
+        if self.base_url is not None and not re.match(r"^https?://[^\s]+\Z", self.base_url):
             raise ValueError(f"base_url {self.base_url!r} must be an http:// or https:// URL")
         return self

@@ -32,6 +32,7 @@ from truss.contract.fields import (
     NonNegativeInt,
     Pointer,
     check_env_name,
+    credentials_in_args,
 )
 from truss.contract.sandbox import Sandbox
 
@@ -141,7 +142,7 @@ class OAuth(Model):
     @field_validator("issuer")
     @classmethod
     def _issuer(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https?://[^\s?#@]+$", value):
+        if value is not None and not re.match(r"^https?://[^\s?#@]+\Z", value):
             raise ValueError(
                 f"issuer {value!r} must be the authorization server's http(s) URL, without query or user info"
             )
@@ -150,7 +151,7 @@ class OAuth(Model):
     @field_validator("client_metadata_url")
     @classmethod
     def _metadata_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.match(r"^https://[^\s/?#@]+/[^\s?#]+$", value):
+        if value is not None and not re.match(r"^https://[^\s/?#@]+/[^\s?#]+\Z", value):
             raise ValueError(
                 f"client_metadata_url {value!r} must be an https URL with a path (a client ID metadata document)"
             )
@@ -233,6 +234,25 @@ class Server(Model):
                 )
         return value
 
+    @field_validator("args")
+    @classmethod
+    def _args_without_credentials(cls, value: list[str]) -> list[str]:
+        # The effective contract is recorded and exported: a password in a command line would be too.
+        found = credentials_in_args(value)
+        if found:
+            first = found[0]
+            rewrite = f"write args[{first.index}] as {first.without!r} and " if first.without else ""
+            variable = first.env or "VARIABLE"
+            read = f" ({first.env} is read by its client library)" if first.env else " the server reads"
+            raise KeyValueError(
+                f"args[{first.index}] holds a credential ({first.what}); the contract is recorded and exported, "
+                "so a credential may not be written in a server's command line",
+                remedy=f"Take it out of args: {rewrite}list the environment variable{read} in "
+                f'secret_env = ["{variable}"], and set it in Truss\'s environment',
+                at=(first.index,),
+            )
+        return value
+
     @field_validator("url")
     @classmethod
     def _url_without_credentials(cls, value: str | None) -> str | None:
@@ -287,7 +307,7 @@ class Server(Model):
             if self.url is not None or self.headers or self.oauth is not None:
                 raise ValueError(f"server {self.name!r}: url, headers and oauth belong to http servers")
         else:
-            if not self.url or not re.match(r"^https?://[^\s]+$", self.url):
+            if not self.url or not re.match(r"^https?://[^\s]+\Z", self.url):
                 raise ValueError(f"server {self.name!r}: an http server needs a url starting with http:// or https://")
             if self.command is not None or self.args or self.env or self.cwd is not None:
                 raise ValueError(f"server {self.name!r}: command, args, env and cwd belong to stdio servers")

@@ -24,7 +24,7 @@ from truss.ledger.canonical import canonical
 __all__ = ["check_templates", "env_refs", "render_arguments", "render_intent", "template_refs"]
 
 _REF_RE = re.compile(r"\$\{([^{}]*)\}")
-_STEP_REF_RE = re.compile(r"^steps\.(\d+)\.(result(/.*)?|is_error)$")
+_STEP_REF_RE = re.compile(r"^steps\.(\d+)\.(result(/.*)?|is_error)\Z")
 
 
 def _template_scope(path: KeyPath) -> frozenset[str] | None:

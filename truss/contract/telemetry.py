@@ -36,13 +36,13 @@ from truss.contract.validation import from_validation
 
 __all__ = ["Telemetry", "TelemetryConfig", "check_endpoint_url", "load_telemetry_config", "telemetry_from_text"]
 
-_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-_RESOURCE_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}\Z")
+_RESOURCE_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}\Z")
 
 
 def check_endpoint_url(value: str, *, what: str = "otlp_endpoint") -> str:
     """``value`` when it is an http(s) URL without credentials; the reason in a ``ValueError`` otherwise."""
-    if not re.match(r"^https?://[^\s/?#]+[^\s]*$", value):
+    if not re.match(r"^https?://[^\s/?#]+[^\s]*\Z", value):
         raise ValueError(f"{what} must be an http:// or https:// URL (with a host)")  # no value: it may hold a secret
     parts = urlsplit(value)
     found = "user info" if "@" in parts.netloc else None

@@ -34,6 +34,7 @@ import tomli_w
 
 from truss._errors import ContractError
 from truss._json import as_mapping, str_list
+from truss.contract.fields import credentials_in_args
 
 __all__ = ["ImportedServer", "ProbedTool", "contract_name", "convert", "render_toml"]
 
@@ -51,8 +52,8 @@ _SECRET_SHAPES = [
         r"^[A-Za-z0-9+/_=-]{32,}$",
     )
 ]
-_WHOLE_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-_EMBEDDED_VAR = re.compile(r"^(.*)\$\{([A-Za-z_][A-Za-z0-9_]*)\}(.*)$")
+_WHOLE_VAR = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}\Z")
+_EMBEDDED_VAR = re.compile(r"^(.*)\$\{([A-Za-z_][A-Za-z0-9_]*)\}(.*)\Z")
 _SECRET_HEADERS = {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key"}
 
 
@@ -76,7 +77,7 @@ class ImportedServer:
     tools: list[ProbedTool] | None = None
 
 
-_PATH_LIKE = re.compile(r"^(/|\./|\.\./|~/)[^/]|^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+/?$")
+_PATH_LIKE = re.compile(r"^(/|\./|\.\./|~/)[^/]|^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+/?\Z")
 
 
 def _looks_secret(key: str, value: str) -> bool:
@@ -167,6 +168,7 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
             problems.append(f"{where}.args[{i}]: ${{...}} is not substituted into arguments")
         elif _looks_secret("", arg) and len(arg) >= 20:
             problems.append(f"{where}.args[{i}]: looks like a secret; pass it through an environment variable")
+    arg_list, moved = _credentials_out_of_args(arg_list, where, server, problems)
     if arg_list:
         server.table["args"] = arg_list
     if isinstance(entry.get("cwd"), str):
@@ -199,13 +201,42 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
             literal[key] = value
     if literal:
         server.table["env"] = literal
+    secret += [name for name in moved if name not in secret]
     if secret:
         server.table["secret_env"] = secret
 
 
+def _credentials_out_of_args(
+    args: list[str], where: str, server: ImportedServer, problems: list[str]
+) -> tuple[list[str], list[str]]:
+    """``args`` without the credentials it holds, and the variables that now carry them (``secret_env``).
+
+    A password in a URL whose client reads it from a known variable (``PGPASSWORD``) is taken out
+    of the URL and the variable suggested; any other credential is a problem naming ``secret_env``.
+    The value itself is never copied into the contract or a message.
+    """
+    out = list(args)
+    moved: list[str] = []
+    for found in credentials_in_args(args):
+        path = f"{where}.args[{found.index}]"
+        if found.without is not None and found.env is not None:
+            out[found.index] = found.without
+            moved.append(found.env)
+            server.notes.append(
+                f"args[{found.index}] held {found.what}: it was taken out; export {found.env} (read by the "
+                "server's client library) with it, and Truss passes it to this server only (secret_env)"
+            )
+        else:
+            problems.append(
+                f"{path}: holds a credential ({found.what}); take it out of the arguments and pass it in an "
+                "environment variable the server reads, listed in secret_env"
+            )
+    return out, moved
+
+
 def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str]) -> None:
     url = entry.get("url")
-    if not isinstance(url, str) or not re.match(r"^https?://\S+$", url):
+    if not isinstance(url, str) or not re.match(r"^https?://\S+\Z", url):
         problems.append(f"{where}.url: an http server needs an http:// or https:// url")
         return
     if _has_var(url):

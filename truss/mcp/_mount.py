@@ -32,7 +32,7 @@ from truss.tools import MountedTool, pin_of
 __all__ = ["TOOL_NAME_RE", "UNPINNABLE", "Mounted", "list_all", "mount", "pin_or_none"]
 
 # SEP-986: what a tool name may be. Anything else (spaces, unicode, ':' or '/') is never mounted.
-TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}\Z")
 UNPINNABLE = "unpinnable"
 _MAX_LIST_PAGES = 1000
 _MAX_NAMES_IN_ERROR = 30

@@ -27,9 +27,9 @@ __all__ = [
     "resolve_contract",
 ]
 
-_PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
-_HASH_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-_CONTRACT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_PRINCIPAL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}\Z")
+_HASH_RE = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+_CONTRACT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 MAX_CONTRACT_NAME = 64
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 

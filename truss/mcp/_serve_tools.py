@@ -39,8 +39,10 @@ VERDICT = "truss_ledger_verdict"
 EXPORT = "truss_ledger_export"
 TOOL_NAMES = (RUN, STATUS, VERDICT, EXPORT)
 
-SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-PARAM_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+_SESSION_ID_SCHEMA = "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+"""The session-id pattern as JSON Schema writes it (ECMA-262, where '$' is the end of the text)."""
+SESSION_ID_RE = re.compile(_SESSION_ID_SCHEMA[:-1] + r"\Z")  # Python's '$' would accept a final newline
+PARAM_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]{0,63}\Z")
 _MAX_PARAMS = 64
 _MAX_PARAM_TEXT = 10_000
 
@@ -58,7 +60,7 @@ _SESSION_PROP = {
     "type": "string",
     "minLength": 1,
     "maxLength": 128,
-    "pattern": SESSION_ID_RE.pattern,
+    "pattern": _SESSION_ID_SCHEMA,
     "description": "A session id returned by truss_run_contract.",
 }
 
@@ -82,7 +84,7 @@ _RUN_INPUT: dict[str, Any] = {
             "type": "string",
             "minLength": 1,
             "maxLength": 128,
-            "pattern": SESSION_ID_RE.pattern,
+            "pattern": _SESSION_ID_SCHEMA,
             "description": (
                 "An idempotency key or a session id you got back. Repeating it returns that session; "
                 "it never starts a second run."

@@ -142,12 +142,20 @@ def as_list(value: Any) -> list[Any] | None:
     return None
 
 
+MAX_TOKEN_COUNT = 2**32
+"""The largest usage figure a provider may report for one turn (four billion tokens, far past any
+context window). A larger one is a bad answer: summed over turns and recorded, it would pass the
+2**53 the ledger's canonical JSON can hold and end the run with an internal error."""
+
+
 def token_count(value: Any, what: str, poster: JsonPoster) -> int:
-    """A usage figure: absent is 0; anything but a non-negative integer is a bad answer."""
+    """A usage figure: absent is 0; anything but an integer in ``0..MAX_TOKEN_COUNT`` is a bad answer."""
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise poster.invalid(f"{what} is not a non-negative integer")
+    if value > MAX_TOKEN_COUNT:
+        raise poster.invalid(f"{what} is larger than {MAX_TOKEN_COUNT}, more tokens than any turn can cost")
     return value
 
 

@@ -58,7 +58,7 @@ __all__ = ["ScriptedProvider", "resolve_pointer"]
 
 _ANY_REF = re.compile(r"\$\{([^{}]*)\}")
 _STEP_REF = re.compile(r"steps\.([0-9]{1,6})\.(result(?:/[^{}]*)?|is_error)")
-_CALL_ID = re.compile(r"^step-([0-9]{1,6})$")
+_CALL_ID = re.compile(r"^step-([0-9]{1,6})\Z")
 
 
 @dataclass(frozen=True)

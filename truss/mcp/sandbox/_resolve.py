@@ -114,7 +114,7 @@ _ETC_NETWORK = (
 )
 _MAX_LINKS = 40  # the kernel's ELOOP bound
 _MAX_INTERPRETERS = 4  # the kernel's binfmt_script recursion bound
-_PYTHON_RE = re.compile(r"^python[0-9.]*$")
+_PYTHON_RE = re.compile(r"^python[0-9.]*\Z")
 
 
 def walk(fs: FsView, path: str) -> tuple[str, list[tuple[str, str]]]:
