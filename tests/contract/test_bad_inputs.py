@@ -61,6 +61,12 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "host_not_in_allow_hosts": ("host_not_in_allow_hosts.toml", "mcp.servers[0].url", 8),
     "http_server_with_command": ("http_server_with_command.toml", "mcp.servers[0]", 5),
     "integer_beyond_json_range": ("integer_beyond_json_range.toml", "agent.steps[0].arguments.n", 7),
+    "integer_at_2_53": ("integer_at_2_53.toml", "agent.steps[0].arguments.n", 7),
+    "double_printing_as_digits_beyond_2_53": (
+        "double_printing_as_digits_beyond_2_53.toml",
+        "policy.rules[0].args.n.max",
+        8,
+    ),
     "invalid_glob_in_policy_rule": ("invalid_glob_in_policy_rule.toml", "policy.rules[0].tool", 6),
     "invalid_regex_in_arg_condition": (
         "invalid_regex_in_arg_condition.toml",

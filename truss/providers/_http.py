@@ -33,7 +33,7 @@ import httpx2
 
 from truss._clock import Clock
 from truss._errors import ProviderError
-from truss.ledger.canonical import CanonicalError, canonical
+from truss.ledger.canonical import INT_LIMIT, CanonicalError, canonical
 
 __all__ = ["HttpSettings", "JsonPoster", "Sleep", "as_list", "as_object", "retry_after_s", "token_count"]
 
@@ -121,7 +121,7 @@ def as_arguments(value: Any) -> dict[str, Any] | None:
     """``value`` as a tool call's arguments, or None when it is not an object the ledger can record.
 
     A model's arguments are recorded (RFC 8785) before anything else happens, and JSON parsers
-    accept what RFC 8785 has no form for: NaN, Infinity, integers beyond 2**53, nesting past the
+    accept what RFC 8785 has no form for: NaN, Infinity, integers of 2**53 or more, nesting past the
     encoder's depth. Such arguments become a call whose arguments did not parse (the gate denies
     it and tells the model), never an exception that ends the run.
     """
@@ -143,11 +143,16 @@ def as_list(value: Any) -> list[Any] | None:
 
 
 def token_count(value: Any, what: str, poster: JsonPoster) -> int:
-    """A usage figure: absent is 0; anything but a non-negative integer is a bad answer."""
+    """A usage figure: absent is 0; anything but a non-negative integer is a bad answer.
+
+    So is a count of 2**53 or more: it is recorded in the turn's entry, where it has no canonical form.
+    """
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise poster.invalid(f"{what} is not a non-negative integer")
+    if value >= INT_LIMIT:
+        raise poster.invalid(f"{what} is 2**53 or more, which the ledger cannot record")
     return value
 
 
