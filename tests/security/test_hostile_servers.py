@@ -265,6 +265,16 @@ def test_a_server_error_code_the_ledger_cannot_record_is_a_server_error_recorded
     assert verified(home, session)
 
 
+def test_a_server_info_member_the_ledger_cannot_record_does_not_stop_the_run(tmp_path: Path, home: Path) -> None:
+    done = run(home, answers_contract(tmp_path, "server_info_holding_an_integer_at_2_53", "echo"))
+    assert "internal error" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session"]
+    [started] = [e for e in entries(home, session) if e.kind == "session_started"]
+    assert started.body["servers"]["hostile"]["server_info"]["name"] == "big"
+    assert verified(home, session)
+
+
 # -- secrets ---------------------------------------------------------------------------------------------
 
 
@@ -317,7 +327,7 @@ def test_every_server_answer_file_is_played_by_a_test() -> None:
         "result_nested_past_the_parser_depth", "huge_one_line_result", "huge_one_line_result_with_its_id_last",
         "result_nested_just_under_the_ledger_depth", "result_with_an_integer_beyond_i_json",
         "result_with_an_integer_at_2_53", "result_with_a_double_printing_as_digits_beyond_2_53",
-        "server_error_with_a_code_at_2_53",
+        "server_error_with_a_code_at_2_53", "server_info_holding_an_integer_at_2_53",
         "result_with_a_float_beyond_double_range", "result_with_nan", "server_error_minus_32000",
         "server_error_minus_32001", "server_info_holding_its_own_secret", "server_that_prints_its_arguments",
     }  # fmt: skip
