@@ -250,6 +250,19 @@ class Policy(Model):
 
 class DoneConfig(Model):
     checks: list[DoneCheck] = Field(default_factory=list[DoneCheck])
+    # Without checks a run passes only when a call succeeded and none was denied (truss.verdict),
+    # unless the contract opts out. None (not set) is left out of the hashed form.
+    pass_without_checks: bool | None = None
+
+    @model_validator(mode="after")
+    def _opt_out_without_checks(self) -> DoneConfig:
+        if self.pass_without_checks and self.checks:
+            raise KeyValueError(
+                "pass_without_checks applies only to a contract without done checks",
+                remedy="Remove pass_without_checks, or the [[done.checks]]",
+                at=("pass_without_checks",),
+            )
+        return self
 
 
 # -- [ledger], [harness] ----------------------------------------------------------------------
