@@ -23,7 +23,7 @@ from tests.conftest import REPO, truss_cmd
 from tests.durability.support import cli, entries
 from tests.durability.test_tasks import TASKS_SERVER
 from tests.gate.support import files_containing
-from tests.security._support import DATA, HERE, truss
+from tests.security._support import DATA, HERE, PASS_WHATEVER, truss
 from truss.ledger.keys import IdentityKey
 
 ANSWERS = HERE / "servers" / "answers.py"
@@ -69,7 +69,7 @@ args = {json.dumps(args)}
 allow_tools = ["{tool}"]
 connect_timeout = "20s"
 {server_extra}
-"""
+{PASS_WHATEVER}"""
     path = tmp_path / f"{attack}.toml"
     path.write_text(text, encoding="utf-8")
     return path
@@ -113,7 +113,7 @@ def test_a_catastrophic_regex_in_an_output_schema_fails_the_call_as_invalid_resu
     tmp_path: Path, home: Path, attack: str
 ) -> None:
     done = run(home, answers_contract(tmp_path, attack, "echo"))
-    assert done.returncode == 0, done.stderr  # a verdict (no done checks: the failed call is on the record)
+    assert done.returncode == 0, done.stderr  # a verdict (pass_without_checks: the failed call is recorded)
     session = json.loads(done.stdout)["session"]
     assert the_call(home, session).body["failure"]["cause"] == "invalid_result"
     assert verified(home, session)

@@ -145,6 +145,8 @@ api_key_env = "MODEL_KEY"
 name = "hostile"
 command = "unused"
 allow_tools = ["echo"]
+[done]
+pass_without_checks = true
 """
 
 
