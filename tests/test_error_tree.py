@@ -32,8 +32,9 @@ def problems(doc: str) -> list[str]:
         if cls is None:
             found.append(f"{name} is drawn but is no TrussError")
             continue
-        if depth and cls.__base__.__name__ != stack[depth - 1]:
-            found.append(f"{name} is drawn under {stack[depth - 1]} but is a {cls.__base__.__name__}")
+        base = cls.__mro__[1].__name__
+        if depth and base != stack[depth - 1]:
+            found.append(f"{name} is drawn under {stack[depth - 1]} but is a {base}")
         if hit.group(3) and cls.exit_code != int(hit.group(3)):
             found.append(f"{name} is drawn with exit {hit.group(3)} but exits {cls.exit_code}")
     found += [f"{name} is not drawn" for name in sorted(set(REAL) - drawn)]

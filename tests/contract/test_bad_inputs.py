@@ -382,7 +382,7 @@ def test_a_tool_reference_that_can_never_be_mounted_suggests_the_closest_declare
 ) -> None:
     with pytest.raises(ContractError) as caught:
         load_contract(BAD / f"{name}.toml")
-    assert f"Did you mean {suggested!r}?" in caught.value.remedy
+    assert f"Did you mean {suggested!r}?" in (caught.value.remedy or "")
     assert caught.value.fields["tool"] != suggested
 
 

@@ -88,7 +88,8 @@ async def test_each_selection_looks_at_the_calls_it_names(tmp_path: Path) -> Non
     calls = [e.body["call"] for e in store.read_session(outcome.session) if e.kind == "mcp_tool_call"]
     assert calls == ["c1.0", "c2.0", "c3.0"]
     assert outcome.verdict is not None
-    got = [(c["kind"], CASES[c["index"]][1], c["ok"]) for c in outcome.verdict["checks"]]
+    checks: list[dict[str, Any]] = outcome.verdict["checks"]
+    got: list[tuple[str, str | None, bool]] = [(c["kind"], CASES[c["index"]][1], c["ok"]) for c in checks]
     assert got == CASES
 
 
