@@ -13,6 +13,7 @@ specific first, so the CLI and serve-mcp need exactly one handler::
     │   ├── PolicyError                 a witness config or tlog-policy file that cannot be used
     │   └── NotFoundError               an unknown session, call or contract name
     ├── VerificationError               exit 1: a ledger, bundle, note or envelope does not verify
+    ├── SessionBusyError                exit 3: another process holds the session's lease
     ├── RunSuspended                    exit 3: waiting for approval, a signal, a task or `resolve`
     │   └── InDoubtError                an intent without a result that may not be re-sent
     └── RuntimeFailure                  exit 4: the work could not be done
