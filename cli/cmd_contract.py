@@ -77,6 +77,14 @@ def run_check(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.policy import lint
 
     warnings = [{"path": f.path, "message": f.message} for f in lint(contract)]
+    if not contract.done.checks and contract.done.pass_without_checks is None:
+        warnings.append(
+            {
+                "path": "done.checks",
+                "message": "the contract has no done checks, so a run passes only when a call succeeded and none "
+                "was denied; add [[done.checks]] that say what done means, or set [done] pass_without_checks",
+            }
+        )
     if not ctx.json:
         for warning in warnings:
             ctx.progress(f"truss: warning: {args.contract} at {warning['path']}: {warning['message']}")

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from truss.ledger.canonical import CanonicalError, canonical, sha256_ref, value_ref
+from truss.ledger.canonical import INT_LIMIT, CanonicalError, canonical, sha256_ref, value_ref
 
 VECTORS = Path(__file__).parent / "vectors" / "rfc8785"
 
@@ -26,10 +27,16 @@ def _number_table() -> list[tuple[str, str]]:
     return rows
 
 
+def _digits_beyond_i_json(text: str) -> bool:
+    return text.lstrip("-").isdigit() and abs(int(text)) >= INT_LIMIT
+
+
 @pytest.mark.parametrize(("ieee", "expected"), _number_table())
 def test_numbers_format_as_in_rfc8785_appendix_b(ieee: str, expected: str) -> None:
     value: float = struct.unpack(">d", bytes.fromhex(ieee))[0]
-    if expected == "error":
+    # The appendix prints 2**53 and 295147905179352830000 as digits; a reader takes those for
+    # integers outside I-JSON's range, which Truss refuses (docs/ledger-format.md 2.1).
+    if expected == "error" or _digits_beyond_i_json(expected):
         with pytest.raises(CanonicalError):
             canonical(value)
     else:
@@ -51,12 +58,14 @@ def test_sha256_ref_and_value_ref_name_the_hash_of_the_canonical_bytes() -> None
     assert value_ref({"b": 1, "a": [True, None]}) == sha256_ref(b'{"a":[true,null],"b":1}')
 
 
-SAFE_INT = 2**53
+SAFE_INT = INT_LIMIT - 1
+# Doubles from 2**53 up to 1e21 print as digits, so they are refused like the integers they read back as.
+recordable_floats = st.floats(allow_nan=False, allow_infinity=False).filter(lambda f: not INT_LIMIT <= abs(f) < 1e21)
 json_scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-SAFE_INT, max_value=SAFE_INT)
-    | st.floats(allow_nan=False, allow_infinity=False)
+    | recordable_floats
     | st.text(st.characters(exclude_categories=["Cs"]))
 )
 json_values = st.recursive(
@@ -70,9 +79,7 @@ json_values = st.recursive(
 
 
 def _parse(encoded: bytes) -> Any:
-    # JSON numbers are doubles (I-JSON): an integral double above 2**53 prints as plain digits,
-    # which Python would read back as an exact int of a different value, so read it as a double.
-    return json.loads(encoded, parse_int=lambda s: int(s) if abs(int(s)) <= SAFE_INT else float(s))
+    return json.loads(encoded)
 
 
 @settings(max_examples=150, deadline=None)
@@ -85,9 +92,40 @@ def test_canonical_bytes_parse_back_to_the_same_value(value: Any) -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(st.floats(allow_nan=False, allow_infinity=False))
-def test_every_finite_double_survives_the_round_trip_exactly(value: float) -> None:
+def test_every_finite_double_survives_the_round_trip_exactly_or_is_refused(value: float) -> None:
+    if INT_LIMIT <= abs(value) < 1e21:
+        with pytest.raises(CanonicalError):
+            canonical(value)
+        return
     back = _parse(canonical(value))
     assert (back == value and math.copysign(1, back) == math.copysign(1, value)) or value == 0
+
+
+wide_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.sampled_from([INT_LIMIT, -INT_LIMIT, INT_LIMIT - 1, 1 - INT_LIMIT, 10**20, 1e20, 2.0**53, 1e21, 6.02e23])
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=["Cs"]))
+)
+wide_values = st.recursive(
+    wide_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(wide_values)
+def test_an_independent_rfc8785_implementation_rebuilds_every_canonical_text(value: Any) -> None:
+    # What a third-party verifier does with an entry: read its bytes as JSON and canonicalise again
+    # (the rfc8785 package keeps to I-JSON's integer range). Whatever Truss writes, it must rebuild.
+    try:
+        encoded = canonical(value)
+    except CanonicalError:
+        return
+    assert rfc8785.dumps(json.loads(encoded)) == encoded
 
 
 @settings(max_examples=100, deadline=None)
@@ -109,9 +147,15 @@ def test_member_order_does_not_change_the_bytes(value: dict[str, int]) -> None:
         [1, {"a": math.nan}],
         "\ud800",
         {"\udfff": 1},
+        2**53,
+        -(2**53),
+        {"a": [1, 2**53]},
         2**53 + 1,
         -(2**53) - 1,
         2**60,
+        10**20,
+        1e20,
+        -(2.0**53),
         10**21,
         10**400,
         {1: "non-string key"},
@@ -125,9 +169,15 @@ def test_member_order_does_not_change_the_bytes(value: dict[str, int]) -> None:
         "nested_nan",
         "lone_high_surrogate",
         "lone_low_surrogate_key",
+        "int_at_2_53",
+        "int_at_minus_2_53",
+        "nested_int_at_2_53",
         "int_beyond_2_53",
         "int_below_minus_2_53",
         "int_that_is_a_double_printing_other_digits",
+        "int_that_is_a_double_printing_its_digits",
+        "double_printing_as_digits_beyond_2_53",
+        "double_at_minus_2_53",
         "int_a_double_prints_with_an_exponent",
         "int_beyond_every_double",
         "non_string_key",
@@ -141,12 +191,21 @@ def test_values_without_a_json_form_are_refused(value: Any) -> None:
 
 
 @pytest.mark.parametrize("value", [10**20, -(10**20), 123 * 10**18, 2**54])
-def test_an_integer_beyond_2_53_that_is_a_double_printing_as_its_digits_keeps_them(value: int) -> None:
-    # An integral double such as 1e20 prints as plain digits; json.loads reads those back as an int.
-    # Refusing that int would make every record holding such a double unverifiable once re-read.
-    encoded = canonical(value)
-    assert encoded == str(value).encode() == canonical(float(value))
-    assert canonical(json.loads(encoded)) == encoded
+def test_an_integral_double_printing_as_digits_beyond_2_53_is_refused_like_the_integer(value: int) -> None:
+    # 1e20 prints as 100000000000000000000, which json.loads reads back as an int: keeping the double
+    # while refusing the int would make the record unverifiable once re-read.
+    for form in (value, float(value)):
+        with pytest.raises(CanonicalError):
+            canonical(form)
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1e21, b"1e+21"), (-6.02e23, b"-6.02e+23"), (1.7976931348623157e308, b"1.7976931348623157e+308")],
+)
+def test_a_double_printed_with_an_exponent_is_kept_whatever_its_size(value: float, text: bytes) -> None:
+    assert canonical(value) == text
+    assert json.loads(text) == value and canonical(json.loads(text)) == text
 
 
 def test_refusal_names_the_pointer_of_the_bad_value() -> None:
@@ -163,5 +222,6 @@ def test_nesting_beyond_the_limit_is_refused_not_a_recursion_error() -> None:
         canonical(value)
 
 
-def test_integers_at_the_safe_limit_are_exact() -> None:
-    assert canonical([2**53, -(2**53)]) == b"[9007199254740992,-9007199254740992]"
+def test_integers_at_the_i_json_limit_are_exact() -> None:
+    assert canonical([2**53 - 1, -(2**53 - 1)]) == b"[9007199254740991,-9007199254740991]"
+    assert canonical({"a": [2**53 - 1]}) == b'{"a":[9007199254740991]}'  # the fast path holds the same bound

@@ -13,7 +13,9 @@ specific first, so the CLI and serve-mcp need exactly one handler::
     │   ├── PolicyError                 a witness config or tlog-policy file that cannot be used
     │   └── NotFoundError               an unknown session, call or contract name
     ├── VerificationError               exit 1: a ledger, bundle, note or envelope does not verify
+    ├── SessionBusyError                exit 3: another process holds the session's lease
     ├── RunSuspended                    exit 3: waiting for approval, a signal, a task or `resolve`
+    │   └── InDoubtError                an intent without a result that may not be re-sent
     └── RuntimeFailure                  exit 4: the work could not be done
         ├── StoreError                  the ledger store failed
         │   ├── StoreConflictError      another writer recorded this step (UNIQUE violated)
@@ -27,8 +29,7 @@ specific first, so the CLI and serve-mcp need exactly one handler::
         │   └── ToolCallError           a call failed (timeout, connection closed, protocol error)
         ├── ProviderError               a model provider failed (status, retryable)
         ├── WitnessError                witnesses did not cosign a checkpoint to the quorum (retryable)
-        ├── ReplayDivergenceError       a resumed run asked for something the ledger did not record
-        └── InDoubtError                an intent without a result that may not be re-sent (exit 3)
+        └── ReplayDivergenceError       a resumed run asked for something the ledger did not record
 
 Tests assert on types and fields, never on message text. ``diagnostics()`` is the one-paragraph
 text users see: what is wrong, where, and what to do about it. Messages never hold secret values:

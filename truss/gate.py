@@ -52,7 +52,7 @@ from truss.elicitation import CallElicitations, request_document
 from truss.events import ProgressEvent, RunEvents
 from truss.input_schema import check_arguments
 from truss.journal import IN_FLIGHT, Journal, RecordedCall
-from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
+from truss.ledger.canonical import CanonicalError, canonical, number_problem, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 from truss.redaction import REDACTED, Redactor
 from truss.tools import MountedTool, ProgressFn, ToolResult, ToolTransport, error_result, split_namespaced
@@ -348,7 +348,7 @@ class Gate:
         text = self.redactor.scrub_text(f"the call failed below the tool ({cause}): {exc.message}")
         failure: dict[str, Any] = {"cause": cause, "retryable": exc.retryable}
         code = exc.fields.get("code")
-        if cause == "server_error" and type(code) is int and abs(code) <= 2**53:
+        if cause == "server_error" and type(code) is int and number_problem(code) is None:
             failure["code"] = code  # the JSON-RPC error code the server answered with
         status = exc.fields.get("status")
         if isinstance(status, int) and not isinstance(status, bool):

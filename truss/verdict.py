@@ -16,7 +16,13 @@ or broke the protocol) or had been refused for budget: then the work could not b
 not the same as done wrong. A check whose kind says it could not be *decided* (``Checked.cause``:
 a reviewer panel whose reviewers could not answer) makes the verdict ``error`` with that cause too.
 Otherwise ``pass`` when every check holds and ``fail`` naming the first that does not. The checks
-are evaluated and reported in every case. This module is pure: no I/O.
+are evaluated and reported in every case.
+
+A contract without done checks does not pass whatever happened: its run passes only when at least
+one call succeeded and no call was denied (``default_problem``); otherwise it fails (or is
+``error``, by the rules above, when a call failed below the tool or a budget refused one). A
+contract says ``[done] pass_without_checks = true`` to pass such a run whatever its calls did.
+This module is pure: no I/O.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from truss._pointer import resolve_pointer
 from truss._registry import Registry
 from truss.contract import DONE_CHECKS, CallRecord, CheckKind, Contract, DoneCheck, Evidence
 
-__all__ = ["CheckResult", "RunError", "Verdict", "evaluate", "resolve_pointer"]
+__all__ = ["CheckResult", "RunError", "Verdict", "default_problem", "evaluate", "resolve_pointer"]
 
 Status = Literal["pass", "fail", "error"]
 _BELOW_TOOL = {"timeout", "connection_closed", "server_error", "protocol_error", "transport", "invalid_result",
@@ -101,6 +107,7 @@ def evaluate(
     """
     calls: list[CallRecord] = []
     denials: list[str] = []
+    first_denied: tuple[str, str] | None = None  # call, tool
     budget_denial: tuple[str, str, str | None] | None = None  # call, reason, limit of the first
     entries = list(entries)
     for entry in entries:
@@ -118,6 +125,8 @@ def evaluate(
             )
         elif entry.kind == "mcp_tool_denied":
             denials.append(str(body.get("tool")))
+            if first_denied is None:
+                first_denied = (str(body.get("call")), str(body.get("tool")))
             if body.get("code") == "budget" and budget_denial is None:
                 limit = body.get("limit")
                 budget_denial = (str(body.get("call")), str(body.get("reason")), str(limit) if limit else None)
@@ -125,7 +134,12 @@ def evaluate(
                         entries=tuple(entries))  # fmt: skip
     registry = kinds or DONE_CHECKS
     checks = [_check(i, c, registry, evidence) for i, c in enumerate(contract.done.checks)]
-    failed = next((c for c in checks if not c.ok), None)
+    failed_check = next((c for c in checks if not c.ok), None)
+    failed: str | None = None  # what failed, as "check N (kind) failed: why"
+    if failed_check is not None:
+        failed = f"check {failed_check.index} ({failed_check.kind}) failed: {failed_check.detail}"
+    elif not contract.done.checks and not contract.done.pass_without_checks:
+        failed = default_problem(calls, first_denied)
     if error is not None:
         return Verdict("error", checks, f"the run could not finish: {error.detail}", error)
     undecided = next((c for c in checks if not c.ok and c.cause), None)
@@ -140,7 +154,7 @@ def evaluate(
             return Verdict(
                 "error",
                 checks,
-                f"the run could not finish: {detail}; check {failed.index} ({failed.kind}) then failed",
+                f"the run could not finish: {detail}; then {failed}",
                 RunError("server", f"server {server!r}: {detail}"),
             )
         if budget_denial is not None:
@@ -149,11 +163,24 @@ def evaluate(
             return Verdict(
                 "error",
                 checks,
-                f"the run could not finish: {detail}; check {failed.index} ({failed.kind}) then failed",
+                f"the run could not finish: {detail}; then {failed}",
                 RunError("budget", detail, limit),
             )
-        return Verdict("fail", checks, f"check {failed.index} ({failed.kind}) failed: {failed.detail}")
+        return Verdict("fail", checks, failed)
     return Verdict("pass", checks, None)
+
+
+def default_problem(calls: Iterable[CallRecord], first_denied: tuple[str, str] | None) -> str | None:
+    """Why a run of a contract without done checks does not pass, or None when it does.
+
+    It passes when at least one call succeeded (a result without ``isError``) and none was denied.
+    """
+    if first_denied is not None:
+        call, tool = first_denied
+        return f"the contract has no done checks, and call {call} ({tool}) was denied"
+    if not any(not c.is_error for c in calls):
+        return "the contract has no done checks, and no call succeeded"
+    return None
 
 
 def _check(index: int, check: DoneCheck, kinds: Registry[CheckKind], evidence: Evidence) -> CheckResult:

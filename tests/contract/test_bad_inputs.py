@@ -61,6 +61,24 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "host_not_in_allow_hosts": ("host_not_in_allow_hosts.toml", "mcp.servers[0].url", 8),
     "http_server_with_command": ("http_server_with_command.toml", "mcp.servers[0]", 5),
     "integer_beyond_json_range": ("integer_beyond_json_range.toml", "agent.steps[0].arguments.n", 7),
+    "integer_at_2_53": ("integer_at_2_53.toml", "agent.steps[0].arguments.n", 7),
+    "step_naming_an_undeclared_server": ("step_naming_an_undeclared_server.toml", "agent.steps[0].tool", 6),
+    "step_naming_a_tool_not_allowlisted": ("step_naming_a_tool_not_allowlisted.toml", "agent.steps[0].tool", 6),
+    "done_check_naming_a_tool_not_allowlisted": (
+        "done_check_naming_a_tool_not_allowlisted.toml",
+        "done.checks[0].tool",
+        12,
+    ),
+    "done_check_naming_an_undeclared_server": (
+        "done_check_naming_an_undeclared_server.toml",
+        "done.checks[0].tool",
+        12,
+    ),
+    "double_printing_as_digits_beyond_2_53": (
+        "double_printing_as_digits_beyond_2_53.toml",
+        "policy.rules[0].args.n.max",
+        8,
+    ),
     "invalid_glob_in_policy_rule": ("invalid_glob_in_policy_rule.toml", "policy.rules[0].tool", 6),
     "invalid_regex_in_arg_condition": (
         "invalid_regex_in_arg_condition.toml",
@@ -349,3 +367,29 @@ def test_a_file_the_os_refuses_to_open_is_a_contract_error(tmp_path: Path, monke
         load_contract(locked)
     assert caught.value.fields["file"] == str(locked)
     assert "Permission denied" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "suggested"),
+    [
+        ("step_naming_an_undeclared_server", "mcp:time:get_current_time"),
+        ("step_naming_a_tool_not_allowlisted", "mcp:time:get_current_time"),
+        ("done_check_naming_an_undeclared_server", "mcp:time:get_current_time"),
+    ],
+)
+def test_a_tool_reference_that_can_never_be_mounted_suggests_the_closest_declared_one(
+    name: str, suggested: str
+) -> None:
+    with pytest.raises(ContractError) as caught:
+        load_contract(BAD / f"{name}.toml")
+    assert f"Did you mean {suggested!r}?" in (caught.value.remedy or "")
+    assert caught.value.fields["tool"] != suggested
+
+
+def test_a_tool_reference_is_checked_against_the_effective_allowlist_so_an_overlay_may_widen_it(
+    tmp_path: Path,
+) -> None:
+    overlay = tmp_path / "overlay.toml"
+    overlay.write_text('[[mcp.servers]]\nname = "time"\nallow_tools = ["*"]\n', encoding="utf-8")
+    contract = load_contract(BAD / "done_check_naming_a_tool_not_allowlisted.toml", overlay=overlay)
+    assert contract.mcp.servers[0].allow_tools == ["*"]

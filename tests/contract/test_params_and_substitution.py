@@ -182,7 +182,10 @@ def test_unset_max_tokens_can_be_narrowed_to_any_limit() -> None:
     assert narrow_budget(contract, {"max_tokens": 10}).budget.max_tokens == 10
 
 
-BASE = '[contract]\nname = "f"\nintent = "i"\n[[agent.steps]]\ntool = "mcp:a:b"\n[agent]\n'
+BASE = (
+    '[contract]\nname = "f"\nintent = "i"\n[[mcp.servers]]\nname = "a"\ncommand = "x"\nallow_tools = ["b"]\n'
+    '[[agent.steps]]\ntool = "mcp:a:b"\n[agent]\n'
+)
 
 
 def test_agent_final_may_refer_to_any_planned_step_and_to_params() -> None:

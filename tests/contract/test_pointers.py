@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import truss.providers
 import truss.verdict
@@ -119,3 +121,46 @@ arguments = {{ value = {reference} }}
     outcome, fake = await run(load_contract_text(text, source="c.toml"), c["document"], tmp_path)
     echoed = [call.arguments for call in fake.calls if call.tool == "mcp:srv:echo"]
     assert echoed == ([{"value": c["value"]}] if c["found"] else []), outcome.reason
+
+
+# -- properties of the one resolver (hypothesis) ---------------------------------------------------
+
+_keys = st.text(st.characters(exclude_categories=["Cs"]), max_size=6)
+_documents = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys, children, max_size=4),
+    max_leaves=20,
+)
+
+
+def _escape(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+@settings(max_examples=200, deadline=None)
+@given(_documents, st.data())
+def test_a_pointer_built_from_a_path_by_rfc_6901_finds_the_value_at_that_path(document: Any, data: Any) -> None:
+    pointer: str = ""
+    value: Any = document
+    while isinstance(value, dict | list) and value and data.draw(st.booleans()):
+        if isinstance(value, dict):
+            mapping = cast(dict[str, Any], value)
+            key = data.draw(st.sampled_from(sorted(mapping)))
+            pointer, value = f"{pointer}/{_escape(key)}", mapping[key]
+        else:
+            items = cast(list[Any], value)
+            index = data.draw(st.integers(0, len(items) - 1))
+            pointer, value = f"{pointer}/{index}", items[index]
+    assert resolve_pointer(document, pointer) == (True, value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(), min_size=1, max_size=12),
+    st.sampled_from(["-", "01", "+1", "-1", " 1", "1 ", "1.0", "0x1", "١", "۱", "१", "１", "1e0"]),
+)
+def test_an_array_index_that_is_not_ascii_digits_without_a_leading_zero_never_resolves(
+    items: list[int], token: str
+) -> None:
+    assert resolve_pointer(items, f"/{token}") == (False, None)
+    assert resolve_pointer({"a": items}, f"/a/{token}") == (False, None)

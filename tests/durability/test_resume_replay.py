@@ -41,8 +41,10 @@ def test_replay_rederives_a_finished_session_with_every_server_command_unrunnabl
     shutil.copy(COUNTING, server)
     contract = counting_contract(
         tmp_path,
-        steps=[("mcp:cnt:count", {"key": "a"}), ("mcp:cnt:other", {"key": "b"}), ("mcp:cnt:deny_me", {})],
+        steps=[("mcp:cnt:count", {"key": "a"}), ("mcp:cnt:other", {"key": "b"}), ("mcp:cnt:count", {"key": "no"})],
         check_tool="mcp:cnt:other",
+        # The third call is denied (by policy: a step naming a tool that is not allowlisted no longer loads).
+        contract='[[policy.rules]]\ntool = "mcp:cnt:count"\neffect = "deny"\nargs = { key = { equals = "no" } }\n',
     )
     contract.write_text(contract.read_text(encoding="utf-8").replace(str(COUNTING), str(server)), encoding="utf-8")
     run = truss(home, "run", str(contract), "--session", "s1")

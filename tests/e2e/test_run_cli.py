@@ -112,10 +112,9 @@ def test_a_check_that_fails_gives_verdict_fail_and_exit_1(home: Path, tmp_path: 
     assert "verdict     FAIL" in run.stdout and "FAIL result_matches" in run.stdout
 
 
-@pytest.mark.peers
-def test_a_contract_holding_a_large_integral_float_runs_and_its_ledger_verifies(home: Path, tmp_path: Path) -> None:
-    """``1e20`` is recorded as plain digits in session_started, which read back as an int beyond 2**53."""
-    python_peer("mcp-server-time")
+def test_a_contract_holding_a_large_integral_float_is_refused_before_it_runs(home: Path, tmp_path: Path) -> None:
+    """``1e20`` would be recorded as plain digits in session_started, which every JSON reader takes for
+    an integer outside I-JSON's range: no independent RFC 8785 verifier could rebuild that entry."""
     variant = tmp_path / "hello-big.toml"
     rule = 'reason = "time lookups are harmless"\n'
     text = HELLO.read_text(encoding="utf-8")
@@ -123,9 +122,9 @@ def test_a_contract_holding_a_large_integral_float_runs_and_its_ledger_verifies(
     bounded = '\n[[policy.rules]]\ntool = "mcp:time:unused"\neffect = "deny"\nargs = { n = { max = 1e20 } }\n'
     variant.write_text(text.replace(rule, rule + bounded, 1))
     run = truss(home, "run", str(variant))
-    assert run.returncode == 0, run.stdout + run.stderr
-    verify = truss(home, "ledger", "verify", "--all")
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr and "policy.rules[1].args.n.max" in run.stderr
+    assert truss(home, "sessions", "--json").stdout.count('"session"') == 0
 
 
 @pytest.mark.slow

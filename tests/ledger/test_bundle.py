@@ -391,7 +391,8 @@ def test_export_refuses_a_checkpoint_the_stored_tree_does_not_match(ledger: Ledg
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["s_a", "s_b", "s_c"]), st.dictionaries(st.text(max_size=5), st.integers(-(2**53), 2**53))
+            st.sampled_from(["s_a", "s_b", "s_c"]),
+            st.dictionaries(st.text(max_size=5), st.integers(-(2**53 - 1), 2**53 - 1)),
         ),
         max_size=30,
     ),

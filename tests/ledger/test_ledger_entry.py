@@ -95,7 +95,7 @@ def test_pae_matches_the_dsse_specification_example() -> None:
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.integers(min_value=-(2**53 - 1), max_value=2**53 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
@@ -115,7 +115,7 @@ def test_the_fast_entry_encoder_always_equals_rfc8785(value: Any) -> None:
 
 
 @given(
-    body=st.dictionaries(st.text(max_size=6), st.integers(-(2**53), 2**53) | st.text(max_size=8), max_size=4),
+    body=st.dictionaries(st.text(max_size=6), st.integers(-(2**53 - 1), 2**53 - 1) | st.text(max_size=8), max_size=4),
     session=st.text(min_size=1, max_size=12),
     kind=st.sampled_from(sorted(KINDS)),
     seq=st.integers(0, 2**40),

@@ -91,7 +91,11 @@ ops = st.lists(
         st.sampled_from(["model_turn", "mcp_tool_intent", "mcp_tool_call", "mcp_tool_denied", "session_ended"]),
         st.dictionaries(
             st.text(max_size=5),
-            st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8) | st.binary(max_size=16),
+            st.none()
+            | st.booleans()
+            | st.integers(-(2**53 - 1), 2**53 - 1)
+            | st.text(max_size=8)
+            | st.binary(max_size=16),
             max_size=3,
         ),
         st.integers(min_value=1, max_value=3),

@@ -30,6 +30,11 @@ def truss(home: Path, *args: str, env: dict[str, str] | None = None) -> subproce
     )
 
 
+# These contracts test that a run survives an attack and records it, not what its verdict is: they
+# have no done checks and say so, so the run ends pass (exit 0) whatever its calls did.
+PASS_WHATEVER = "[done]\npass_without_checks = true\n"
+
+
 def hostile_contract(tmp_path: Path, *, agent: str = "", server_extra: str = "", name: str = "hostile") -> Path:
     """A contract around ``servers/hostile.py``; ``agent`` is the ``[agent]`` part (steps by default)."""
     agent = agent or '[[agent.steps]]\ntool = "mcp:hostile:echo"\narguments = { text = "hi" }\n'
@@ -45,7 +50,7 @@ args = [{json.dumps(str(HOSTILE))}]
 allow_tools = ["echo"]
 connect_timeout = "20s"
 {server_extra}
-"""
+{PASS_WHATEVER}"""
     path = tmp_path / f"{name}.toml"
     path.write_text(text, encoding="utf-8")
     return path

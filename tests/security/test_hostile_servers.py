@@ -23,7 +23,7 @@ from tests.conftest import REPO, truss_cmd
 from tests.durability.support import cli, entries
 from tests.durability.test_tasks import TASKS_SERVER
 from tests.gate.support import files_containing
-from tests.security._support import DATA, HERE, truss
+from tests.security._support import DATA, HERE, PASS_WHATEVER, truss
 from truss.ledger.keys import IdentityKey
 
 ANSWERS = HERE / "servers" / "answers.py"
@@ -69,7 +69,7 @@ args = {json.dumps(args)}
 allow_tools = ["{tool}"]
 connect_timeout = "20s"
 {server_extra}
-"""
+{PASS_WHATEVER}"""
     path = tmp_path / f"{attack}.toml"
     path.write_text(text, encoding="utf-8")
     return path
@@ -113,7 +113,7 @@ def test_a_catastrophic_regex_in_an_output_schema_fails_the_call_as_invalid_resu
     tmp_path: Path, home: Path, attack: str
 ) -> None:
     done = run(home, answers_contract(tmp_path, attack, "echo"))
-    assert done.returncode == 0, done.stderr  # a verdict (no done checks: the failed call is on the record)
+    assert done.returncode == 0, done.stderr  # a verdict (pass_without_checks: the failed call is recorded)
     session = json.loads(done.stdout)["session"]
     assert the_call(home, session).body["failure"]["cause"] == "invalid_result"
     assert verified(home, session)
@@ -221,7 +221,14 @@ def test_a_result_nested_just_under_the_ledger_depth_fails_as_invalid_result_and
 
 
 @pytest.mark.parametrize(
-    "attack", ["result_with_an_integer_beyond_i_json", "result_with_a_float_beyond_double_range", "result_with_nan"]
+    "attack",
+    [
+        "result_with_an_integer_beyond_i_json",
+        "result_with_an_integer_at_2_53",
+        "result_with_a_double_printing_as_digits_beyond_2_53",
+        "result_with_a_float_beyond_double_range",
+        "result_with_nan",
+    ],
 )
 def test_a_number_the_ledger_cannot_record_is_a_recorded_failure_not_an_internal_error(
     tmp_path: Path, home: Path, attack: str
@@ -245,6 +252,27 @@ def test_a_server_json_rpc_error_is_recorded_as_a_server_error_with_its_code(
     assert done.returncode == 0, done.stderr
     session = json.loads(done.stdout)["session"]
     assert the_call(home, session).body["failure"] == {"cause": "server_error", "code": code, "retryable": False}
+
+
+def test_a_server_error_code_the_ledger_cannot_record_is_a_server_error_recorded_without_it(
+    tmp_path: Path, home: Path
+) -> None:
+    done = run(home, answers_contract(tmp_path, "server_error_with_a_code_at_2_53", "echo"))
+    assert done.returncode == 0, done.stderr
+    assert "internal error" not in done.stderr
+    session = json.loads(done.stdout)["session"]
+    assert the_call(home, session).body["failure"] == {"cause": "server_error", "retryable": False}
+    assert verified(home, session)
+
+
+def test_a_server_info_member_the_ledger_cannot_record_does_not_stop_the_run(tmp_path: Path, home: Path) -> None:
+    done = run(home, answers_contract(tmp_path, "server_info_holding_an_integer_at_2_53", "echo"))
+    assert "internal error" not in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session"]
+    [started] = [e for e in entries(home, session) if e.kind == "session_started"]
+    assert started.body["servers"]["hostile"]["server_info"]["name"] == "big"
+    assert verified(home, session)
 
 
 # -- secrets ---------------------------------------------------------------------------------------------
@@ -298,6 +326,8 @@ def test_every_server_answer_file_is_played_by_a_test() -> None:
         "catastrophic_regex_in_output_schema_property_names", "output_schema_that_branches_exponentially",
         "result_nested_past_the_parser_depth", "huge_one_line_result", "huge_one_line_result_with_its_id_last",
         "result_nested_just_under_the_ledger_depth", "result_with_an_integer_beyond_i_json",
+        "result_with_an_integer_at_2_53", "result_with_a_double_printing_as_digits_beyond_2_53",
+        "server_error_with_a_code_at_2_53", "server_info_holding_an_integer_at_2_53",
         "result_with_a_float_beyond_double_range", "result_with_nan", "server_error_minus_32000",
         "server_error_minus_32001", "server_info_holding_its_own_secret", "server_that_prints_its_arguments",
     }  # fmt: skip

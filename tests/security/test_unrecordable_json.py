@@ -41,7 +41,7 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_every_model_attack_file_is_exercised() -> None:
-    assert len(MODEL_ATTACKS) == 4
+    assert len(MODEL_ATTACKS) == 6
 
 
 @pytest.mark.anyio
@@ -88,6 +88,50 @@ async def test_model_arguments_without_a_canonical_form_are_denied_and_the_run_f
     assert verify_ledger(store, TrustedKeys([key.verifier]), session=outcome.session).ok
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_token_count_the_ledger_cannot_record_is_an_invalid_answer_and_the_run_ends_in_error(
+    tmp_path: Path, provider: str
+) -> None:
+    reply = json.loads((DATA / "model_usage_with_a_token_count_at_2_53.json").read_text())
+    if provider == "anthropic":
+        reply = _anthropic_tool_use("{}")
+        reply["usage"] = {"input_tokens": 2**52, "cache_read_input_tokens": 2**52, "output_tokens": 1}
+    clock = ManualClock()
+    store, key = new_store(tmp_path, clock)
+    fake = FakeTransport(_echo, tools=[mounted_tool("hostile", "echo")])
+    model = LoopbackServer().start()
+    try:
+        model.reply(Reply(body=reply))
+        base = model.url + ("/v1" if provider == "openai" else "")
+        contract = load_contract_text(CONTRACT.format(provider=provider, base_url=base), source="t.toml", environ={})
+
+        def factory(c: Contract) -> Provider:
+            return make_provider(c, environ={"MODEL_KEY": "sk-k"}, clock=clock, sleep=RecordingSleep())
+
+        with anyio.fail_after(30):
+            outcome = await run_contract(
+                Runtime(
+                    store=store,
+                    key=key,
+                    clock=clock,
+                    home=tmp_path / "h",
+                    environ={"MODEL_KEY": "sk-k"},
+                    connector=fake_connector(fake),
+                    provider=factory,
+                ),
+                contract,
+            )
+    finally:
+        model.close()
+    assert (outcome.status, outcome.exit_code) == ("error", 4)
+    assert fake.calls == []
+    [verdict] = [e for e in store.read_session(outcome.session) if e.kind == "verdict"]
+    assert verdict.body["error"]["cause"] == "provider", verdict.body
+    assert "usage." in verdict.body["error"]["detail"]  # the answer's bad field is named
+    assert verify_ledger(store, TrustedKeys([key.verifier]), session=outcome.session).ok
+
+
 CONTRACT = """
 [contract]
 name = "unrecordable"
@@ -101,6 +145,8 @@ api_key_env = "MODEL_KEY"
 name = "hostile"
 command = "unused"
 allow_tools = ["echo"]
+[done]
+pass_without_checks = true
 """
 
 

@@ -117,6 +117,7 @@ async def test_a_budget_can_only_narrow_the_contracts_limits(
         ({"contract": "hello", "params": {"target_zone": {"nested": 1}}}, "bad_input"),
         ({"contract": "hello", "params": "target_zone=UTC"}, "bad_input"),
         ({"contract": "hello", "budget": {"max_tool_calls": "lots"}}, "bad_input"),
+        ({"contract": "hello", "budget": {"max_tokens": 2**53}}, "bad_input"),  # no limit to narrow, but unrecordable
         ({"contract": "hello", "budget": {"policy": "allow"}}, "bad_input"),
         ({"contract": "hello", "unexpected": True}, "bad_input"),
         ({"contract": "hello", "async": "yes"}, "bad_input"),
@@ -131,6 +132,27 @@ async def test_params_and_arguments_of_the_wrong_shape_are_refused(
         async with apps(serve_site, ALICE) as [client]:
             result = await client.call_tool("truss_run_contract", arguments)
     assert error_of(result)["kind"] in {expected, "usage"}
+    assert not list((serve_site.home / "logs").iterdir())
+
+
+@pytest.mark.parametrize(
+    "value",
+    [2**53, -(2**53), 2**64, 1e20, 2.0**53],
+    ids=["int_at_2_53", "int_at_minus_2_53", "u64", "1e20", "double_2_53"],
+)
+async def test_a_param_number_the_ledger_cannot_record_is_refused_before_anything_runs(
+    serve_site: Site, value: float
+) -> None:
+    # The caller's params are recorded in session_started: a number outside I-JSON's range would
+    # have no canonical form there, so it is refused as a bad param, not an internal error.
+    text = (serve_site.contracts / "hello.toml").read_text(encoding="utf-8")
+    params = '[contract.params]\nn = { type = "number", default = 1 }\n'
+    text = text.replace('name = "hello"', 'name = "numbers"', 1).replace("[contract.params]\n", params, 1)
+    (serve_site.contracts / "numbers.toml").write_text(text, encoding="utf-8")
+    with anyio.fail_after(30):
+        async with apps(serve_site, ALICE) as [client]:
+            result = await client.call_tool("truss_run_contract", {"contract": "numbers", "params": {"n": value}})
+    assert error_of(result)["kind"] == "bad_contract"
     assert not list((serve_site.home / "logs").iterdir())
 
 

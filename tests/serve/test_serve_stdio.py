@@ -42,7 +42,10 @@ async def test_a_delegated_run_returns_the_signed_verdict_and_its_evidence(serve
             run_hints, export_hints = tools["truss_run_contract"].annotations, tools["truss_ledger_export"].annotations
             assert run_hints is not None and export_hints is not None
             assert run_hints.read_only_hint is False and run_hints.destructive_hint is True
-            assert export_hints.read_only_hint is True
+            # The export may sign and store a checkpoint (a suspended run has none yet): not read-only.
+            assert export_hints.read_only_hint is False and export_hints.destructive_hint is False
+            verdict_hints = tools["truss_ledger_verdict"].annotations
+            assert verdict_hints is not None and verdict_hints.read_only_hint is True
 
             result = await client.call_tool("truss_run_contract", {"contract": "hello"}, progress_callback=on_progress)
             answer = structured(result)

@@ -153,6 +153,9 @@ async def test_an_unreachable_witness_is_retried_with_bounded_backoff_and_record
          "refused", "witness_ahead"),
         (lambda: httpx2.Response(409, content=b"5\n", headers={"content-type": "text/x.tlog.size"}),
          "superseded", "superseded"),
+        # A size the ledger cannot record (2**60 is past I-JSON's range): still an outcome, recorded.
+        (lambda: httpx2.Response(409, content=b"1152921504606846976\n", headers={"content-type": "text/x.tlog.size"}),
+         "refused", "witness_ahead"),
         (lambda: httpx2.Response(200, content="— witness.test/w1 AAAAAAAAAAAAAAAA\n".encode()),
          "refused", "bad_response"),
         (lambda: httpx2.Response(302, headers={"location": "http://elsewhere.invalid/"}), "refused", "bad_response"),
@@ -170,8 +173,10 @@ async def test_every_answer_of_a_witness_becomes_an_outcome(
         assert note is not None
         report = await witness_checkpoint(store, note, _settings({"w1": k1}, "quorum w1"), clock,
                                           transport=transport, sleep=_Sleeps())  # fmt: skip
+        recorded = [e.body for e in store.read_session("@log") if e.kind == "checkpoint_witnessed"]
     [result] = report.outcomes
     assert (result.outcome, result.reason) == (outcome, reason)
+    assert [(b["outcome"], b["reason"]) for b in recorded] == [(outcome, reason)]
 
 
 def test_the_rate_limit_answers_429_with_retry_after_and_refills_with_time(tmp_path: Path) -> None:

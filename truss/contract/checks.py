@@ -27,6 +27,12 @@ The built-in kinds:
   calls they cite; its keys are ``reviewers``, ``quorum``, ``rubric``, ``max_tokens`` and
   ``deadline``, which no other kind takes.
 
+``tool_succeeded`` and ``result_matches`` take ``select``, which calls of the tool they look at:
+``last`` (the default: the last call, or the last successful one for ``result_matches``),
+``first`` (likewise the first), ``any`` (at least one call succeeds, and matches), ``all`` (every
+call of the tool succeeded, and matches; there is at least one), or ``call:<id>`` (that call,
+such as ``call:c2.0``: it must be a call of the tool that succeeded, and matches).
+
 Pure: evaluation reads payloads only through the ``blob`` function it is given.
 """
 
@@ -61,6 +67,10 @@ __all__ = [
 MAX_MATCH_CHARS = 1_048_576
 """The most text a ``regex`` check searches (checks run on recorded results, which ``max_result_bytes`` bounds)."""
 
+SELECTIONS = ("last", "first", "any", "all")
+"""The values of a check's ``select`` besides ``call:<id>``."""
+_CALL_SELECT = re.compile(r"call:[A-Za-z0-9_.:-]{1,64}")
+
 KIND_KEYS = frozenset({"reviewers", "quorum", "rubric", "max_tokens", "deadline"})
 """Keys only the kinds that declare them (``CheckKind.keys``) take: a check of another kind refuses them."""
 
@@ -78,6 +88,17 @@ class DoneCheck(Model):
     rubric: str | None = Field(default=None, min_length=1, max_length=20_000)
     max_tokens: PositiveInt | None = None
     deadline: Duration | None = None
+    select: str | None = None  # which calls of the tool: see the module docstring
+
+    @field_validator("select")
+    @classmethod
+    def _select(cls, value: str | None) -> str | None:
+        if value is None or value in SELECTIONS or _CALL_SELECT.fullmatch(value):
+            return value
+        raise KeyValueError(
+            f"select {value!r} is not one of {', '.join(SELECTIONS)} or call:<id>",
+            remedy='Use "last" (the default), "first", "any", "all", or a call id such as "call:c2.0"',
+        )
 
     @field_validator("kind")
     @classmethod
@@ -115,6 +136,8 @@ class DoneCheck(Model):
         foreign = sorted(k for k in KIND_KEYS & self.model_fields_set if k not in kind.keys)
         if foreign:
             raise ValueError(f"a {self.kind} check takes no {foreign[0]}")
+        if self.select is not None and not kind.selects:
+            raise ValueError(f"a {self.kind} check takes no select")
         if kind.needs_tool and not self.tool:
             raise ValueError(f"a {self.kind} check needs a tool")
         if self.tool is not None and not TOOL_REF_RE.match(self.tool):
@@ -186,6 +209,7 @@ class CheckKind:
     validate: Callable[[DoneCheck], str | None] | None = None  # more checks at load: the problem, or None
     summary: str = ""
     keys: frozenset[str] = frozenset()  # which of KIND_KEYS it takes
+    selects: bool = False  # takes ``select`` (which calls of its tool it looks at)
 
 
 def match_value(check: DoneCheck, value: Any) -> Checked:
@@ -236,33 +260,80 @@ def _text(result: Mapping[str, Any]) -> str:
 # -- the built-in kinds -----------------------------------------------------------------------------
 
 
+def _selected(check: DoneCheck, calls: list[CallRecord]) -> list[CallRecord] | str:
+    """The calls a ``call:<id>`` select names among ``calls``, or why there is none."""
+    wanted = (check.select or "").removeprefix("call:")
+    named = [c for c in calls if c.call == wanted]
+    return named or f"{check.tool} has no call {wanted}"
+
+
 def _tool_succeeded(check: DoneCheck, evidence: Evidence) -> Checked:
     tool = check.tool
     of_tool = evidence.calls_of(tool)
     if not of_tool:
         return Checked(False, f"{tool} was never called")
-    last = of_tool[-1]
-    if last.is_error:
-        why = f"failed ({last.failure})" if last.failure else "returned an error result"
-        return Checked(False, f"the last call of {tool} ({last.call}) {why}")
-    return Checked(True, f"{tool} succeeded ({last.call})")
+    select = check.select or "last"
+    if select == "any":
+        good = next((c for c in of_tool if not c.is_error), None)
+        if good is None:
+            return Checked(False, f"no call of {tool} succeeded ({len(of_tool)} call(s))")
+        return Checked(True, f"{tool} succeeded ({good.call})")
+    if select == "all":
+        bad = next((c for c in of_tool if c.is_error), None)
+        if bad is None:
+            return Checked(True, f"all {len(of_tool)} call(s) of {tool} succeeded")
+        picked = bad
+    elif select in ("first", "last"):
+        picked = of_tool[0] if select == "first" else of_tool[-1]
+    else:
+        named = _selected(check, of_tool)
+        if isinstance(named, str):
+            return Checked(False, named)
+        picked = named[0]
+    if picked.is_error:
+        why = f"failed ({picked.failure})" if picked.failure else "returned an error result"
+        which = {"first": "the first", "last": "the last", "all": "a"}.get(select, "the selected")
+        return Checked(False, f"{which} call of {tool} ({picked.call}) {why}")
+    return Checked(True, f"{tool} succeeded ({picked.call})")
+
+
+def _matches_at(check: DoneCheck, evidence: Evidence, call: CallRecord) -> Checked:
+    result = evidence.payload(call)
+    if result is None:
+        return Checked(False, f"the result of {call.call} is not available (payload erased)")
+    found, value = value_at(result, check.pointer)
+    if not found:
+        return Checked(False, f"{call.call}: nothing at pointer {check.pointer!r}")
+    matched = match_value(check, value)
+    where = f"{call.call} at {check.pointer!r}" if check.pointer else f"{call.call} text"
+    return Checked(matched.ok, f"{where} {matched.detail}")
 
 
 def _result_matches(check: DoneCheck, evidence: Evidence) -> Checked:
     tool = check.tool
-    good = [c for c in evidence.calls_of(tool) if not c.is_error]
+    of_tool = evidence.calls_of(tool)
+    good = [c for c in of_tool if not c.is_error]
+    select = check.select or "last"
+    if select.startswith("call:"):
+        named = _selected(check, of_tool)
+        if isinstance(named, str):
+            return Checked(False, named)
+        if named[0].is_error:
+            return Checked(False, f"{named[0].call} ({tool}) returned no successful result")
+        return _matches_at(check, evidence, named[0])
     if not good:
         return Checked(False, f"{tool} has no successful result")
-    last = good[-1]
-    result = evidence.payload(last)
-    if result is None:
-        return Checked(False, f"the result of {last.call} is not available (payload erased)")
-    found, value = value_at(result, check.pointer)
-    if not found:
-        return Checked(False, f"{last.call}: nothing at pointer {check.pointer!r}")
-    matched = match_value(check, value)
-    where = f"{last.call} at {check.pointer!r}" if check.pointer else f"{last.call} text"
-    return Checked(matched.ok, f"{where} {matched.detail}")
+    if select in ("first", "last"):
+        return _matches_at(check, evidence, good[0] if select == "first" else good[-1])
+    if select == "all" and len(good) < len(of_tool):
+        bad = next(c for c in of_tool if c.is_error)
+        return Checked(False, f"{bad.call} ({tool}) returned no successful result")
+    results = [_matches_at(check, evidence, c) for c in good]
+    if select == "any":
+        hit = next((r for r in results if r.ok), None)
+        return hit or Checked(False, f"no result of {tool} matches ({len(good)} successful): {results[-1].detail}")
+    miss = next((r for r in results if not r.ok), None)
+    return miss or Checked(True, f"all {len(good)} result(s) of {tool} match")
 
 
 def _final_matches(check: DoneCheck, evidence: Evidence) -> Checked:
@@ -282,13 +353,20 @@ def _no_denials(check: DoneCheck, evidence: Evidence) -> Checked:
 DONE_CHECKS: Registry[CheckKind] = Registry(
     "done-check kind",
     [
-        CheckKind("tool_succeeded", _tool_succeeded, needs_tool=True, summary="the tool's last call succeeded"),
+        CheckKind(
+            "tool_succeeded",
+            _tool_succeeded,
+            needs_tool=True,
+            summary="the tool's last call succeeded",
+            selects=True,
+        ),
         CheckKind(
             "result_matches",
             _result_matches,
             needs_tool=True,
             needs_match=True,
             summary="the tool's last successful result matches",
+            selects=True,
         ),
         CheckKind("final_matches", _final_matches, needs_match=True, summary="the final answer matches"),
         CheckKind("no_denials", _no_denials, summary="no call (of the tool) was denied"),

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from truss._errors import ContractError
 from truss.contract.locating import KeyPath, format_path, key_lines
 from truss.contract.servers import Server
+from truss.ledger.canonical import number_problem
 
 __all__ = [
     "CONFIG_KEYS",
@@ -60,8 +61,6 @@ CONFIG_KEYS = ("agent", "budget", "policy", "mcp", "ledger", "harness", "telemet
 
 OPERATOR_ONLY = ("telemetry",)
 """Operator-config tables that are not part of the effective contract (never hashed or recorded)."""
-
-_MAX_SAFE_INT = 2**53
 
 
 class Layer:
@@ -206,9 +205,11 @@ def _check_values(layer: Layer, value: Any, path: KeyPath) -> None:
         )
     elif isinstance(value, float) and not math.isfinite(value):
         raise layer.error("nan and inf have no JSON form", path, remedy="Use a finite number")
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_SAFE_INT:
+    elif (problem := number_problem(value)) is not None:
         raise layer.error(
-            "an integer beyond +/-2**53 cannot be hashed exactly", path, remedy="Use a smaller number or a string"
+            f"{problem}, so the contract cannot be hashed and recorded exactly",
+            path,
+            remedy="Use a number within +/-(2**53 - 1), or write it as a string",
         )
 
 

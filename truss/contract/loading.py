@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from truss._errors import ContractError, UsageError
 from truss._registry import Registry
+from truss._suggest import closest
 from truss.contract.checks import CONTEXT_KEY as CHECKS_KEY
 from truss.contract.checks import DONE_CHECKS, CheckKind
 from truss.contract.hashing import contract_hash
@@ -69,6 +70,53 @@ def _check_harness(contract: Contract, layers: list[Layer], effective: dict[str,
                     remedy="Use an allowed host, or ask the operator to add it to allow_hosts",
                     server=server.name,
                 )
+
+
+def _check_tool_refs(contract: Contract, layers: list[Layer], effective: dict[str, Any]) -> None:
+    """Refuse a step or done check naming a server that is not declared or a tool it does not allowlist.
+
+    Such a step is denied ``not_mounted`` at run time and such a check can never pass, so the
+    mistake is caught here, with its key path and the closest declared name.
+    """
+    servers = {server.name: server for server in contract.mcp.servers}
+    refs: list[tuple[KeyPath, str, str]] = [
+        (("agent", "steps", i, "tool"), step.tool, f"step {i}") for i, step in enumerate(contract.agent.steps)
+    ]
+    refs += [
+        (("done", "checks", i, "tool"), check.tool, f"done check {i} ({check.kind})")
+        for i, check in enumerate(contract.done.checks)
+        if check.tool is not None
+    ]
+    for path, ref, what in refs:
+        server_name, _, tool = ref.removeprefix("mcp:").partition(":")
+        server = servers.get(server_name)
+        if server is None:
+            close = closest(server_name, servers)
+            hint = f"Did you mean {f'mcp:{close}:{tool}'!r}? " if close else ""
+            declared = ", ".join(sorted(servers)) or "none"
+            raise error_in(
+                layers,
+                effective,
+                path,
+                f"{what} names {ref!r}, but no server {server_name!r} is declared in [[mcp.servers]]",
+                remedy=f"{hint}Declare the server, or name one that is (declared: {declared})",
+                tool=ref,
+                server=server_name,
+            )
+        if "*" in server.allow_tools or tool in server.allow_tools:
+            continue
+        close = closest(tool, server.allow_tools)
+        hint = f"Did you mean {f'mcp:{server_name}:{close}'!r}? " if close else ""
+        raise error_in(
+            layers,
+            effective,
+            path,
+            f"{what} names {ref!r}, but {tool!r} is not in server {server_name!r}'s allow_tools, so it is "
+            "never mounted",
+            remedy=f"{hint}Add {tool!r} to allow_tools, or name an allowlisted tool ({', '.join(server.allow_tools)})",
+            tool=ref,
+            server=server_name,
+        )
 
 
 def _operator_sandboxes(config: Layer | None) -> dict[str, Sandbox]:
@@ -196,6 +244,7 @@ def load_contract_text(
         raise from_validation(exc, layers, effective) from None
     check_templates(layers, effective, contract.contract.params)
     _check_harness(contract, layers, effective)
+    _check_tool_refs(contract, layers, effective)
     contract = _apply_sandboxes(contract, layers, effective, config_layer)
 
     given: dict[str, Any] = dict(params or {})

@@ -10,7 +10,6 @@ defaults. Servers live in ``truss.contract.servers``. Pure: no I/O.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -35,6 +34,7 @@ from truss.contract.hashing import contract_hash
 from truss.contract.providers import provider_kinds_in
 from truss.contract.sandbox import Sandbox, SandboxLevel
 from truss.contract.servers import McpConfig
+from truss.ledger.canonical import number_problem
 
 __all__ = [
     "AgentConfig",
@@ -99,10 +99,8 @@ class ParamSpec(Model):
         if not ok:
             article = "an" if kind == "integer" else "a"
             return f"expected {article} {kind}, got {toml_type(value)}"
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**53:
-            return "beyond +/-2**53, which has no exact JSON number"
-        if isinstance(value, float) and not math.isfinite(value):
-            return "not a finite number"
+        if (problem := number_problem(value)) is not None:
+            return problem
         if isinstance(value, str):
             if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
                 return "holds a lone surrogate, which is not text"
@@ -272,6 +270,19 @@ class Policy(Model):
 
 class DoneConfig(Model):
     checks: list[DoneCheck] = Field(default_factory=list[DoneCheck])
+    # Without checks a run passes only when a call succeeded and none was denied (truss.verdict),
+    # unless the contract opts out. None (not set) is left out of the hashed form.
+    pass_without_checks: bool | None = None
+
+    @model_validator(mode="after")
+    def _opt_out_without_checks(self) -> DoneConfig:
+        if self.pass_without_checks and self.checks:
+            raise KeyValueError(
+                "pass_without_checks applies only to a contract without done checks",
+                remedy="Remove pass_without_checks, or the [[done.checks]]",
+                at=("pass_without_checks",),
+            )
+        return self
 
 
 # -- [ledger], [harness] ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ from truss._clock import parse_duration_ms
 from truss._errors import InputError, UsageError
 from truss.contract.layers import Layer
 from truss.contract.models import Budget, Contract, ParamSpec
+from truss.ledger.canonical import number_problem
 
 __all__ = ["ParamValue", "narrow_budget", "param_values", "parse_param_args"]
 
@@ -143,6 +144,8 @@ def narrow_budget(contract: Contract, overrides: Mapping[str, Any]) -> Contract:
         else:
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "max_tool_calls" else 1):
                 raise InputError(f"budget {key} must be a positive whole number", key=key)
+            if (problem := number_problem(value)) is not None:  # the narrowed contract is recorded
+                raise InputError(f"budget {key}: {problem}", key=key)
             lower = before is None or value <= before
         if not lower:
             raise InputError(

@@ -7,11 +7,13 @@ bool, None) and returns UTF-8 bytes:
 - strings escaped as ECMAScript ``JSON.stringify`` does (``\\"``, ``\\\\``, ``\\b\\f\\n\\r\\t``,
   other controls as ``\\u00xx``), everything else literal UTF-8; lone surrogates are refused;
 - numbers formatted as ECMAScript ``Number.prototype.toString`` formats a double; NaN and the
-  infinities are refused, and so are integers beyond +/-2**53 that no double holds exactly (I-JSON,
-  RFC 7493), rather than being rounded silently. An integer beyond 2**53 that *is* a double and
-  prints as its own digits (``10**20``, which is what an integral double such as ``1e20`` parses
-  back as) keeps those digits, so canonical bytes read back by ``json.loads`` re-encode to
-  themselves.
+  infinities are refused, and so is every number written as plain digits whose magnitude is 2**53 or
+  more: an integer outside I-JSON's +/-(2**53 - 1) (RFC 7493 section 2.2), and a double from 2**53 up
+  to 10**21, which ECMAScript prints as digits (``1e20`` as ``100000000000000000000``) and every
+  JSON reader then reads back as such an integer. So every canonical text re-encodes to itself
+  after ``json.loads``, in this encoder and in any other RFC 8785 implementation that keeps to
+  I-JSON (the ``rfc8785`` package refuses those integers). A double of 10**21 or more prints with
+  an exponent (``1e+21``), reads back as a double, and is kept.
 
 It does no I/O. ``CanonicalError`` (a ``ValueError``) names the JSON pointer of the bad value.
 """
@@ -25,9 +27,21 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, cast
 
-__all__ = ["MAX_DEPTH", "CanonicalError", "canonical", "is_plain", "sha256_ref", "value_ref"]
+__all__ = [
+    "INT_LIMIT",
+    "MAX_DEPTH",
+    "CanonicalError",
+    "canonical",
+    "is_plain",
+    "number_problem",
+    "sha256_ref",
+    "value_ref",
+]
 
-_MAX_SAFE_INT = 2**53
+INT_LIMIT = 2**53
+"""Integers (and digits-only numbers) must lie strictly within +/-INT_LIMIT: I-JSON's +/-(2**53 - 1)."""
+_INT_LIMIT = INT_LIMIT
+_EXPONENT_FROM = 1e21  # ECMAScript prints a double of this magnitude or more with an exponent
 # ``type`` itself, typed for values of unknown type: the fast path compares exact types.
 _type_of: Callable[[object], type[object]] = type
 _MAX_DEPTH = 128
@@ -73,7 +87,7 @@ def is_plain(value: Any, depth: int = 0) -> bool:
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:
-        return -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT
+        return -_INT_LIMIT < value < _INT_LIMIT
     if depth > _MAX_DEPTH:
         return False
     if kind is dict:
@@ -84,7 +98,7 @@ def is_plain(value: Any, depth: int = 0) -> bool:
             if item_kind is str or item_kind is bool or item is None:
                 continue
             if item_kind is int:
-                if not -_MAX_SAFE_INT <= item <= _MAX_SAFE_INT:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
                     return False
             elif not is_plain(item, depth + 1):
                 return False
@@ -103,6 +117,22 @@ def _reference(value: Any) -> bytes:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:  # only lone surrogates get here
         raise CanonicalError("lone surrogate in a string", "") from exc
+
+
+def number_problem(value: object) -> str | None:
+    """Why the number ``value`` has no canonical form (for messages at the edges), or None.
+
+    None too for what is not a number (``bool`` included): only ``canonical`` decides about those.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN and the infinities are not JSON numbers"
+    if isinstance(value, int) and not -_INT_LIMIT < value < _INT_LIMIT:
+        return "an integer of magnitude 2**53 or more is outside I-JSON's range (+/-(2**53 - 1))"
+    if isinstance(value, float) and _INT_LIMIT <= abs(value) < _EXPONENT_FROM:
+        return "a number of magnitude 2**53 or more written as an integer is outside I-JSON's range (+/-(2**53 - 1))"
+    return None
 
 
 def sha256_ref(data: bytes) -> str:
@@ -127,10 +157,9 @@ def _encode(value: Any, out: list[str], pointer: str, depth: int) -> None:
     elif isinstance(value, str):
         out.append(_string(value, pointer))
     elif isinstance(value, int):
-        digits = str(value)
-        if abs(value) > _MAX_SAFE_INT and not _is_exact_double(value, digits):
-            raise CanonicalError("integer beyond +/-2**53 has no exact JSON number form", pointer)
-        out.append(digits)
+        if not -_INT_LIMIT < value < _INT_LIMIT:
+            raise CanonicalError("integer of magnitude 2**53 or more is outside I-JSON's range", pointer)
+        out.append(str(value))
     elif isinstance(value, float):
         out.append(_number(value, pointer))
     elif isinstance(value, dict):
@@ -176,20 +205,14 @@ def _string(text: str, pointer: str) -> str:
     return "".join(out)
 
 
-def _is_exact_double(value: int, digits: str) -> bool:
-    """True when ``value`` is a double whose ECMAScript form is ``digits`` (so no reader rounds it)."""
-    try:
-        double = float(value)
-    except OverflowError:
-        return False
-    return int(double) == value and _number(double, "") == digits
-
-
 def _number(value: float, pointer: str) -> str:
     if math.isnan(value) or math.isinf(value):
         raise CanonicalError("NaN and Infinity are not JSON numbers", pointer)
     if value == 0:
         return "0"
+    if _INT_LIMIT <= abs(value) < _EXPONENT_FROM:
+        # Printed as digits, it would read back as an integer outside I-JSON's range.
+        raise CanonicalError("number of magnitude 2**53 or more prints as an integer outside I-JSON's range", pointer)
     if value < 0:
         return "-" + _number(-value, pointer)
     # repr() gives the shortest digits that round-trip; re-lay them out as ECMAScript does.

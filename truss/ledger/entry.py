@@ -188,7 +188,7 @@ def encode_record(record: Record) -> bytes:
     except CanonicalError as exc:
         raise StoreError(
             f"the body of a {record.kind} entry is not canonical JSON: {exc}",
-            remedy="entry bodies hold JSON values only (no NaN, no integers beyond 2**53)",
+            remedy="entry bodies hold JSON values only (no NaN, no integers of magnitude 2**53 or more)",
             reason="bad_body",
         ) from exc
     named = set(iter_refs(record.body)) if record.blobs else set[str]()

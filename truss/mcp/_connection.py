@@ -432,7 +432,8 @@ def _description(server: Server, seam: str, value: Any) -> dict[str, Any]:
         raise ServerStartError(
             f"the {seam} for MCP server {server.name!r} describes itself with something that is not "
             f"recordable JSON ({type(exc).__name__})",
-            remedy=f"Fix the {seam}'s describe(): a JSON object that RFC 8785 can encode (integers within 2**53)",
+            remedy=f"Fix the {seam}'s describe(): a JSON object that RFC 8785 can encode "
+            "(integers within +/-(2**53 - 1))",
             server=server.name,
             cause=f"bad_{seam.replace(' ', '_')}",
         ) from None

@@ -151,7 +151,8 @@ def mount(
             if name in allowed and not wildcard:
                 raise ServerStartError(
                     f"MCP server {server.name!r} advertises tool {name!r} with a definition that has no canonical "
-                    "JSON form (an integer beyond 2**53 or nesting past 128 levels), so it cannot be pinned",
+                    "JSON form (an integer of magnitude 2**53 or more, or nesting past 128 levels), so it cannot be "
+                    "pinned",
                     remedy="Remove it from allow_tools, or have the server's tool definition fixed",
                     server=server.name,
                     tool=name,

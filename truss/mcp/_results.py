@@ -2,7 +2,7 @@
 
 ``result_of`` turns the SDK's ``CallToolResult`` into a ``ToolResult`` with exactly ``content``
 (each block without ``_meta``), ``isError`` and ``structuredContent`` when present. A result the
-ledger cannot record (no RFC 8785 form: an integer beyond 2**53, NaN or an infinity, or nesting
+ledger cannot record (no RFC 8785 form: an integer of magnitude 2**53 or more, NaN or an infinity, or nesting
 deeper than ``RESULT_MAX_DEPTH``) is a ``ToolCallError`` (``cause="invalid_result"``); one larger
 than ``max_result_bytes`` comes back as an ``isError`` result with ``extra = {"refused":
 "max_result_bytes", "result_bytes": n}`` (``too_large``; with ``"partial": true`` when the stdio
@@ -102,7 +102,7 @@ def _text_only_bound(content: list[Any]) -> int:
 def _check_recordable(tool: MountedTool, out: dict[str, Any]) -> None:
     """Refuse a result the ledger cannot record: valid JSON that RFC 8785 has no form for.
 
-    A server may answer with an integer beyond 2**53 (a 64-bit id), NaN, or nesting deeper than
+    A server may answer with an integer of 2**53 or more (a 64-bit id), NaN, or nesting deeper than
     ``RESULT_MAX_DEPTH``; recording it (or the model turn that carries it on) would fail after the
     call, so it becomes a failed call (``invalid_result``) instead. ``is_plain`` is a cheap walk
     that clears almost every result; only the rest pay for a full encoding.
@@ -127,8 +127,8 @@ def _check_recordable(tool: MountedTool, out: dict[str, Any]) -> None:
         raise ToolCallError(
             f"tool {tool.tool!r} of MCP server {tool.server!r} returned a result that cannot be "
             f"recorded{where}: {type(exc).__name__}",
-            remedy="The server sent a number JSON cannot carry exactly (beyond 2**53, NaN, infinite) or a lone "
-            "surrogate; report it upstream",
+            remedy="The server sent a number the ledger cannot record exactly (an integer of 2**53 or more, NaN, "
+            "infinite) or a lone surrogate; report it upstream",
             server=tool.server,
             tool=tool.tool,
             cause="invalid_result",

@@ -234,7 +234,13 @@ def tool_definitions() -> list[dict[str, Any]]:
             ),
             "inputSchema": _session_input(),
             "outputSchema": _EXPORT_OUTPUT,
-            "annotations": {"title": "Evidence bundle of a Truss session", **_READ_ANNOTATIONS},
+            # Not read-only: when no checkpoint covers the session yet (a suspended run), the export
+            # signs one and stores it. It changes no recorded entry, and asking again gives that checkpoint.
+            "annotations": {
+                "title": "Evidence bundle of a Truss session",
+                **_READ_ANNOTATIONS,
+                "readOnlyHint": False,
+            },
         },
     ]
 

@@ -34,6 +34,7 @@ import httpx2
 
 from truss._clock import Clock
 from truss._errors import BundleFormatError, TrussError, VerificationError
+from truss.ledger.canonical import number_problem
 from truss.ledger.cosignature import checkpoint_of, verify_cosignatures, with_signature_lines
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION, LogAppender, append_to_log
@@ -165,7 +166,9 @@ def _record(outcome: WitnessOutcome, key: str, root: bytes) -> Record:
     }
     if outcome.status is not None:
         body["status"] = outcome.status
-    if outcome.witness_size is not None:
+    # A witness may name any size up to 2**63 - 1; one past I-JSON's range has no canonical form, so
+    # it stays in the detail's words only (the outcome and reason already say the witness is ahead).
+    if outcome.witness_size is not None and number_problem(outcome.witness_size) is None:
         body["witness_size"] = outcome.witness_size
     if outcome.cosignatures:
         body["cosignatures"] = [line.line().rstrip("\n") for line in outcome.cosignatures]

@@ -3,10 +3,10 @@
 Run from the repository root: ``python tests/report/tampered/regenerate.py``. Each is cut from
 ``tests/ledger/tampered_bundles/original.json`` (trusted key: ``tests.ledger.test_bundle.log_key``)
 and named after what it does. They probe the places where JSON in a browser differs from JSON in
-Python: numbers (1 against 1.0, integers beyond 2**53), strings (lone surrogates, escapes),
-duplicate members, and the base64 spellings each side accepts. The page and `truss ledger verify
---bundle` must reach the same result on each (``test_agreement.py``); the files, not this script,
-are the test data.
+Python: numbers (1 against 1.0, integers of 2**53 or more, doubles printing as such integers),
+strings (lone surrogates, escapes), duplicate members, and the base64 spellings each side accepts.
+The page and `truss ledger verify --bundle` must reach the same result on each
+(``test_agreement.py``); the files, not this script, are the test data.
 """
 
 from __future__ import annotations
@@ -49,6 +49,26 @@ def main() -> None:
     doc = copy.deepcopy(original)
     doc["entries"][3]["entry"]["body"]["n"] = 2**53 + 1
     files["integer_beyond_2_53_in_a_body"] = _text(doc)
+
+    # Exactly 2**53: a double holds it, but it is outside I-JSON's +/-(2**53 - 1), so it has no canonical form.
+    doc = copy.deepcopy(original)
+    doc["entries"][3]["entry"]["body"]["n"] = 2**53
+    files["integer_at_2_53_in_a_body"] = _text(doc)
+
+    # 1e20 is a float to both readers, but RFC 8785 prints it as 100000000000000000000: refused too.
+    doc = copy.deepcopy(original)
+    doc["entries"][3]["entry"]["body"]["n"] = 1e20
+    files["double_printing_as_digits_beyond_2_53_in_a_body"] = _text(doc)
+
+    # Integer digits past 1e21: JavaScript reads a double that prints as 1e+24, Python an integer.
+    doc = copy.deepcopy(original)
+    doc["entries"][3]["entry"]["body"]["n"] = 10**24
+    files["integer_digits_past_1e21_in_a_body"] = _text(doc)
+
+    # 1e21 prints with an exponent and reads back as a double: canonical, so only the signature fails.
+    doc = copy.deepcopy(original)
+    doc["entries"][3]["entry"]["body"]["n"] = 1e21
+    files["double_at_1e21_in_a_body"] = _text(doc)
 
     # A lone surrogate is a JSON string but not Unicode text: no canonical bytes.
     doc = copy.deepcopy(original)

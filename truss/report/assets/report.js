@@ -15,7 +15,8 @@
   const UTF8 = new TextEncoder();
   const B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   const B64_INDEX = new Map(Array.from(B64, (ch, i) => [ch, i]));
-  const SAFE = 2n ** 53n;
+  const SAFE = 2n ** 53n; // canonical.INT_LIMIT: integers must lie strictly within +/-SAFE
+  const SAFE_DOUBLE = 2 ** 53;
 
   function utf8(text) { return UTF8.encode(text); }
   function decodeUtf8(bytes) { return new TextDecoder("utf-8", { fatal: true }).decode(bytes); }
@@ -92,7 +93,8 @@
 
   // Python tells 1 from 1.0 and keeps integers beyond 2**53 exactly; JavaScript numbers do neither.
   // The reviver sees each number's source text and marks, by holder and key, the ones that were
-  // written as floats and the integers that no double holds exactly (RFC 8785 refuses those).
+  // written as floats and the numbers canonical.py refuses: an integer of magnitude 2**53 or more
+  // (outside I-JSON), and a float from 2**53 up to 1e21, which RFC 8785 would print as such an integer.
   const FLOATS = new WeakMap();
   const BIGS = new WeakMap();
   function mark(map, holder, key) {
@@ -108,12 +110,12 @@
     return JSON.parse(text, function (key, value, context) {
       if (typeof value === "number" && context && typeof context.source === "string") {
         const src = context.source;
-        if (/[.eE]/.test(src)) mark(FLOATS, this, key);
-        else {
-          // Beyond 2**53 only an integer that is a double printing as its own digits (10**20) is kept.
+        if (/[.eE]/.test(src)) {
+          mark(FLOATS, this, key);
+          if (Math.abs(value) >= SAFE_DOUBLE && Math.abs(value) < 1e21) mark(BIGS, this, key);
+        } else {
           const big = BigInt(src);
-          const exact = Number.isFinite(value) && BigInt(value) === big && String(value) === String(big);
-          if ((big > SAFE || big < -SAFE) && !exact) mark(BIGS, this, key);
+          if (big >= SAFE || big <= -SAFE) mark(BIGS, this, key);
         }
       }
       return value;
@@ -166,7 +168,7 @@
     else if (v === false) out.push("false");
     else if (typeof v === "string") out.push(jcsString(v));
     else if (typeof v === "number") {
-      if (marked(BIGS, holder, key)) throw new CanonicalError("integer beyond +/-2**53");
+      if (marked(BIGS, holder, key)) throw new CanonicalError("number of magnitude 2**53 or more outside I-JSON's range");
       if (!Number.isFinite(v)) throw new CanonicalError("NaN and Infinity are not JSON numbers");
       out.push(Object.is(v, -0) ? "0" : String(v));
     } else if (Array.isArray(v)) {
