@@ -39,6 +39,7 @@ Pure: evaluation reads payloads only through the ``blob`` function it is given.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
