@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,9 +48,8 @@ def test_a_run_records_into_the_postgresql_ledger_the_operator_config_names(tmp_
 
 
 def test_db_on_the_command_line_beats_truss_db_which_beats_the_operator_config(
-    tmp_path: Path, postgres_urls: object
+    tmp_path: Path, postgres_urls: Callable[[], str]
 ) -> None:
-    assert callable(postgres_urls)
     configured, from_env, from_flag = postgres_urls(), postgres_urls(), postgres_urls()
     home = make_home(tmp_path / "home")
     _config(home, configured)
