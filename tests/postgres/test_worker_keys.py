@@ -140,6 +140,12 @@ def test_two_homes_with_their_own_keys_write_one_postgresql_ledger_and_either_ve
     ]
     verdict = json.loads(_ok(truss_env(worker, "--json", "ledger", "verdict", "s-w")).stdout)
     assert verdict["verified"] and verdict["statement"]["predicate"]["status"] == "pass"
+    bundle = tmp_path / "s-w.bundle.json"
+    _ok(truss_env(worker, "ledger", "export", "s-w", "--output", str(bundle)))
+    offline = _ok(
+        truss_env(tmp_path, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", deployment.log_vkey)
+    )
+    assert "Traceback" not in offline.stderr  # the bundle carries the admission: the log key alone verifies it
 
 
 def test_a_worker_the_log_key_did_not_admit_cannot_record_and_its_forced_entries_do_not_verify(
