@@ -36,8 +36,8 @@ from truss._errors import KeyFileError, StoreConflictError, UsageError
 from truss.ledger.entry import StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION, ensure_log_session, rotation_record
 from truss.ledger.keys import IdentityKey, VerifierKey, write_identity_key
-from truss.ledger.note import sign_checkpoint
 from truss.ledger.stores.base import LedgerStore
+from truss.ledger.workers import end_checkpoint
 
 __all__ = [
     "RotationResult",
@@ -214,7 +214,7 @@ def rotate_identity_key(key_path: Path, open_store: StoreOpener) -> RotationResu
                     f"the log kept moving: no rotation could be recorded in {_ATTEMPTS} attempts",
                     remedy="run `truss key rotate` again when fewer runs are writing",
                 )
-            signed = sign_checkpoint(store, old)
+            signed = end_checkpoint(store, old)  # a worker's key signs none: the log key's publisher does
             checkpoint = None if signed.note is None else signed.note.decode("utf-8")
     assert statement is not None
     history = read_history(key_path) or [old.verifier]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -227,3 +227,30 @@ def test_a_checkpoint_signed_by_a_worker_key_does_not_verify(
         store.add_checkpoint(size, root, forged.note.decode())
     report = _verify_all(deployment.log_home, code=1, env=deployment.env)
     assert report["ok"] is False
+
+
+def test_joining_with_a_log_key_of_another_log_or_without_a_ledger_is_refused(
+    tmp_path: Path, postgres_url: str, postgres_urls: Callable[[], str]
+) -> None:
+    deployment = Deployment(tmp_path, postgres_url)
+    stranger = IdentityKey.generate("truss.test/another-log").verifier.vkey
+    wrong = _ok(truss_env(tmp_path / "w1", "init", "--join", postgres_url, "--log-key", stranger), code=2)
+    assert "is the log" in wrong.stderr and not (tmp_path / "w1" / "identity.key").exists()
+    empty = _ok(truss_env(tmp_path / "w2", "init", "--join", postgres_urls(), "--log-key", deployment.log_vkey), 2)
+    assert "no ledger" in empty.stderr
+    alone = _ok(truss_env(tmp_path / "w3", "init", "--join", postgres_url), code=2)
+    assert "--log-key" in alone.stderr
+    itself = _ok(truss_env(deployment.log_home, "init", "--join", postgres_url, "--log-key", deployment.log_vkey), 2)
+    assert "log key itself" in itself.stderr
+
+
+def test_the_publisher_refuses_a_duration_that_is_not_one_and_a_workers_home(tmp_path: Path, postgres_url: str) -> None:
+    deployment = Deployment(tmp_path, postgres_url)
+    for bad in ("0", "soon", "-1s"):
+        proc = deployment.log("ledger", "checkpoint", "--every", bad, code=2)
+        assert "--every" in proc.stderr
+    deployment.log("ledger", "checkpoint", "--every", "1s", "--witness", code=2)
+    worker, joined = deployment.join("worker")
+    deployment.admit(joined)
+    refused = _ok(truss_env(worker, "ledger", "checkpoint", "--every", "1s"), code=2)
+    assert "worker key" in refused.stderr
