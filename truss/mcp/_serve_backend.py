@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import anyio
 
-from truss._errors import BundleFormatError, RunSuspended, StoreConflictError
+from truss._errors import BundleFormatError, RunSuspended, SessionBusyError, StoreConflictError
 from truss._json import as_mapping
 from truss.contract import Contract, load_contract, narrow_budget
 from truss.events import ProgressEvent, progress_subscriber
@@ -33,6 +33,15 @@ __all__ = ["LedgerBackend"]
 
 _FOLLOW_POLL_S = 0.2
 """How often a replica waiting on a run another replica drives reads the session's status."""
+
+
+async def _pause(stop: anyio.Event | None) -> None:
+    """One poll interval, cut short when ``stop`` is set (the server is stopping)."""
+    with anyio.move_on_after(_FOLLOW_POLL_S):
+        if stop is not None:
+            await stop.wait()
+        else:
+            await anyio.sleep(_FOLLOW_POLL_S)
 
 
 class LedgerBackend:
@@ -81,11 +90,12 @@ class LedgerBackend:
             outcome = await run_contract(
                 runtime, contract, session_id=session_id, principal=principal.to_json(), stop=stop
             )
-        except StoreConflictError:
-            # Another replica on the same ledger claimed this session first: the store refused our
-            # session_started (the session exists; UNIQUE (session, seq) when both insert at once),
-            # so nothing of ours is recorded. Its run is the one; this caller gets its answer.
-            info = await anyio.to_thread.run_sync(self.store.session, session_id)
+        except (StoreConflictError, SessionBusyError):
+            # Another replica on the same ledger claimed this session first: it holds the session's
+            # lease (taken before the session is recorded), or the store refused our session_started
+            # (the session exists; UNIQUE (session, seq) when both insert at once). Nothing of ours
+            # is recorded. Its run is the one; this caller gets its answer.
+            info = await self._appeared(session_id, stop)
             if info is None or not principal.owns(info.principal):
                 raise
             return await self.follow(session_id, stop=stop)
@@ -93,17 +103,22 @@ class LedgerBackend:
             return await self.follow(session_id, stop=stop)
         return _answer(outcome)
 
+    async def _appeared(self, session_id: str, stop: anyio.Event | None) -> Any:
+        """The session's row once the replica holding its lease recorded it (at most the lease's time)."""
+        deadline = self.runtime.clock.monotonic() + self.runtime.lease_ms / 1000
+        while True:
+            info = await anyio.to_thread.run_sync(self.store.session, session_id)
+            if info is not None or self.runtime.clock.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                return info
+            await _pause(stop)
+
     async def follow(self, session_id: str, *, stop: anyio.Event | None = None) -> RunAnswer:
         """Poll the store until the session stops running (a replica drives it), or ``stop``; its answer."""
         while True:
             info = await anyio.to_thread.run_sync(self.store.session, session_id)
             if info is None or info.status != "running" or (stop is not None and stop.is_set()):
                 break
-            with anyio.move_on_after(_FOLLOW_POLL_S):
-                if stop is not None:
-                    await stop.wait()
-                else:
-                    await anyio.sleep(_FOLLOW_POLL_S)
+            await _pause(stop)
         return await anyio.to_thread.run_sync(self.answer, session_id)
 
     async def resume(
