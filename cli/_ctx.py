@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # the store and key modules load only when a command opens th
 @dataclass
 class Ctx:
     """Global options, resolved once. ``home`` is ``--home``, else ``$TRUSS_HOME``, else ``./.truss``;
-    ``db`` is ``--db``, else ``$TRUSS_DB``, else ``HOME/ledger.db``.
+    ``db`` is ``--db``, else ``$TRUSS_DB``, else ``[harness] db`` of ``HOME/config.toml``, else
+    ``HOME/ledger.db``.
 
     ``db`` is the ledger as given: a path, or a store URL (``sqlite:///PATH``, ``memory:``, a
     registered scheme); ``open_runtime`` is the one place a command turns it into a store.
@@ -39,9 +40,14 @@ class Ctx:
     @classmethod
     def from_options(cls, home: str | None, db: str | None, key: str | None, *, verbose: bool, json_out: bool) -> Ctx:
         home_path = Path(home or os.environ.get("TRUSS_HOME") or ".truss")
+        chosen = db or os.environ.get("TRUSS_DB")
+        if not chosen:
+            from truss.contract.harness_db import operator_db
+
+            chosen = operator_db(home_path)
         return cls(
             home=home_path,
-            db=db or os.environ.get("TRUSS_DB") or str(home_path / "ledger.db"),
+            db=chosen or str(home_path / "ledger.db"),
             key=Path(key) if key else home_path / "identity.key",
             verbose=verbose,
             json=json_out,

@@ -40,10 +40,11 @@ from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict, parse_envelope
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import TrustedKeys, VerifierKey
-from truss.ledger.note import MAX_NOTE_BYTES, sign_checkpoint
+from truss.ledger.note import MAX_NOTE_BYTES
 from truss.ledger.stores import LedgerStore, SessionInfo
 from truss.ledger.verification import VerifyReport
 from truss.ledger.witnessed import PolicyReport
+from truss.ledger.workers import end_checkpoint
 from truss.runtime import Runtime
 from truss.turns import RequestFold
 
@@ -191,6 +192,9 @@ def register(sub: Any) -> None:
     from truss_cli._migrate import register_migrate
 
     LEDGER_PARSERS["migrate"] = register_migrate(commands, add_trusted_key_arg, trusted_from_args)
+    from truss_cli._ledger_keys import register_keys  # the log's key set (docs/postgresql.md)
+
+    LEDGER_PARSERS["keys"] = register_keys(commands, add_trusted_key_arg, trusted_from_args)
 
 
 # -- handlers ------------------------------------------------------------------------------------
@@ -468,6 +472,12 @@ def _register_log_commands(commands: Any) -> None:
         help="also submit it to the witnesses of HOME/witness.toml now (no throttle) and keep their "
         "cosignatures; exit 4 when the quorum is not met (run it again later)",
     )
+    p.add_argument(
+        "--every",
+        metavar="DURATION",
+        help="keep running: sign a checkpoint whenever the log grew, at most once per DURATION (1s, 250ms), "
+        "until SIGTERM or Ctrl-C; the publisher workers' sessions wait for (docs/postgresql.md)",
+    )
     p.set_defaults(handler=checkpoint_log)
     LEDGER_PARSERS["checkpoint"] = p
 
@@ -528,10 +538,16 @@ def export_session(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def checkpoint_log(args: argparse.Namespace, ctx: Ctx) -> int:
+    if args.every is not None:
+        if args.witness or args.output:
+            raise UsageError("--every runs the publisher; it takes no --witness or --output", remedy="drop them")
+        from truss_cli._ledger_keys import publish_checkpoints
+
+        return publish_checkpoints(ctx, args.every)
     settings = _witness_settings(ctx) if args.witness else None
     with ctx.open_runtime() as runtime:
         store = runtime.store
-        cp = sign_checkpoint(store, runtime.signer)
+        cp = end_checkpoint(store, runtime.signer)  # a worker key gets the log key's, waiting for the publisher
         assert cp.note is not None
         note = cp.note.decode("utf-8")
         witnessed = None

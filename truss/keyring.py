@@ -16,7 +16,8 @@ A rotation stopped after step 2 is completed by running ``truss key rotate`` aga
 refuses the old key (retired), the statement in the log names the prepared key, and steps 3 and
 4 are done. The log's origin (the name of every key) never changes. The first line of the
 history file is the key a home's own verification starts from when no ``--trusted-key`` is
-given (``trust_root``).
+given (``trust_root``), except in a worker home: there ``<key>.root`` names the log key, and
+verification starts from it (a worker's own key is admitted by a statement the log key signed).
 
 What it does not do: decide trust for auditors (they pass their starting key), or verify (the
 ledger's ``keyhistory.follow_rotations`` does).
@@ -35,10 +36,20 @@ from truss._errors import KeyFileError, StoreConflictError, UsageError
 from truss.ledger.entry import StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION, ensure_log_session, rotation_record
 from truss.ledger.keys import IdentityKey, VerifierKey, write_identity_key
-from truss.ledger.note import sign_checkpoint
 from truss.ledger.stores.base import LedgerStore
+from truss.ledger.workers import end_checkpoint
 
-__all__ = ["RotationResult", "history_path", "next_key_path", "read_history", "rotate_identity_key", "trust_root"]
+__all__ = [
+    "RotationResult",
+    "history_path",
+    "next_key_path",
+    "read_history",
+    "read_root",
+    "root_path",
+    "rotate_identity_key",
+    "trust_root",
+    "write_root",
+]
 
 _ATTEMPTS = 50
 
@@ -67,8 +78,37 @@ def read_history(key_path: Path) -> list[VerifierKey]:
     return [VerifierKey.parse(line) for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
+def root_path(key_path: Path) -> Path:
+    """``<key>.root``: a worker home's trust root, the log key's verifier key (``truss init --join``)."""
+    return key_path.with_name(key_path.name + ".root")
+
+
+def read_root(key_path: Path) -> VerifierKey | None:
+    """The log key a worker home trusts (``<key>.root``), or None for a home whose own key is the log's."""
+    path = root_path(key_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(f"{path}: cannot read the log's key ({type(exc).__name__})", file=str(path)) from None
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if len(lines) != 1:
+        raise KeyFileError(f"{path}: holds one verifier key (the log key)", file=str(path))
+    return VerifierKey.parse(lines[0])
+
+
+def write_root(key_path: Path, log_key: VerifierKey) -> None:
+    """Record ``log_key`` as the trust root of a worker home (public: no secret in it)."""
+    _write_atomic(root_path(key_path), f"# the log key this worker's verification starts from\n{log_key.vkey}\n")
+
+
 def trust_root(key_path: Path) -> list[VerifierKey]:
-    """The key a home's own verification starts from: its first key when it rotated, else its key."""
+    """The key a home's own verification starts from: the log key for a worker home (``<key>.root``);
+    otherwise its first key when it rotated, else its key."""
+    root = read_root(key_path)
+    if root is not None:
+        return [root]
     history = read_history(key_path)
     if history:
         return history[:1]
@@ -174,7 +214,7 @@ def rotate_identity_key(key_path: Path, open_store: StoreOpener) -> RotationResu
                     f"the log kept moving: no rotation could be recorded in {_ATTEMPTS} attempts",
                     remedy="run `truss key rotate` again when fewer runs are writing",
                 )
-            signed = sign_checkpoint(store, old)
+            signed = end_checkpoint(store, old)  # a worker's key signs none: the log key's publisher does
             checkpoint = None if signed.note is None else signed.note.decode("utf-8")
     assert statement is not None
     history = read_history(key_path) or [old.verifier]

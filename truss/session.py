@@ -71,8 +71,8 @@ from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import IdentityKey
-from truss.ledger.note import sign_checkpoint
 from truss.ledger.stores.base import Lease, LedgerStore
+from truss.ledger.workers import end_checkpoint
 from truss.loop import LoopResult, run_loop
 from truss.panel import ReviewerSet, open_reviewers, run_panels
 from truss.providers.base import Provider
@@ -788,7 +788,8 @@ def _recorded_contract(session: str, started: Mapping[str, Any]) -> Contract:
 
 
 def _sign_checkpoint(store: LedgerStore, key: IdentityKey) -> str:
-    checkpoint = sign_checkpoint(store, key)
+    # A worker key signs no checkpoint: it ends with the one the log key's publisher stores.
+    checkpoint = end_checkpoint(store, key)
     return checkpoint.note.decode("utf-8") if checkpoint.note is not None else checkpoint.text()
 
 

@@ -10,7 +10,8 @@ Tables merge key by key, arrays are replaced whole, and ``[[mcp.servers]]`` merg
 Operator-config servers are definitions that apply only to servers the contract names (their
 ``sandbox`` tables excepted: those are ceilings, applied by the loader); an overlay may only refine
 servers the contract has; ``[harness]`` is read only from the operator config.
-``[telemetry]`` too, and it stays out of the effective contract (``truss.contract.telemetry``).
+``[telemetry]`` too, and it stays out of the effective contract (``truss.contract.telemetry``), as
+does ``[harness] db`` (the ledger, ``truss.contract.harness_db``).
 Each parsed file is a ``Layer`` kept with its text, so that an error found in the merged data is
 blamed on the layer that supplied the value (``error_in``) with its line. Reading files
 (``read_toml_file``) is the only I/O in the contract package.
@@ -330,6 +331,10 @@ def merge_layers(config: Layer | None, agent: Layer | None, contract: Layer, ove
     if config is not None:
         config_servers = {s["name"]: s for s in servers_of(config)}
         effective = {k: v for k, v in config.data.items() if k != "mcp" and k not in OPERATOR_ONLY}
+        harness: Any = effective.get("harness")
+        if isinstance(harness, dict) and "db" in harness:
+            # Where the record goes, not what the run may do: not hashed (truss.contract.harness_db).
+            effective["harness"] = {k: v for k, v in cast(dict[str, Any], harness).items() if k != "db"}
     if agent is not None:
         effective = _deep_merge(effective, agent.data)
     effective = _deep_merge(effective, {k: v for k, v in contract.data.items() if k != "mcp"})

@@ -73,6 +73,8 @@ KINDS: frozenset[str] = frozenset(
         "sandbox_egress",
         # The log's own entries, in the reserved session ``@log`` (``keyhistory``).
         "key_rotated",
+        "key_admitted",
+        "key_removed",
         "checkpoint_witnessed",
     }
 )

@@ -24,7 +24,21 @@ counts only when it is signed by a key valid at its index (otherwise it is forge
 list of periods (key, from index, until index); ``check`` is a V12 hook refusing an entry signed
 by a key outside its period (``retired_key``), and ``checkpoint_keys(size)`` the keys that may
 sign a checkpoint of that size (valid at ``size - 1`` or from ``size``). A history is a list of
-signed statements a verifier follows, so more signers per log (one key per worker) extend it.
+signed statements a verifier follows, so more signers per log (one key per worker) extend it:
+
+An **admission statement** is a ``key_admitted`` entry, signed by a *log* key (one the verifier
+trusts from the start, or a key rotated from one) valid at its index. Its body::
+
+    {"key": <the worker's verifier key>,
+     "proof": <base64 Ed25519 signature by the worker's key over PAE(ADMISSION_PAYLOAD_TYPE,
+               canonical({"log", "key"}))>}
+
+admits a *worker* key: from its own index + 1 on, entries signed by that key verify. The proof is
+the worker's join request (``join_request``): a log key cannot admit a key nobody consented to.
+A **removal statement** (``key_removed``, body ``{"key": <verifier key>}``, signed by a log key)
+ends a worker key's period at its own index + 1. A worker key signs entries (and may rotate itself
+with a ``key_rotated`` statement; its successor is a worker key too) but never admits or removes
+keys and never signs checkpoints: ``checkpoint_keys`` holds log keys only.
 
 Sans-IO. What it does not do: read the store (callers pass the ``@log`` entries) or write keys.
 """
@@ -45,17 +59,23 @@ from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
 from truss.ledger.merkle import inclusion_proof
 
 __all__ = [
+    "ADMISSION_PAYLOAD_TYPE",
     "LOG_SESSION",
     "ROTATION_PAYLOAD_TYPE",
+    "STATEMENT_KINDS",
     "KeyHistory",
     "KeyPeriod",
     "LogAppender",
+    "admission_record",
+    "admission_statement",
     "append_to_log",
     "bundle_key_history",
     "ensure_log_session",
     "follow_rotations",
     "is_log_session",
+    "join_request",
     "log_session_start",
+    "removal_record",
     "rotation_proofs",
     "rotation_record",
     "rotation_statement",
@@ -63,7 +83,11 @@ __all__ = [
 
 LOG_SESSION = "@log"
 ROTATION_PAYLOAD_TYPE = "application/vnd.truss.key-rotation.v1+json"
+ADMISSION_PAYLOAD_TYPE = "application/vnd.truss.key-admission.v1+json"
+STATEMENT_KINDS = frozenset({"key_rotated", "key_admitted", "key_removed"})
 _ROTATION_FIELDS = frozenset({"key", "replaces", "from_index", "proof"})
+_ADMISSION_FIELDS = frozenset({"key", "proof"})
+_REMOVAL_FIELDS = frozenset({"key"})
 _MAX_STATEMENTS = 1000
 
 
@@ -135,17 +159,53 @@ def rotation_record(old: IdentityKey, new: IdentityKey, from_index: int) -> Reco
     )
 
 
+def admission_statement(log: str, key: str) -> bytes:
+    """The bytes a worker key signs to consent to joining ``log``: its PAE over the canonical statement."""
+    return pae(ADMISSION_PAYLOAD_TYPE, canonical({"log": log, "key": key}))
+
+
+def join_request(worker: IdentityKey) -> str:
+    """The worker's consent to be admitted to the log named after its key: base64 of its signature."""
+    proof = worker.sign(admission_statement(worker.name, worker.verifier.vkey))
+    return base64.b64encode(proof).decode("ascii")
+
+
+def admission_record(worker: VerifierKey, proof: str) -> Record:
+    """The ``key_admitted`` record admitting ``worker`` (the store signs it with the log key it holds).
+
+    Raises ``InputError`` when ``proof`` is not the worker key's signature of its admission statement.
+    """
+    try:
+        raw = base64.b64decode(proof, validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if not worker.verify(admission_statement(worker.name, worker.vkey), raw):
+        raise InputError(
+            f"the join proof does not verify under the worker key {worker.key_id}",
+            remedy="copy the key and the proof `truss init --join` printed on the worker, both whole",
+        )
+    return Record("key_admitted", {"key": worker.vkey, "proof": proof})
+
+
+def removal_record(worker: VerifierKey) -> Record:
+    """The ``key_removed`` record ending the period of the worker key ``worker``."""
+    return Record("key_removed", {"key": worker.vkey})
+
+
 @dataclass(frozen=True)
 class KeyPeriod:
     """A key and the log indexes it signs: ``from_index`` <= index < ``until_index`` (None: open).
 
-    ``statement`` is the rotation entry that introduced it (None for a key trusted from the start).
+    ``statement`` is the rotation or admission entry that introduced it (None for a key trusted from
+    the start). ``role``: ``"log"`` (a trusted key or one rotated from it: signs entries and
+    checkpoints, admits and removes workers) or ``"worker"`` (an admitted key: signs entries only).
     """
 
     key: VerifierKey
     from_index: int
     until_index: int | None
     statement: StoredEntry | None = None
+    role: str = "log"
 
     def covers(self, index: int) -> bool:
         return self.from_index <= index and (self.until_index is None or index < self.until_index)
@@ -156,6 +216,7 @@ class KeyPeriod:
             "key_id": self.key.key_id,
             "from_index": self.from_index,
             "until_index": self.until_index,
+            "role": self.role,
         }
         if self.statement is not None:
             out["statement"] = self.statement.to_json()
@@ -198,6 +259,8 @@ class KeyHistory:
         """Keys that may sign a checkpoint of ``size``: valid for its last entry, or from ``size`` on."""
         keys: list[VerifierKey] = []
         for p in self.periods:
+            if p.role != "log":
+                continue  # a worker key signs entries, never a checkpoint
             if p.from_index <= size and (p.until_index is None or size <= p.until_index):
                 keys.append(p.key)
         return keys
@@ -228,10 +291,78 @@ def _bad(item: StoredEntry, message: str) -> VerificationError:
     )
 
 
+def _forged_admission(item: StoredEntry, message: str) -> VerificationError:
+    return VerificationError(
+        f"{item.kind} statement at log index {item.entry.get('index')}: {message}",
+        remedy="do not trust entries signed by the key it names; the log's key set was forged",
+        reason="forged_admission",
+        session=LOG_SESSION,
+        seq=item.entry.get("seq"),
+        index=item.entry.get("index"),
+    )
+
+
+def _bad_admission(item: StoredEntry, message: str) -> VerificationError:
+    return VerificationError(
+        f"{item.kind} statement at log index {item.entry.get('index')}: {message}",
+        remedy="the log's key set is malformed; do not trust entries signed after it",
+        reason="bad_admission",
+        session=LOG_SESSION,
+        seq=item.entry.get("seq"),
+        index=item.entry.get("index"),
+    )
+
+
+def _admit_or_remove(item: StoredEntry, periods: list[KeyPeriod], origin: str, index: int) -> None:
+    """Apply a ``key_admitted`` or ``key_removed`` statement (already checked to be of this log) to ``periods``."""
+    raw_body: Any = item.entry.get("body")
+    body: dict[str, Any] = cast(dict[str, Any], raw_body) if isinstance(raw_body, dict) else {}
+    payload = entry_signing_payload(item.raw)
+    signer = next((p for p in periods if p.key.key_id == item.keyid and p.key.verify(payload, item.sig)), None)
+    if signer is None:
+        return  # signed by a key the verifier does not start from: the key it names stays unknown
+    if signer.role != "log":
+        raise _forged_admission(
+            item, f"it is signed by the worker key {signer.key.key_id}; only a log key changes the key set"
+        )
+    if not signer.covers(index):
+        raise _forged_admission(
+            item, f"it is signed by key {signer.key.key_id}, which was retired before index {index}"
+        )
+    fields = _ADMISSION_FIELDS if item.kind == "key_admitted" else _REMOVAL_FIELDS
+    if frozenset(body) != fields:
+        raise _bad_admission(item, f"its body has the fields {sorted(fields)}")
+    try:
+        named = VerifierKey.parse(str(body.get("key")))
+    except InputError:
+        raise _bad_admission(item, "its key cannot be parsed") from None
+    if named.name != origin:
+        raise _bad_admission(item, f"the key is named {named.name!r}; every key of the log is named {origin!r}")
+    known = [i for i, p in enumerate(periods) if p.key == named]
+    if item.kind == "key_removed":
+        open_worker = next((i for i in known if periods[i].role == "worker" and periods[i].until_index is None), None)
+        if open_worker is None:
+            raise _bad_admission(item, f"it removes key {named.key_id}, which is not an admitted worker key")
+        p = periods[open_worker]
+        periods[open_worker] = KeyPeriod(p.key, p.from_index, index + 1, p.statement, p.role)
+        return
+    try:
+        proof = base64.b64decode(str(body.get("proof")), validate=True)
+    except (binascii.Error, ValueError):
+        raise _bad_admission(item, "its proof is not base64") from None
+    if not named.verify(admission_statement(origin, named.vkey), proof):
+        raise _bad_admission(item, "the worker key's proof does not verify (its holder did not ask to join)")
+    if any(periods[i].statement is not None for i in known):
+        raise _bad_admission(item, f"key {named.key_id} was already admitted to, rotated in or removed from the log")
+    if not known:  # a key the verifier already trusts from the start keeps that trust
+        periods.append(KeyPeriod(named, index + 1, None, item, "worker"))
+
+
 def follow_rotations(entries: Iterable[StoredEntry], trusted: TrustedKeys, *, origin: str) -> KeyHistory:
-    """Follow the ``key_rotated`` statements among ``entries`` (the ``@log`` session, in order)
-    from the ``trusted`` keys, each valid from index 0. Raises ``VerificationError``
-    (``forged_rotation``, ``bad_rotation``) for the first statement that does not hold."""
+    """Follow the key statements among ``entries`` (the ``@log`` session, in order: rotations,
+    admissions and removals of worker keys) from the ``trusted`` keys, each a log key valid from
+    index 0. Raises ``VerificationError`` (``forged_rotation``, ``bad_rotation``,
+    ``forged_admission``, ``bad_admission``) for the first statement that does not hold."""
     periods = [KeyPeriod(key, 0, None) for key in trusted]
     for item in _rotations(entries):
         index = item.entry.get("index")
@@ -243,6 +374,9 @@ def follow_rotations(entries: Iterable[StoredEntry], trusted: TrustedKeys, *, or
             well_formed = False
         if not well_formed:
             raise _bad(item, "its bytes or hash do not match the entry")
+        if item.kind != "key_rotated":
+            _admit_or_remove(item, periods, origin, index)
+            continue
         payload = entry_signing_payload(item.raw)
         raw_body: Any = item.entry.get("body")
         body: dict[str, Any] = cast(dict[str, Any], raw_body) if isinstance(raw_body, dict) else {}
@@ -275,15 +409,16 @@ def follow_rotations(entries: Iterable[StoredEntry], trusted: TrustedKeys, *, or
         known = [p for p in periods if p.key == new]
         if new == old.key or any(p.statement is not None for p in known):
             raise _bad(item, "the new key is a key the log already rotated to or from")
-        periods[signer] = KeyPeriod(old.key, old.from_index, index + 1, old.statement)
+        periods[signer] = KeyPeriod(old.key, old.from_index, index + 1, old.statement, old.role)
         if not known:  # a key the verifier already trusts from the start keeps that trust
-            periods.append(KeyPeriod(new, index + 1, None, item))
+            periods.append(KeyPeriod(new, index + 1, None, item, old.role))  # a worker's successor is a worker
     return KeyHistory(periods)
 
 
 def _rotations(entries: Iterable[StoredEntry]) -> Iterator[StoredEntry]:
+    """The key statements (rotations, admissions, removals) among ``entries``."""
     for item in entries:
-        if item.entry.get("kind") == "key_rotated":
+        if item.entry.get("kind") in STATEMENT_KINDS:
             yield item
 
 
@@ -296,7 +431,7 @@ class _HistorySource(Protocol):
 
 
 def rotation_proofs(store: _HistorySource, size: int) -> list[dict[str, Any]]:
-    """The log's rotation statements before ``size``, each with its inclusion proof in the tree of
+    """The log's key statements before ``size``, each with its inclusion proof in the tree of
     that size: what a bundle carries so a verifier can follow the key history offline."""
     if store.session(LOG_SESSION) is None:
         return []
@@ -325,8 +460,10 @@ def bundle_key_history(doc: Mapping[str, Any], origin: str) -> list[tuple[Stored
         if set(fields) != {"entry", "inclusion"}:
             raise _format("a key_history item is an object with entry and inclusion")
         entry = StoredEntry.from_json(fields["entry"])
-        if entry.entry.get("kind") != "key_rotated" or entry.entry.get("log") != origin:
-            raise _format("a key_history item is a key_rotated entry of the bundle's log")
+        if entry.entry.get("kind") not in STATEMENT_KINDS or entry.entry.get("log") != origin:
+            raise _format(
+                "a key_history item is a key statement (key_rotated, key_admitted, key_removed) of the bundle's log"
+            )
         hashes: Any = fields["inclusion"]
         if not isinstance(hashes, list) or len(cast(list[Any], hashes)) > 64:
             raise _format("a key_history inclusion proof is a list of at most 64 hashes")

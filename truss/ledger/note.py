@@ -38,6 +38,7 @@ __all__ = [
     "NoteSignature",
     "NoteSigner",
     "NoteVerifier",
+    "covering_checkpoint",
     "format_checkpoint",
     "is_origin",
     "open_checkpoint",
@@ -377,11 +378,11 @@ def sign_checkpoint(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
     if isinstance(store, CheckpointPublisher):
         size, _ = store.tree_head()
         signed = store.publish_checkpoint(size, lambda view: _sign_now(view, key))
-        return signed if signed is not None else _covering(store, size)
+        return signed if signed is not None else covering_checkpoint(store, size)
     return _sign_now(store, key)
 
 
-def _covering(store: CheckpointStore, size: int) -> Checkpoint:
+def covering_checkpoint(store: CheckpointStore, size: int) -> Checkpoint:
     """The latest stored checkpoint, which covers at least ``size`` entries, checked against its row."""
     latest = store.latest_checkpoint()
     if latest is None or latest.size < size:

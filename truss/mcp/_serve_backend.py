@@ -19,7 +19,7 @@ from typing import Any, cast
 
 import anyio
 
-from truss._errors import BundleFormatError, RunSuspended
+from truss._errors import BundleFormatError, RunSuspended, SessionBusyError, StoreConflictError
 from truss._json import as_mapping
 from truss.contract import Contract, load_contract, narrow_budget
 from truss.events import ProgressEvent, progress_subscriber
@@ -30,6 +30,18 @@ from truss.runtime import Runtime
 from truss.session import RunOutcome, outcome_of, resume_session, run_contract
 
 __all__ = ["LedgerBackend"]
+
+_FOLLOW_POLL_S = 0.2
+"""How often a replica waiting on a run another replica drives reads the session's status."""
+
+
+async def _pause(stop: anyio.Event | None) -> None:
+    """One poll interval, cut short when ``stop`` is set (the server is stopping)."""
+    with anyio.move_on_after(_FOLLOW_POLL_S):
+        if stop is not None:
+            await stop.wait()
+        else:
+            await anyio.sleep(_FOLLOW_POLL_S)
 
 
 class LedgerBackend:
@@ -74,8 +86,40 @@ class LedgerBackend:
         stop: anyio.Event | None = None,
     ) -> RunAnswer:
         runtime = self._with_progress(on_progress)
-        outcome = await run_contract(runtime, contract, session_id=session_id, principal=principal.to_json(), stop=stop)
+        try:
+            outcome = await run_contract(
+                runtime, contract, session_id=session_id, principal=principal.to_json(), stop=stop
+            )
+        except (StoreConflictError, SessionBusyError):
+            # Another replica on the same ledger claimed this session first: it holds the session's
+            # lease (taken before the session is recorded), or the store refused our session_started
+            # (the session exists; UNIQUE (session, seq) when both insert at once). Nothing of ours
+            # is recorded. Its run is the one; this caller gets its answer.
+            info = await self._appeared(session_id, stop)
+            if info is None or not principal.owns(info.principal):
+                raise
+            return await self.follow(session_id, stop=stop)
+        if outcome.status == "running":  # recorded by a replica after our lookup: its run is the one
+            return await self.follow(session_id, stop=stop)
         return _answer(outcome)
+
+    async def _appeared(self, session_id: str, stop: anyio.Event | None) -> Any:
+        """The session's row once the replica holding its lease recorded it (at most the lease's time)."""
+        deadline = self.runtime.clock.monotonic() + self.runtime.lease_ms / 1000
+        while True:
+            info = await anyio.to_thread.run_sync(self.store.session, session_id)
+            if info is not None or self.runtime.clock.monotonic() >= deadline or (stop is not None and stop.is_set()):
+                return info
+            await _pause(stop)
+
+    async def follow(self, session_id: str, *, stop: anyio.Event | None = None) -> RunAnswer:
+        """Poll the store until the session stops running (a replica drives it), or ``stop``; its answer."""
+        while True:
+            info = await anyio.to_thread.run_sync(self.store.session, session_id)
+            if info is None or info.status != "running" or (stop is not None and stop.is_set()):
+                break
+            await _pause(stop)
+        return await anyio.to_thread.run_sync(self.answer, session_id)
 
     async def resume(
         self,

@@ -137,6 +137,10 @@ class ServeBackend(Protocol):
         """Continue a suspended or interrupted session from its record (still waiting: its answer)."""
         ...
 
+    async def follow(self, session_id: str, *, stop: anyio.Event | None = None) -> RunAnswer:
+        """Wait for a run another process (a replica on the same ledger) drives to stop running; its answer."""
+        ...
+
     def lookup(self, session_id: str) -> SessionView | None: ...
 
     def answer(self, session_id: str) -> RunAnswer:
@@ -375,6 +379,14 @@ class ServeApp:
                 return backend.resume(session_id, on_progress=sink, stop=stop)
 
             return await self._start(ctx, principal, session_id, view.contract, resume, wait=wait)
+        if view.status == "running" and wait and run is None:
+            # Another replica on the same ledger drives it: wait for its end as for a run of ours.
+            backend = self.config.backend
+
+            def follow(sink: ProgressSink, stop: anyio.Event) -> Awaitable[RunAnswer]:
+                return backend.follow(session_id, stop=stop)
+
+            return await self._start(ctx, principal, session_id, view.contract, follow, wait=wait)
         answer = await anyio.to_thread.run_sync(self.config.backend.answer, session_id)
         return _answer_result(answer)
 

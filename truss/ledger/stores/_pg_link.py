@@ -12,7 +12,8 @@ What it does not do: append (``_pg_writer``) or read (``postgresql``).
 
 from __future__ import annotations
 
-from typing import Any, LiteralString
+import json
+from typing import Any, LiteralString, cast
 
 import psycopg
 import psycopg.errors
@@ -21,6 +22,7 @@ from psycopg import sql
 from truss._errors import InputError, KeyFileError, NotFoundError, StoreBusyError, StoreConflictError, StoreError
 from truss.ledger.cosignature import merge_notes
 from truss.ledger.keyhistory import LOG_SESSION
+from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier
 from truss.ledger.stores._pg_url import PostgresTarget
 
@@ -152,7 +154,9 @@ class PgLink:
                 db=self.db,
             )
 
-    def init_schema(self, conn: Conn, *, create: bool, new_origin: str | None) -> str:
+    def init_schema(self, conn: Conn, *, create: bool, new_origin: str | None, founder: str | None = None) -> str:
+        """Create the ledger if asked and absent; returns its origin. ``founder``: the verifier key of
+        the key creating it (kept in ``meta`` for ``key_in_set``, a guard; trust is verification's)."""
         schema = sql.Identifier(self.target.schema)
         try:
             present = conn.execute("SELECT to_regclass('meta') IS NOT NULL, to_regclass('entries') IS NOT NULL")
@@ -185,6 +189,11 @@ class PgLink:
                         "INSERT INTO meta (k, v) VALUES ('schema', %s), ('origin', %s) ON CONFLICT (k) DO NOTHING",
                         (str(SCHEMA_VERSION).encode(), new_origin.encode("utf-8")),
                     )
+                    if founder is not None:
+                        conn.execute(
+                            "INSERT INTO meta (k, v) VALUES ('founder', %s) ON CONFLICT (k) DO NOTHING",
+                            (founder.encode("utf-8"),),
+                        )
                     conn.execute(
                         "INSERT INTO tree (id, size, frontier) VALUES (0, 0, %s) ON CONFLICT (id) DO NOTHING",
                         (Frontier().to_state(),),
@@ -264,17 +273,57 @@ def insert_checkpoint(conn: Conn, db: str, now_ms: int, *, size: int, root: byte
         conn.execute("UPDATE checkpoints SET note = %s WHERE size = %s", (merged, size))
 
 
-def key_retired(conn: Conn, key_id: str) -> bool:
-    """Whether a key rotation recorded in the ledger retired ``key_id``.
+def key_retired(conn: Conn, key: IdentityKey) -> bool:
+    """Whether a key rotation recorded in the ledger retired ``key``, or a removal took it out of the key set.
 
-    Rotations live in the log's own session, so this reads a few rows of one session's index
+    Key statements live in the log's own session, so this reads a few rows of one session's index
     (``UNIQUE (session, seq)``).
     """
-    row = conn.execute(KEY_RETIRED, (LOG_SESSION, key_id)).fetchone()
+    row = conn.execute(KEY_RETIRED, (LOG_SESSION, key.key_id, key.verifier.vkey.encode())).fetchone()
     return row is not None
 
 
-KEY_RETIRED: LiteralString = "SELECT 1 FROM entries WHERE session = %s AND kind = 'key_rotated' AND keyid = %s LIMIT 1"
+def key_in_set(conn: Conn, key: IdentityKey) -> bool:
+    """Whether ``key`` may sign entries of this ledger: it founded the log (the key that created it,
+    or without that record the signer of entry 0; an empty log without one takes any key named
+    after it), a rotation handed the log to it, or a ``key_admitted``
+    statement admitted it as a worker (and no ``key_removed`` took it out since).
+
+    A guard that refuses a worker nobody admitted before it writes anything; verification, from
+    the keys the verifier trusts, is what decides (``truss.ledger.keyhistory``).
+    """
+    vkey = key.verifier.vkey
+    founder = conn.execute("SELECT v FROM meta WHERE k = 'founder'").fetchone()
+    if founder is not None:
+        if bytes(founder[0]).decode("utf-8", "replace") == vkey:
+            return True
+    else:  # a ledger created without a key (migrate) or by an older Truss: entry 0's signer founded it
+        row = conn.execute("SELECT keyid FROM entries WHERE idx = 0").fetchone()
+        if row is None or str(row[0]) == key.key_id:
+            return True
+    allowed = False
+    for kind, raw in conn.execute(_KEY_STATEMENTS, (LOG_SESSION,)).fetchall():
+        try:
+            body: Any = json.loads(bytes(raw)).get("body")
+        except (ValueError, AttributeError):
+            continue
+        if not isinstance(body, dict) or cast(dict[str, Any], body).get("key") != vkey:
+            continue
+        allowed = kind != "key_removed"
+    return allowed
+
+
+KEY_RETIRED: LiteralString = (
+    "SELECT 1 FROM entries WHERE session = %s AND ((kind = 'key_rotated' AND keyid = %s) "
+    "OR (kind = 'key_removed' AND position(%s::bytea IN raw) > 0)) LIMIT 1"
+)
+"""A ``key_rotated`` entry signed by the key (it retired itself), or a ``key_removed`` naming it.
+
+Parameters: the log session, the key id, the key's verifier key text (as bytes)."""
+_KEY_STATEMENTS: LiteralString = (
+    "SELECT kind, raw FROM entries WHERE session = %s AND kind IN ('key_rotated', 'key_admitted', 'key_removed') "
+    "ORDER BY seq"
+)
 
 
 def missing_node(db: str, level: int, index: int) -> StoreError:

@@ -282,7 +282,7 @@ class PostgresWriter:
                 top = conn.execute("SELECT max(idx) FROM entries")
                 # Another worker may have rotated this key away (its entries would not verify):
                 # checked under the tree lock, so no rotation can commit between this and our entries.
-                retired = conn.execute(KEY_RETIRED, (LOG_SESSION, self._key_id()))
+                retired = conn.execute(KEY_RETIRED, (LOG_SESSION, self._key_id(), self._vkey()))
                 first = conn.execute(_SESSION_LOCK, (group[0].session,)) if pipelined else None
                 frontier = self._frontier(tree.fetchone(), top.fetchone())
                 if retired.fetchone() is not None:
@@ -357,10 +357,14 @@ class PostgresWriter:
         assert self._key is not None
         return self._key.key_id
 
+    def _vkey(self) -> bytes:
+        assert self._key is not None
+        return self._key.verifier.vkey.encode()
+
     def _retired_error(self) -> StoreError:
         return StoreError(
-            f"{self.db}: the identity key {self._key_id()} was retired by a key rotation; "
-            "nothing more can be signed with it",
+            f"{self.db}: the identity key {self._key_id()} was retired by a key rotation or removed from the "
+            "log's key set; nothing more can be signed with it",
             remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
             db=self.db,
             reason="key_retired",

@@ -53,7 +53,15 @@ from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
-from truss.ledger.stores._pg_link import SCHEMA_VERSION, Conn, PgLink, insert_checkpoint, key_retired, missing_node
+from truss.ledger.stores._pg_link import (
+    SCHEMA_VERSION,
+    Conn,
+    PgLink,
+    insert_checkpoint,
+    key_in_set,
+    key_retired,
+    missing_node,
+)
 from truss.ledger.stores._pg_url import DEFAULT_CHECKPOINT_INTERVAL_MS, PostgresTarget, parse_postgres_url
 from truss.ledger.stores._pg_writer import LedgerImport, PostgresWriter, read_lease
 from truss.ledger.stores.base import (
@@ -118,7 +126,10 @@ class PostgresStore:
         try:
             self._link.check_server(conn)
             self.origin: str = self._link.init_schema(
-                conn, create=create, new_origin=key.name if key is not None else origin
+                conn,
+                create=create,
+                new_origin=key.name if key is not None else origin,
+                founder=key.verifier.vkey if key is not None else None,
             )
             if key is not None and key.name != self.origin:
                 raise KeyFileError(
@@ -126,12 +137,22 @@ class PostgresStore:
                     remedy="use the key this ledger was created with (rotated keys keep the log's name)",
                     file=self.db,
                 )
-            if key is not None and key_retired(conn, key.key_id):
+            if key is not None and key_retired(conn, key):
                 raise KeyFileError(
-                    f"the identity key {key.key_id} was retired by a key rotation recorded in {self.db}",
+                    f"the identity key {key.key_id} was retired by a key rotation or removed from the key set "
+                    f"recorded in {self.db}",
                     remedy="use the current identity key; `truss key rotate` completes a rotation that was interrupted",
                     file=self.db,
                     reason="key_retired",
+                )
+            if key is not None and not key_in_set(conn, key):
+                raise KeyFileError(
+                    f"the identity key {key.key_id} is not in the key set of the log {self.origin!r} in {self.db}: "
+                    "a worker signs entries only once the log key admitted it",
+                    remedy="in the home holding the log key, run the `truss ledger keys add-worker` line "
+                    "`truss init --join` printed for this home",
+                    file=self.db,
+                    reason="key_not_admitted",
                 )
             self._writer = PostgresWriter(
                 self._link, conn, key=key, clock=clock, origin=self.origin, group_commit=group_commit
@@ -349,6 +370,24 @@ class PostgresStore:
                     (view.signed_size,),
                 )
                 return result
+        except psycopg.Error as exc:
+            raise self._link.error("checkpoint", exc) from exc
+
+    def await_checkpoint(self, covering: int, timeout_ms: int) -> bool:
+        """Wait (at most ``timeout_ms``, by the server's clock) until a stored checkpoint covers the
+        first ``covering`` entries: how a worker, whose key signs no checkpoint, gets one the log
+        key's publisher signed. True when one does."""
+        try:
+            with self._reader() as conn:
+                row = conn.execute(f"SELECT {_NOW_MS}").fetchone()
+                deadline = int(row[0] if row is not None else 0) + timeout_ms
+                while True:
+                    row = conn.execute(f"SELECT max(size), {_NOW_MS} FROM checkpoints").fetchone()  # noqa: S608
+                    if row is not None and row[0] is not None and int(row[0]) >= covering:
+                        return True
+                    if row is None or int(row[1]) >= deadline:
+                        return False
+                    conn.execute("SELECT pg_sleep(0.05)")
         except psycopg.Error as exc:
             raise self._link.error("checkpoint", exc) from exc
 
