@@ -47,6 +47,7 @@ SNAPSHOT: dict[str, list[str]] = {
         "PinMismatchError",
         "PolicyError",
         "ProviderError",
+        "QuotaExceededError",
         "ReplayDivergenceError",
         "RunSuspended",
         "RuntimeFailure",

@@ -30,6 +30,7 @@ specific first, so the CLI and serve-mcp need exactly one handler::
         ├── ProviderError               a model provider failed (status, retryable)
         ├── WitnessError                witnesses did not cosign a checkpoint to the quorum (retryable)
         └── ReplayDivergenceError       a resumed run asked for something the ledger did not record
+    QuotaExceededError                  exit 6: a quota across runs has no room for this run (yet)
 
 Tests assert on types and fields, never on message text. ``diagnostics()`` is the one-paragraph
 text users see: what is wrong, where, and what to do about it. Messages never hold secret values:
@@ -52,6 +53,7 @@ __all__ = [
     "PinMismatchError",
     "PolicyError",
     "ProviderError",
+    "QuotaExceededError",
     "ReplayDivergenceError",
     "RunSuspended",
     "RuntimeFailure",
@@ -339,3 +341,20 @@ class InDoubtError(RunSuspended):
     """
 
     kind = "in_doubt"
+
+
+# -- exit 6: a quota across runs refused the run ----------------------------------------------
+
+
+class QuotaExceededError(TrussError):
+    """A run's reservation does not fit a quota across runs; nothing was started or recorded but
+    the refusal itself.
+
+    Fields: ``quota`` (its name or description), ``dimension`` (``runs``, ``tool_calls``,
+    ``tokens``), ``limit``, ``used``, ``requested``, ``frees_at_ms`` (when enough frees up for this
+    run, or None when time alone will not do it), ``held_by`` (sessions whose unsettled
+    reservations hold it), ``retryable``.
+    """
+
+    exit_code = 6
+    kind = "quota"

@@ -61,6 +61,8 @@ from truss._errors import (
     TrussError,
     UsageError,
 )
+from truss._quota_book import reserve as quota_reserve
+from truss._quota_book import settle as quota_settle
 from truss._version import __version__
 from truss.budget import BudgetState
 from truss.contract import Contract, render_intent
@@ -76,6 +78,7 @@ from truss.ledger.workers import end_checkpoint
 from truss.loop import LoopResult, run_loop
 from truss.panel import ReviewerSet, open_reviewers, run_panels
 from truss.providers.base import Provider
+from truss.quota import quotas_of
 from truss.runtime import Connector, ProviderFactory, Runtime
 from truss.tools import MountedTool, ToolTransport
 from truss.verdict import RunError, Verdict, evaluate
@@ -170,6 +173,13 @@ async def run_contract(
         if store.session(session_id) is not None:
             return outcome_of(store, session_id)
     session = session_id or runtime.clock.new_id("s")
+    if quotas_of(contract):
+        # Before anything starts: a run that does not fit a quota is refused with nothing but the
+        # refusal's settlements on record (QuotaExceededError, exit 6).
+        now = runtime.clock.now_ms()
+        await anyio.to_thread.run_sync(
+            lambda: quota_reserve(store, contract, session=session, principal=principal, now_ms=now)
+        )
     journal = Journal(store, session)
     run = _Run(runtime, contract, journal, stop)
     return await run.drive(principal=principal, resumed_from=None)
@@ -665,6 +675,7 @@ class _Run:
         verdict_entry = next(e for e in reversed(self.journal.entries) if e.kind == "verdict")
         _faults.fault("during_verdict")
         [ended] = await self.journal.append(Record("session_ended", {"status": verdict.status}), durable=True)
+        await self._settle_quotas()
         checkpoint = await anyio.to_thread.run_sync(lambda: _sign_checkpoint(self.store, self.key))
         self.events.checkpoint_signed(checkpoint)
         predicate = {
@@ -680,6 +691,15 @@ class _Run:
         await self._witness(checkpoint)
         return RunOutcome(self.session, verdict.status, body, ended.hash, checkpoint, EXIT_CODES[verdict.status],
                           verdict.reason)  # fmt: skip
+
+    async def _settle_quotas(self) -> None:
+        """Settle the run's quota reservation to what it used; a failure here is settled later by
+        the next reservation that sees the ended session (``truss._quota_book``)."""
+        if not quotas_of(self.contract):
+            return
+        now = self.clock.now_ms()
+        with contextlib.suppress(TrussError), anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: quota_settle(self.store, self.session, now_ms=now))
 
     async def _witness(self, checkpoint: str) -> None:
         """Submit the end-of-session checkpoint to the home's witnesses, if it has any (never raises:

@@ -51,6 +51,7 @@ from truss.contract.models import (
     ParamSpec,
     Policy,
     PolicyRule,
+    Quota,
     Step,
 )
 from truss.contract.panel import PANEL, PANEL_KIND, panel_checks, reviewer_name, uses_panel
@@ -104,6 +105,7 @@ __all__ = [
     "PolicyRule",
     "ProviderCapabilities",
     "ProviderKind",
+    "Quota",
     "Reviewer",
     "Sandbox",
     "SandboxLevel",

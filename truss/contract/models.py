@@ -48,6 +48,7 @@ __all__ = [
     "ParamSpec",
     "Policy",
     "PolicyRule",
+    "Quota",
     "Step",
 ]
 
@@ -285,6 +286,55 @@ class DoneConfig(Model):
         return self
 
 
+# -- [[quotas]] and [[harness.quotas]] ----------------------------------------------------------
+
+
+class Quota(Model):
+    """A limit across runs over a sliding ``window`` (``truss.quota``; docs/contracts.md "Quotas").
+
+    ``per`` says what is counted together: every run of the contract (``contract``), of one
+    principal (``principal``), the calls to one server (``server``: the named one, or each server
+    the run declares) or to one tool (``tool``, named as ``mcp:<server>:<tool>``). An operator
+    quota (``[[harness.quotas]]``) counts across every contract; a contract's own (``[[quotas]]``)
+    counts only that contract's runs and can only add limits, never lift the operator's.
+    """
+
+    name: str | None = None
+    window: Duration
+    per: Literal["contract", "principal", "server", "tool"] = "contract"
+    server: str | None = None
+    tool: str | None = None
+    runs: NonNegativeInt | None = None
+    tool_calls: NonNegativeInt | None = None
+    tokens: NonNegativeInt | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not NAME_RE.match(value):
+            raise ValueError(f"quota name {value!r} must be 1-64 of [a-z0-9-], starting with a letter or digit")
+        return value
+
+    @field_validator("tool")
+    @classmethod
+    def _tool(cls, value: str | None) -> str | None:
+        return None if value is None else check_tool_ref(value)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Quota:
+        if self.runs is None and self.tool_calls is None and self.tokens is None:
+            raise ValueError("a quota needs at least one of runs, tool_calls, tokens")
+        if self.tool is not None and self.per != "tool":
+            raise ValueError('tool is only for per = "tool"')
+        if self.per == "tool" and self.tool is None:
+            raise ValueError('per = "tool" needs tool = "mcp:<server>:<tool>"')
+        if self.server is not None and self.per != "server":
+            raise ValueError('server is only for per = "server"')
+        if self.per in ("server", "tool") and self.tokens is not None:
+            raise ValueError(f"tokens cannot be counted per {self.per}: a model turn belongs to no one server or tool")
+        return self
+
+
 # -- [ledger], [harness] ----------------------------------------------------------------------
 
 
@@ -301,6 +351,8 @@ class Harness(Model):
     allow_hosts: list[str] | None = None
     sandbox: SandboxLevel | None = None
     sandbox_profile: Sandbox | None = None
+    quotas: list[Quota] | None = None
+    keep: Literal["forever"] | Duration | None = None
 
     @field_validator("sandbox_profile")
     @classmethod
@@ -325,6 +377,7 @@ class Contract(Model):
     done: DoneConfig = Field(default_factory=DoneConfig)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     harness: Harness = Field(default_factory=Harness)
+    quotas: list[Quota] | None = None
     param_values: dict[str, str | int | float | bool] = Field(default_factory=dict[str, str | int | float | bool])
 
     def to_json(self) -> dict[str, Any]:

@@ -76,6 +76,9 @@ KINDS: frozenset[str] = frozenset(
         "key_admitted",
         "key_removed",
         "checkpoint_witnessed",
+        # Quotas across runs, in the reserved session ``@quota`` (``truss.quota``).
+        "quota_reserved",
+        "quota_settled",
     }
 )
 

@@ -24,3 +24,7 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         self._ms += round(seconds * 1000)
         self._mono += seconds
+
+    def set_wall_ms(self, ms: int) -> None:
+        """Set the wall clock (forward or back, as an operator or NTP might); monotonic time stays."""
+        self._ms = ms

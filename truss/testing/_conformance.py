@@ -18,7 +18,7 @@ from truss.ledger.entry import ZERO_HASH, Record, StoredEntry
 from truss.ledger.keys import CosignerKey, IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree, leaf_hash, root_at
 from truss.ledger.note import sign_checkpoint_note
-from truss.ledger.stores.base import LeaseOwner, LedgerStore
+from truss.ledger.stores.base import LeaseOwner, LedgerStore, append_checked
 from truss.ledger.verification import verify_ledger
 from truss.testing._clock import ManualClock
 
@@ -295,6 +295,39 @@ def _a_session_has_one_owner_and_stale_epochs_are_fenced(
     assert info is not None and info.entries == 3, "the refused append wrote nothing"
 
 
+def _checked_appends_never_overspend_together(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
+    # The reservation transaction of quotas: 12 writers each take one of 5 slots if one is free,
+    # deciding on what the store holds; exactly 5 succeed whatever the interleaving.
+    errors: list[BaseException] = []
+    taken: list[int] = []
+
+    def writer(n: int) -> None:
+        seen: list[StoredEntry] = []
+
+        def decide(fresh: list[StoredEntry], seq: int) -> list[Record]:
+            seen.extend(fresh)
+            if sum(1 for e in seen if e.kind == "model_turn") >= 5:
+                return []
+            start = [_start()] if seq == 0 else []
+            return [*start, Record("model_turn", {"writer": n})]
+
+        try:
+            if append_checked(store, "@slots", decide):
+                taken.append(n)
+        except BaseException as exc:  # surfaced below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, f"a checked writer failed: {errors[0]!r}"
+    entries = list(store.read_session("@slots"))
+    assert len(taken) == 5, f"{len(taken)} checked writers took a slot, not 5"
+    assert sorted(e.body["writer"] for e in entries if e.kind == "model_turn") == sorted(taken)
+
+
 _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _appends_assign_seq_prev_index_ts_and_sign,
     _sessions_are_listed,
@@ -307,4 +340,5 @@ _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _expect_index_refuses_an_append_elsewhere_in_the_log,
     _concurrent_appends_leave_valid_chains,
     _a_session_has_one_owner_and_stale_epochs_are_fenced,
+    _checked_appends_never_overspend_together,
 ]

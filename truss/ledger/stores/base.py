@@ -42,6 +42,7 @@ __all__ = [
     "SessionInfo",
     "StoreOpener",
     "StoredCheckpoint",
+    "append_checked",
     "check_epoch",
     "check_status",
     "grant_lease",
@@ -414,3 +415,50 @@ def seal_batch(
         ended = record.kind == "session_ended"
         prev, seq, index = entry.hash, seq + 1, index + 1
     return out
+
+
+MAX_CHECKED_ATTEMPTS = 200
+"""How often ``append_checked`` re-reads and re-decides before it gives up (each lost race is
+another writer's success, so this bounds the writers that may win ahead of one caller)."""
+
+
+def append_checked(
+    store: LedgerStore,
+    session: str,
+    decide: Callable[[list[StoredEntry], int], Sequence[Record]],
+    *,
+    from_seq: int = 0,
+    durable: bool = True,
+) -> list[StoredEntry]:
+    """Append what ``decide`` makes of a session's current entries, as one check-and-write.
+
+    ``decide(new_entries, next_seq)`` sees the entries appended since the last attempt (from
+    ``from_seq``, where the caller's fold stands) and returns the records to append (none: nothing
+    is written), or raises to refuse. The append carries ``expect_seq=next_seq``: inside the
+    backend's write transaction a stale head is refused (``StoreConflictError``), so a decision is
+    only ever written over exactly the entries it was made on, and two writers can never both
+    write decisions that only fit one at a time. On a lost race the new entries are read and
+    ``decide`` runs again. This is the reservation transaction of quotas (``truss._quota_book``);
+    every backend that passes ``check_ledger_store`` supports it, because the conformance check
+    holds every backend to ``expect_seq`` inside its transaction and to this function under
+    concurrent writers.
+    """
+    seq = from_seq
+    for _ in range(MAX_CHECKED_ATTEMPTS):
+        fresh = list(store.read_session(session, from_seq=seq))
+        if fresh:
+            seq = fresh[-1].seq + 1
+        records = decide(fresh, seq)
+        if not records:
+            return []
+        try:
+            return store.append(session, list(records), durable=durable, expect_seq=seq)
+        except StoreConflictError as exc:
+            if exc.fields.get("actual") is None and records[0].kind != "session_started":
+                raise  # not a lost race on the head (an ended session, a stale lease)
+            continue
+    raise StoreConflictError(
+        f"session {session}: {MAX_CHECKED_ATTEMPTS} attempts to append lost the race to other writers",
+        remedy="the store is under heavy contention; retry",
+        session=session,
+    )

@@ -1,0 +1,172 @@
+"""Quotas across runs: reserve the worst case before a run starts, settle to what it used at its end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.gate.support import contract_from, fake_connector, new_store, scripted
+from truss._errors import QuotaExceededError
+from truss.contract import Contract
+from truss.ledger.keys import TrustedKeys
+from truss.ledger.verification import verify_ledger
+from truss.quota import QUOTA_SESSION
+from truss.runtime import Runtime
+from truss.session import RunOutcome, approve_call, resume_session, run_contract
+from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
+from truss.tools import MountedTool, ToolResult
+
+pytestmark = pytest.mark.anyio
+
+HOUR_MS = 3_600_000
+
+FIVE_RUNS = """
+[contract]
+name = "five-a-day"
+intent = "read once"
+[budget]
+max_tool_calls = 2
+[[quotas]]
+name = "runs-per-day"
+window = "24h"
+runs = 5
+[[mcp.servers]]
+name = "srv"
+command = "unused"
+allow_tools = ["read", "write"]
+[[agent.steps]]
+tool = "mcp:srv:read"
+"""
+
+TEN_CALLS = """
+[contract]
+name = "ten-calls"
+intent = "write once, with a person's approval"
+[budget]
+max_tool_calls = 4
+[policy]
+[[policy.rules]]
+tool = "mcp:srv:write"
+effect = "ask"
+[[quotas]]
+name = "calls-per-day"
+window = "24h"
+tool_calls = 10
+[[mcp.servers]]
+name = "srv"
+command = "unused"
+allow_tools = ["read", "write"]
+[[agent.steps]]
+tool = "mcp:srv:write"
+"""
+
+
+class World:
+    def __init__(self, tmp_path: Path, text: str) -> None:
+        self.clock = ManualClock(start_ms=1_800_000_000_000)
+        self.store, self.key = new_store(tmp_path, self.clock)
+        self.home = tmp_path / "home"
+        self.contract: Contract = contract_from(text)
+
+        async def handler(tool: MountedTool, arguments: Any) -> ToolResult:
+            return text_result(f"{tool.tool} ok")
+
+        self.transport = FakeTransport(handler, tools=[mounted_tool("srv", "read"), mounted_tool("srv", "write")])
+
+    def runtime(self) -> Runtime:
+        return Runtime(store=self.store, key=self.key, clock=self.clock, home=self.home, environ={},
+                       connector=fake_connector(self.transport), provider=scripted())  # fmt: skip
+
+    async def run(self, **kw: Any) -> RunOutcome:
+        with anyio.fail_after(30):
+            return await run_contract(self.runtime(), self.contract, **kw)
+
+    def run_sessions(self) -> list[str]:
+        return [s.id for s in self.store.sessions() if not s.id.startswith("@")]
+
+
+async def test_twenty_concurrent_starts_against_five_runs_a_day_run_exactly_five(tmp_path: Path) -> None:
+    w = World(tmp_path, FIVE_RUNS)
+    outcomes: list[RunOutcome] = []
+    refused: list[QuotaExceededError] = []
+
+    async def start(n: int) -> None:
+        try:
+            outcomes.append(await w.run(session_id=f"s_start{n}"))
+        except QuotaExceededError as exc:
+            refused.append(exc)
+
+    async with anyio.create_task_group() as group:
+        for n in range(20):
+            group.start_soon(start, n)
+    assert len(outcomes) == 5 and all(o.status == "pass" for o in outcomes)
+    assert len(refused) == 15
+    assert {e.quota for e in refused} == {"runs-per-day"} and {e.dimension for e in refused} == {"runs"}
+    # Refused before anything started: no session, no call; only the five ran.
+    assert len(w.run_sessions()) == 5 and len(w.transport.calls) == 5
+    assert QuotaExceededError.exit_code == 6 and all(e.retryable for e in refused)
+    # Each refusal says when it frees: a day after the runs' start, or as the running runs end.
+    assert all(e.frees_at_ms == 1_800_000_000_000 + 24 * HOUR_MS or e.held_by for e in refused)
+    assert verify_ledger(w.store, TrustedKeys([w.key.verifier])).ok
+
+
+async def test_a_full_window_frees_after_its_time_and_a_clock_set_back_does_not_shorten_it(tmp_path: Path) -> None:
+    w = World(tmp_path, FIVE_RUNS)
+    for _ in range(5):
+        assert (await w.run()).status == "pass"
+    with pytest.raises(QuotaExceededError) as refused:
+        await w.run()
+    assert refused.value.frees_at_ms == 1_800_000_000_000 + 24 * HOUR_MS
+
+    w.clock.advance(23 * 3600)
+    with pytest.raises(QuotaExceededError):
+        await w.run()
+    w.clock.set_wall_ms(1_800_000_000_000 - 48 * HOUR_MS)  # set back two days: the window must not look over
+    with pytest.raises(QuotaExceededError):
+        await w.run()
+    w.clock.set_wall_ms(1_800_000_000_000 + 24 * HOUR_MS)
+    assert (await w.run()).status == "pass"
+    stamps = [e.body["at_ms"] for e in w.store.read_session(QUOTA_SESSION) if "at_ms" in e.body]
+    assert stamps == sorted(stamps)  # time never goes backwards in the quota's record
+
+
+async def test_ten_calls_a_day_refuses_the_third_run_of_budget_four_until_a_settlement_frees_it(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path, TEN_CALLS)
+    a = await w.run()
+    b = await w.run()
+    assert a.status == b.status == "suspended"  # each waits for approval, holding its 4 calls
+    with pytest.raises(QuotaExceededError) as refused:
+        await w.run()
+    assert (refused.value.used, refused.value.limit, refused.value.requested) == (8, 10, 4)
+    assert refused.value.frees_at_ms is None and set(refused.value.held_by) == {a.session, b.session}
+    assert len(w.run_sessions()) == 2
+
+    approve_call(Runtime(w.store), a.session, a.waiting[0], approved=True)
+    with anyio.fail_after(30):
+        done = await resume_session(w.runtime(), a.session)
+    assert done.status == "pass"
+    settled = [e.body for e in w.store.read_session(QUOTA_SESSION) if e.kind == "quota_settled"]
+    assert [s["session"] for s in settled] == [a.session]
+    assert [u["tool_calls"] for u in settled[0]["used"].values()] == [1]
+    third = await w.run()  # 1 used + 4 held + 4 reserved fits 10
+    assert third.status == "suspended"
+
+
+async def test_a_run_whose_budget_alone_exceeds_a_quota_is_refused_as_not_retryable(tmp_path: Path) -> None:
+    w = World(tmp_path, TEN_CALLS.replace("tool_calls = 10", "tool_calls = 3"))
+    with pytest.raises(QuotaExceededError) as refused:
+        await w.run()
+    assert not refused.value.retryable and refused.value.requested == 4
+    assert w.run_sessions() == []
+
+
+async def test_a_token_quota_over_a_run_without_max_tokens_is_refused_as_unbounded(tmp_path: Path) -> None:
+    w = World(tmp_path, FIVE_RUNS.replace("runs = 5", "tokens = 1000"))
+    with pytest.raises(QuotaExceededError) as refused:
+        await w.run()
+    assert refused.value.dimension == "tokens" and not refused.value.retryable
