@@ -208,6 +208,7 @@ def _answer(outcome: RunOutcome) -> RunAnswer:
         checkpoint=outcome.checkpoint,
         reason=outcome.reason,
         waiting=tuple(outcome.waiting),
+        waiting_on=outcome.waiting_on,
     )
 
 

@@ -130,6 +130,10 @@ _RUN_OUTPUT: dict[str, Any] = {
             "items": {"type": "string"},
             "description": "Calls waiting for the operator's `truss approve` when the run is suspended.",
         },
+        "waiting_on": {
+            "type": ["string", "null"],
+            "description": "What a suspended run waits for: approval, in_doubt, signal, task, interrupted.",
+        },
     },
     "required": ["session", "status", "verdict", "head", "checkpoint", "bundle_ref"],
 }

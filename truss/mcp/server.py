@@ -42,6 +42,7 @@ from truss._clock import Clock
 from truss._errors import InputError, NotFoundError, RuntimeFailure, TrussError
 from truss._json import as_mapping
 from truss.mcp._serve_core import Principal, ServeLimits, TokenTable, derive_session_id, json_depth, resolve_contract
+from truss.mcp._serve_tasks import TASKS_EXTENSION, ServeTask, TaskIdParams, task_view, waiting_message, wants_task
 from truss.mcp._serve_tools import EXPORT, RUN, STATUS, TOOL_NAMES, VERDICT, parse_run, parse_session, tool_definitions
 
 __all__ = [
@@ -86,6 +87,7 @@ class RunAnswer:
     checkpoint: str | None = None
     reason: str | None = None
     waiting: tuple[str, ...] = ()  # call ids waiting for `truss approve` when suspended
+    waiting_on: str | None = None  # what a suspended run waits for: approval, in_doubt, signal, task, interrupted
 
     def to_json(self) -> dict[str, Any]:
         finished = self.status not in ("running", "starting")
@@ -98,6 +100,7 @@ class RunAnswer:
             "bundle_ref": {"tool": EXPORT, "arguments": {"session": self.session}} if finished else None,
             "reason": self.reason,
             "waiting": list(self.waiting),
+            "waiting_on": self.waiting_on,
         }
 
 
@@ -217,6 +220,9 @@ class ServeApp:
         self.stopping = anyio.Event()
         self._active = 0
         self._runs: OrderedDict[str, _Run] = OrderedDict()
+        self._tasks: OrderedDict[str, ServeTask] = OrderedDict()
+        self._queued: OrderedDict[str, tuple[ServeTask, str | None, Starter]] = OrderedDict()
+        self._resume_tried: dict[str, str | None] = {}  # task id -> the session head its last resume saw
         self._tools = [types.Tool.model_validate(d) for d in tool_definitions()]
         self.server: Server[Any] = Server(
             "truss",
@@ -228,9 +234,15 @@ class ServeApp:
                 "truss_contract_status, truss_ledger_verdict and truss_ledger_export with the session it returns."
             ),
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
         )
+        # Registered as a plain handler: a task-augmented call answers a CreateTaskResult, which the
+        # typed on_call_tool slot (CallToolResult | InputRequiredResult) cannot express.
+        self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
         self.server.middleware.append(self._bounds)
+        # The 2026-07-28 Tasks extension (truss/mcp/_serve_tasks.py): advertised, and its two methods served.
+        self.server.extensions[TASKS_EXTENSION] = {}
+        self.server.add_request_handler("tasks/get", TaskIdParams, self._tasks_get)
+        self.server.add_request_handler("tasks/cancel", TaskIdParams, self._tasks_cancel)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -269,7 +281,7 @@ class ServeApp:
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         if params.name not in TOOL_NAMES:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name[:128]}")
         principal = self._principal(ctx)
@@ -297,19 +309,18 @@ class ServeApp:
 
     async def _run(
         self, ctx: ServerRequestContext[Any, Any], principal: Principal, arguments: Mapping[str, Any]
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         request = parse_run(arguments)
         backend = self.config.backend
+        as_task = wants_task(ctx.protocol_version, ctx.session.client_capabilities)
 
-        wait = not request.run_async
+        wait = not request.run_async and not as_task
         if request.session_id is not None:
-            existing = await self._existing(ctx, principal, request.session_id, wait=wait)
-            if existing is not None:
-                return existing
+            for candidate in (request.session_id, derive_session_id(principal, request.session_id)):
+                existing = await self._existing(ctx, principal, candidate, wait=wait)
+                if existing is not None:
+                    return self._task_for_existing(principal, candidate) if as_task else existing
             session_id = derive_session_id(principal, request.session_id)
-            existing = await self._existing(ctx, principal, session_id, wait=wait)
-            if existing is not None:
-                return existing
         else:
             session_id = self.config.clock.new_id("s")
 
@@ -319,6 +330,8 @@ class ServeApp:
         def start(sink: ProgressSink, stop: anyio.Event) -> Awaitable[RunAnswer]:
             return backend.run(contract, session_id=session_id, principal=principal, on_progress=sink, stop=stop)
 
+        if as_task:
+            return self._start_task(principal, session_id, request.contract, start)
         return await self._start(ctx, principal, session_id, request.contract, start, wait=wait)
 
     async def _start(
@@ -336,6 +349,13 @@ class ServeApp:
         run = self._runs.get(session_id)
         if run is not None and not run.done.is_set():
             return await self._wait(ctx, run) if wait else await self._answer_for(run)
+        run = self._launch(principal, session_id, contract, start)
+        if not wait:
+            return _ok(RunAnswer(session=session_id, status="running").to_json())
+        return await self._wait(ctx, run)
+
+    def _launch(self, principal: Principal, session_id: str, contract: str | None, start: Starter) -> _Run:
+        """Start a run as a task of the server process now, or raise ``_Busy`` (nothing awaits here)."""
         if self.stopping.is_set():
             raise _Busy("the server is stopping; nothing was started", remedy="Retry later", retryable=True)
         limit = self.config.limits.max_concurrent_runs
@@ -351,10 +371,7 @@ class ServeApp:
         self._runs[session_id] = run
         self._active += 1
         self._tg.start_soon(self._drive, run, start)
-
-        if not wait:
-            return _ok(RunAnswer(session=session_id, status="running").to_json())
-        return await self._wait(ctx, run)
+        return run
 
     async def _existing(
         self, ctx: ServerRequestContext[Any, Any], principal: Principal, session_id: str, *, wait: bool
@@ -455,12 +472,183 @@ class ServeApp:
         finally:
             self._active -= 1
             run.done.set()
+            task = self._tasks.get(run.session)
+            if task is not None:
+                task.updated_ms = self.config.clock.now_ms()
             self._forget_old()
+            self._dispatch()
 
     def _forget_old(self) -> None:
         finished = [sid for sid, run in self._runs.items() if run.done.is_set()]
         for sid in finished[: max(0, len(finished) - self.config.limits.max_finished_kept)]:
             del self._runs[sid]
+
+    # -- native MCP Tasks (truss/mcp/_serve_tasks.py) ----------------------------------------
+
+    def _start_task(
+        self, principal: Principal, session_id: str, contract: str | None, start: Starter
+    ) -> dict[str, Any]:
+        """Register the run as a task and start it (or queue it for a free slot); answer its seed at once."""
+        now = self.config.clock.now_ms()
+        existing = self._tasks.get(session_id)
+        if existing is not None and existing.principal == principal and existing.state in ("queued", "running"):
+            return self._seed(existing)
+        if self.stopping.is_set():
+            raise _Busy("the server is stopping; nothing was started", remedy="Retry later", retryable=True)
+        limit = self.config.limits.max_concurrent_runs
+        if self._active >= limit and len(self._queued) >= limit:
+            raise _Busy(
+                f"busy: {self._active} runs in progress and {len(self._queued)} tasks queued (the limit is {limit} "
+                "of each); nothing was started",
+                remedy="Retry later",
+                retryable=True,
+                limit="max_concurrent_runs",
+            )
+        task = ServeTask(session_id, principal, created_ms=now, updated_ms=now)
+        self._tasks[session_id] = task
+        self._tasks.move_to_end(session_id)
+        self._queued[session_id] = (task, contract, start)
+        self._dispatch()
+        self._forget_old_tasks()
+        return self._seed(task)
+
+    def _task_for_existing(self, principal: Principal, session_id: str) -> dict[str, Any]:
+        """A repeated session id in task mode: the task of that session (resumed when it could be)."""
+        now = self.config.clock.now_ms()
+        task = self._tasks.get(session_id)
+        if task is None or task.principal != principal:
+            task = ServeTask(session_id, principal, created_ms=now, updated_ms=now, state="finished")
+            self._tasks[session_id] = task
+        run = self._runs.get(session_id)
+        if run is not None and not run.done.is_set():
+            task.state = "running"
+        return self._seed(task)
+
+    def _dispatch(self) -> None:
+        """Start queued tasks, oldest first, while run slots are free."""
+        limit = self.config.limits.max_concurrent_runs
+        while self._queued and self._active < limit and not self.stopping.is_set():
+            session_id, (task, contract, start) = next(iter(self._queued.items()))
+            del self._queued[session_id]
+            task.state = "running"
+            task.updated_ms = self.config.clock.now_ms()
+            self._launch(task.principal, session_id, contract, start)
+
+    def _forget_old_tasks(self) -> None:
+        done = [t for t, task in self._tasks.items() if task.state in ("finished", "cancelled")]
+        for task_id in done[: max(0, len(done) - self.config.limits.max_finished_kept)]:
+            del self._tasks[task_id]
+
+    def _seed(self, task: ServeTask) -> dict[str, Any]:
+        # A CreateTaskResult rides the tools/call answer as a claimed shape (resultType "task"); the
+        # SDK's runner passes a modern-era extension resultType through unsieved.
+        message = self._queued_message() if task.state == "queued" else "the run is starting"
+        view = task_view(task.task_id, status="working", created_ms=task.created_ms, updated_ms=task.updated_ms,
+                         message=message)  # fmt: skip
+        return {"resultType": "task", **view}
+
+    def _queued_message(self) -> str:
+        return (
+            f"queued: {self._active} runs in progress (the limit is {self.config.limits.max_concurrent_runs}); "
+            "the run starts when one ends, and tasks/cancel stops it before it starts"
+        )
+
+    async def _tasks_get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        principal = self._principal(ctx)
+        task = self._owned_task(principal, params.task_id)
+        if task is None:
+            return await self._stored_task(principal, params.task_id)
+        base: dict[str, Any] = {"created_ms": task.created_ms, "updated_ms": task.updated_ms}
+        if task.state == "queued":
+            return task_view(task.task_id, status="working", message=self._queued_message(), **base)
+        if task.state == "cancelled":
+            return task_view(task.task_id, status="cancelled", message="cancelled before the run started; "
+                             "nothing was run or recorded", **base)  # fmt: skip
+        run = self._runs.get(task.task_id)
+        if run is None:
+            return await self._stored_task(principal, params.task_id, task)
+        if not run.done.is_set():
+            note = _progress_text(run.progress) if run.progress else "running"
+            if task.cancel_asked:
+                note = "cancellation was asked after the run started: it runs to its verdict; " + note
+            return task_view(task.task_id, status="working", message=note, **base)
+        task.state = "finished"
+        if run.error is not None:
+            result = _error(run.error, self.config.contracts_dir, session=run.session)
+            return task_view(task.task_id, status="completed", message=f"refused or failed: {run.error.kind}",
+                             result=_wire(result), **base)  # fmt: skip
+        assert run.answer is not None
+        return await self._answered_task(principal, task, run.answer, base)
+
+    async def _answered_task(
+        self, principal: Principal, task: ServeTask, answer: RunAnswer, base: dict[str, Any]
+    ) -> dict[str, Any]:
+        data = answer.to_json()
+        if answer.status in _RESUMABLE:
+            await self._resume_if_moved(principal, task, answer)
+            run = self._runs.get(task.task_id)
+            if run is not None and not run.done.is_set():
+                return task_view(task.task_id, status="working", message="resumed: running", **base)
+            return task_view(task.task_id, status="working", message=waiting_message(answer.session, data),
+                             run=data, **base)  # fmt: skip
+        note = f"session {answer.session}: {answer.status}"
+        if task.cancel_asked:
+            note += " (cancellation was asked after the run started; this is how it ended)"
+        return task_view(task.task_id, status="completed", message=note, result=_wire(_answer_result(answer)), **base)
+
+    async def _resume_if_moved(self, principal: Principal, task: ServeTask, answer: RunAnswer) -> None:
+        """Resume a waiting session once something was recorded after its suspension (an approval,
+        a resolution, a signal): the task follows the ledger, as a repeated call would."""
+        view = await anyio.to_thread.run_sync(self.config.backend.lookup, task.task_id)
+        if view is None or not principal.owns(view.principal) or view.status not in _RESUMABLE:
+            return
+        head = await anyio.to_thread.run_sync(lambda: self.config.backend.answer(task.task_id).head)
+        if head == answer.head or self._resume_tried.get(task.task_id) == head:
+            return
+        self._resume_tried[task.task_id] = head
+        backend = self.config.backend
+        session_id = task.task_id
+
+        def resume(sink: ProgressSink, stop: anyio.Event) -> Awaitable[RunAnswer]:
+            return backend.resume(session_id, on_progress=sink, stop=stop)
+
+        with contextlib.suppress(_Busy):  # no slot now: the next poll tries again
+            self._launch(principal, session_id, view.contract, resume)
+            task.updated_ms = self.config.clock.now_ms()
+
+    async def _stored_task(self, principal: Principal, task_id: str, task: ServeTask | None = None) -> dict[str, Any]:
+        """A task this process does not hold (a restart, or forgotten): answered from the ledger."""
+        try:
+            view = await self._owned(principal, task_id)
+        except NotFoundError:
+            raise MCPError(code=types.INVALID_PARAMS, message="unknown task") from None
+        answer = await anyio.to_thread.run_sync(self.config.backend.answer, task_id)
+        now = self.config.clock.now_ms()
+        task = task or ServeTask(task_id, principal, created_ms=now, updated_ms=now, state="finished")
+        self._tasks.setdefault(task_id, task)
+        base: dict[str, Any] = {"created_ms": task.created_ms, "updated_ms": task.updated_ms}
+        if view.status == "running":
+            return task_view(task_id, status="working", message="running (recorded as running; its owner is "
+                             "another process or it stopped without recording it)", **base)  # fmt: skip
+        return await self._answered_task(principal, task, answer, base)
+
+    def _owned_task(self, principal: Principal, task_id: str) -> ServeTask | None:
+        task = self._tasks.get(task_id)
+        return task if task is not None and task.principal == principal else None
+
+    async def _tasks_cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
+        principal = self._principal(ctx)
+        task = self._owned_task(principal, params.task_id)
+        if task is None:
+            await self._stored_task(principal, params.task_id)  # an unknown task is an error; a stored one: ack
+            return {}
+        task.updated_ms = self.config.clock.now_ms()
+        if task.state == "queued":
+            self._queued.pop(task.task_id, None)
+            task.state = "cancelled"
+        elif task.state == "running":
+            task.cancel_asked = True  # cooperative, as the extension allows: a started run reaches its verdict
+        return {}
 
     # -- the read tools ---------------------------------------------------------------------
 
@@ -604,6 +792,10 @@ def _error(exc: TrussError, contracts_dir: Path, **extra: Any) -> types.CallTool
         is_error=True,
         _meta={ERROR_META: data},
     )
+
+
+def _wire(result: types.CallToolResult) -> dict[str, Any]:
+    return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def _version() -> str:

@@ -1,0 +1,179 @@
+"""serve-mcp's native MCP Tasks (the 2026-07-28 Tasks extension) with the Python SDK client over stdio."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import anyio
+import pytest
+from mcp import Client, StdioServerParameters, types
+from mcp.client import ClaimContext, ClientExtension, ResultClaim
+from mcp.client.stdio import stdio_client
+from pydantic import Field
+
+from tests.serve.conftest import Site, error_of, stdio_client_for
+from truss.mcp._serve_tasks import RUN_META, TASKS_EXTENSION
+
+pytestmark = pytest.mark.anyio
+
+
+class TaskHandle(types.Result):
+    """The claimed ``CreateTaskResult`` (``resultType: "task"``)."""
+
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    status_message: str | None = None
+
+
+class TaskIdParams(types.RequestParams):
+    task_id: str = Field(alias="taskId")
+
+
+class GetTask(types.Request[TaskIdParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+
+
+class CancelTask(types.Request[TaskIdParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+
+
+class TaskState(types.Result):
+    task_id: str
+    status: str
+    status_message: str | None = None
+    result: dict[str, Any] | None = None
+    created_at: str
+    last_updated_at: str
+    poll_interval_ms: int | None = None
+
+
+async def _resolve(handle: TaskHandle, ctx: ClaimContext) -> types.CallToolResult:
+    with anyio.fail_after(60):
+        while True:
+            state = await ctx.session.send_request(GetTask(params=TaskIdParams(taskId=handle.task_id)), TaskState)
+            if state.status == "completed" and state.result is not None:
+                return types.CallToolResult.model_validate(state.result)
+            await anyio.sleep(0.05)
+
+
+class Tasks(ClientExtension):
+    identifier = TASKS_EXTENSION
+
+    def claims(self) -> Sequence[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=_resolve)]
+
+
+@asynccontextmanager
+async def task_client(site: Site, *extra: str) -> AsyncGenerator[Client]:
+    cmd = site.cmd(*extra)
+    params = StdioServerParameters(command=cmd[0], args=cmd[1:], env=site.env)
+    with (site.tmp / "serve-tasks.stderr.log").open("a", encoding="utf-8") as errlog:
+        async with Client(stdio_client(params, errlog=errlog), extensions=[Tasks()], read_timeout_seconds=60,  # pyright: ignore[reportArgumentType]
+                          cache=None) as client:  # fmt: skip
+            yield client
+
+
+async def start_task(client: Client, arguments: dict[str, Any]) -> TaskHandle:
+    handle = await client.session.call_tool("truss_run_contract", arguments, allow_claimed=True)
+    assert isinstance(handle, TaskHandle), handle
+    return handle
+
+
+async def get(client: Client, task_id: str) -> TaskState:
+    return await client.session.send_request(GetTask(params=TaskIdParams(taskId=task_id)), TaskState)
+
+
+async def poll_until(client: Client, task_id: str, done: Callable[[TaskState], bool]) -> TaskState:
+    with anyio.fail_after(90):
+        while True:
+            state = await get(client, task_id)
+            if done(state):
+                return state
+            await anyio.sleep(0.05)
+
+
+async def test_a_task_mode_call_gets_a_task_id_at_once_and_polling_returns_the_verdict(serve_site: Site) -> None:
+    flag = serve_site.flag("task-once")
+    async with task_client(serve_site) as client:
+        with anyio.fail_after(60):
+            handle = await start_task(client, {"contract": "gated", "params": {"flag": str(flag)}})
+        assert handle.status == "working" and handle.task_id.startswith("s_")
+        # The run is held mid-call by the gate server: the task is working, and says what it is doing.
+        state = await get(client, handle.task_id)
+        assert state.status == "working"
+        flag.touch()
+        final = await poll_until(client, handle.task_id, lambda s: s.status == "completed")
+        assert final.result is not None and final.result.get("isError") is False
+        answer = final.result["structuredContent"]
+        assert answer["session"] == handle.task_id and answer["status"] == "pass"
+        # The SDK's claim resolver polls transparently: call_tool then returns the CallToolResult.
+        flag.touch()
+        with anyio.fail_after(60):
+            result = await client.call_tool("truss_run_contract", {"contract": "gated", "params": {"flag": str(flag)}})
+        assert not result.is_error and (result.structured_content or {})["status"] == "pass"
+
+
+async def test_a_suspended_delegated_run_is_reported_as_waiting_for_approval(serve_site: Site) -> None:
+    async with task_client(serve_site) as client:
+        with anyio.fail_after(60):
+            handle = await start_task(client, {"contract": "asks"})
+        state = await poll_until(client, handle.task_id, lambda s: RUN_META in (s.meta or {}))
+        assert state.status == "working"
+        assert "approval" in (state.status_message or "") and f"truss approve {handle.task_id}" in (
+            state.status_message or ""
+        )
+        run = (state.meta or {}).get(RUN_META)
+        assert run is not None and run["status"] == "suspended" and run["waiting_on"] == "approval"
+        assert run["waiting"]
+
+
+async def test_cancelling_a_queued_task_stops_it_before_it_starts_and_records_nothing(serve_site: Site) -> None:
+    flag = serve_site.flag("task-cancel")
+    async with task_client(serve_site, "--max-concurrent-runs", "1") as client:
+        with anyio.fail_after(60):
+            first = await start_task(client, {"contract": "gated", "params": {"flag": str(flag)}})
+            second = await start_task(client, {"contract": "gated", "params": {"flag": str(flag)}})
+        queued = await get(client, second.task_id)
+        assert queued.status == "working" and (queued.status_message or "").startswith("queued")
+        await client.session.send_request(CancelTask(params=TaskIdParams(taskId=second.task_id)), types.EmptyResult)
+        cancelled = await get(client, second.task_id)
+        assert cancelled.status == "cancelled"
+        flag.touch()
+        done = await poll_until(client, first.task_id, lambda s: s.status == "completed")
+        assert done.result is not None and done.result["structuredContent"]["status"] == "pass"
+        # Nothing of the cancelled task reached the ledger.
+        status = await client.call_tool("truss_contract_status", {"session": second.task_id})
+        assert error_of(status)["kind"] == "not_found"
+
+
+async def test_cancelling_after_the_run_started_lets_it_finish_and_tells_the_truth(serve_site: Site) -> None:
+    flag = serve_site.flag("task-late-cancel")
+    async with task_client(serve_site) as client:
+        with anyio.fail_after(60):
+            handle = await start_task(client, {"contract": "gated", "params": {"flag": str(flag)}})
+        await client.session.send_request(CancelTask(params=TaskIdParams(taskId=handle.task_id)), types.EmptyResult)
+        state = await get(client, handle.task_id)
+        assert state.status == "working" and "runs to its verdict" in (state.status_message or "")
+        flag.touch()
+        done = await poll_until(client, handle.task_id, lambda s: s.status == "completed")
+        assert done.result is not None and done.result["structuredContent"]["status"] == "pass"
+        assert "cancellation was asked after the run started" in (done.status_message or "")
+
+
+async def test_a_task_of_another_principal_or_an_unknown_id_is_an_unknown_task(serve_site: Site) -> None:
+    async with task_client(serve_site) as client:
+        with anyio.fail_after(30), pytest.raises(Exception) as raised:
+            await get(client, "s_nosuchtask")
+        assert "unknown task" in str(raised.value)
+
+
+async def test_a_client_without_the_extension_keeps_the_synchronous_answer(serve_site: Site) -> None:
+    flag = serve_site.flag("no-ext")
+    flag.touch()
+    async with stdio_client_for(serve_site) as client:
+        with anyio.fail_after(60):
+            result = await client.call_tool("truss_run_contract", {"contract": "gated", "params": {"flag": str(flag)}})
+        assert not result.is_error and (result.structured_content or {})["status"] == "pass"
