@@ -184,6 +184,19 @@ def register(sub: Any) -> None:
     p.add_argument("--payloads", action="store_true", help="required: what to erase")
     p.set_defaults(handler=erase)
     LEDGER_PARSERS["erase"] = p
+
+    p = commands.add_parser(
+        "sweep",
+        help="erase the payloads of sessions ended longer ago than [harness] keep (retention)",
+        description="Retention: erase the payload bytes of every session that ended longer ago than the "
+        'operator config\'s [harness] keep ("90d"; the default "forever" keeps everything), as '
+        "`truss ledger erase` does one session. Unfinished sessions, sessions in doubt or waiting, and "
+        "sessions whose quota reservation is not settled are never swept. serve-mcp sweeps at its start and daily.",
+    )
+    p.add_argument("--keep", metavar="DURATION", help='use this instead of [harness] keep ("30d", "forever")')
+    p.add_argument("--dry-run", action="store_true", help="list what would be swept; erase nothing")
+    p.set_defaults(handler=sweep_payloads)
+    LEDGER_PARSERS["sweep"] = p
     _register_log_commands(commands)
     from truss_cli import _ledger_report  # report and why (docs/report.md), kept in their own module
 
@@ -421,6 +434,39 @@ def erase(args: argparse.Namespace, ctx: Ctx) -> int:
         {"session": args.session, "erased": count},
         f"erased {count} payload(s) of session {args.session}; its entries and their hashes remain and still verify",
     )
+    return 0
+
+
+def sweep_payloads(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.contract import Harness, keep_ms, load_operator_harness
+    from truss.retention import sweep
+
+    if args.keep is not None:
+        try:
+            harness = Harness.model_validate({"keep": args.keep})
+        except ValueError:
+            raise UsageError(
+                f"--keep {args.keep!r} is not a duration",
+                remedy='Give a duration such as "90d" or "12h", or "forever"',
+            ) from None
+    else:
+        harness = load_operator_harness(ctx.home)
+    keep = keep_ms(harness)
+    with ctx.open_runtime(signing=False) as runtime:
+        report = sweep(runtime.store, keep_ms=keep, now_ms=runtime.clock.now_ms(), dry_run=args.dry_run)
+    if keep is None:
+        text = 'retention is "forever" ([harness] keep): nothing swept'
+    else:
+        verb = "would erase" if args.dry_run else "erased"
+        cutoff = _time(report.cutoff_ms or 0)
+        lines = [f"{verb} the payloads of {len(report.swept)} session(s) ended before {cutoff} UTC"]
+        lines += [f"  {s}: {n} payload(s)" if not args.dry_run else f"  {s}" for s, n in sorted(report.swept.items())]
+        kept = len(report.unfinished) + len(report.holding_quota)
+        lines.append(
+            f"kept: {kept} unfinished or quota-holding, {report.recent} recent, {report.already} already swept"
+        )
+        text = "\n".join(lines)
+    ctx.emit({**report.to_json(), "dry_run": args.dry_run}, text)
     return 0
 
 

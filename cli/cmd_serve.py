@@ -118,7 +118,12 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
                 max_concurrent_runs=args.max_concurrent_runs,
             )
             config = ServeConfig(
-                contracts_dir=contracts_dir, home=ctx.home, backend=backend, clock=ctx.clock, limits=limits
+                contracts_dir=contracts_dir,
+                home=ctx.home,
+                backend=backend,
+                clock=ctx.clock,
+                limits=limits,
+                sweep=_retention(ctx, opened.store),
             )
             if args.transport == "stdio":
                 anyio.run(serve_stdio, config, principal)
@@ -132,6 +137,24 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
         finally:
             close_telemetry(ctx, telemetry)
     return 0
+
+
+def _retention(ctx: Ctx, store: Any) -> Any:
+    """serve-mcp's retention sweep ([harness] keep, read at start), or None when keep is "forever"."""
+    from truss.contract import keep_ms, load_operator_harness
+    from truss.mcp.server import say
+    from truss.retention import sweep
+
+    keep = keep_ms(load_operator_harness(ctx.home))
+    if keep is None:
+        return None
+
+    def run() -> None:
+        report = sweep(store, keep_ms=keep, now_ms=ctx.clock.now_ms())
+        if report.swept:
+            say(f"truss serve-mcp: retention erased the payloads of {len(report.swept)} session(s)")
+
+    return run
 
 
 def _loopback(host: str) -> bool:

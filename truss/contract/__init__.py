@@ -17,6 +17,7 @@ A contract is one TOML file (DESIGN section 2). The package has one module per j
 - ``params``: typed param values and narrowed budgets from callers;
 - ``hashing``: the contract hash;
 - ``telemetry``: the operator's ``[telemetry]`` table (never part of the effective contract);
+- ``harness``: the operator's ``[harness]`` table read without a contract (retention, quotas);
 - ``loading``: ``load_contract``, which ties them together.
 
 Every name below is importable from ``truss.contract`` itself. Reading files is the only I/O.
@@ -35,6 +36,7 @@ from truss.contract.checks import (
     value_at,
 )
 from truss.contract.fields import duration_ms
+from truss.contract.harness import harness_from_text, keep_ms, load_operator_harness
 from truss.contract.hashing import contract_hash
 from truss.contract.layers import MAX_FILE_BYTES, MAX_NESTING, decode_toml_bytes, read_toml_file
 from truss.contract.loading import load_contract, load_contract_text, validation_context
@@ -120,8 +122,11 @@ __all__ = [
     "duration_ms",
     "effective_sandbox",
     "format_path",
+    "harness_from_text",
+    "keep_ms",
     "load_contract",
     "load_contract_text",
+    "load_operator_harness",
     "load_telemetry_config",
     "match_value",
     "narrow_budget",

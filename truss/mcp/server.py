@@ -166,6 +166,9 @@ class ServeConfig:
     backend: ServeBackend
     clock: Clock
     limits: ServeLimits = field(default_factory=ServeLimits)
+    # Retention (``truss.retention``): run in a worker thread at start and every ``sweep_every_s``.
+    sweep: Callable[[], None] | None = None
+    sweep_every_s: float = 86_400.0
 
 
 @dataclass
@@ -813,8 +816,23 @@ async def serve_app(config: ServeConfig, principal_of: PrincipalOf) -> AsyncGene
     """
     async with anyio.create_task_group() as tg:
         app = ServeApp(config, tg, principal_of)
+        housekeeping = anyio.CancelScope()  # entered by the sweeper's task, cancelled when serving ends
+        if config.sweep is not None:
+            tg.start_soon(_sweep_daily, config.sweep, config.sweep_every_s, housekeeping)
         yield app
         await app.wait_idle()
+        housekeeping.cancel()
+
+
+async def _sweep_daily(sweep: Callable[[], None], every_s: float, scope: anyio.CancelScope) -> None:
+    """Retention at start and then every ``every_s``; a failed sweep is logged, never fatal."""
+    with scope:
+        while True:
+            try:
+                await anyio.to_thread.run_sync(sweep)
+            except Exception:  # retention must never take the server (or its runs) down
+                _log.warning("retention sweep failed", exc_info=True)
+            await anyio.sleep(every_s)
 
 
 def say(text: str) -> None:
