@@ -11,6 +11,7 @@ import pytest
 from mcp import Client, StdioServerParameters, types
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
 from tests.serve.conftest import Site, error_of, stdio_client_for
@@ -177,3 +178,10 @@ async def test_a_client_without_the_extension_keeps_the_synchronous_answer(serve
         with anyio.fail_after(60):
             result = await client.call_tool("truss_run_contract", {"contract": "gated", "params": {"flag": str(flag)}})
         assert not result.is_error and (result.structured_content or {})["status"] == "pass"
+
+
+async def test_the_task_methods_refuse_a_caller_that_did_not_declare_the_extension(serve_site: Site) -> None:
+    async with stdio_client_for(serve_site) as client:
+        with anyio.fail_after(30), pytest.raises(MCPError) as raised:
+            await client.session.send_request(GetTask(params=TaskIdParams(taskId="s_any")), TaskState)
+        assert raised.value.error.code == -32021

@@ -40,11 +40,13 @@ from mcp import types
 from pydantic import Field
 
 __all__ = [
+    "MISSING_CLIENT_CAPABILITY",
     "POLL_INTERVAL_MS",
     "RUN_META",
     "TASKS_EXTENSION",
     "ServeTask",
     "TaskIdParams",
+    "TaskUpdateParams",
     "task_view",
     "wants_task",
 ]
@@ -52,6 +54,7 @@ __all__ = [
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 MODERN = "2026-07-28"
 POLL_INTERVAL_MS = 500
+MISSING_CLIENT_CAPABILITY = -32021
 RUN_META = "dev.truss/run"
 """The ``_meta`` key of a task's status holding the run answer (status, waiting, waiting_on) while it waits."""
 
@@ -62,6 +65,12 @@ class TaskIdParams(types.RequestParams):
     """``tasks/get`` and ``tasks/cancel`` params: the task id."""
 
     task_id: str = Field(alias="taskId", min_length=1, max_length=128)
+
+
+class TaskUpdateParams(TaskIdParams):
+    """``tasks/update`` params: the task id and responses to input requests (a run's task has none)."""
+
+    input_responses: dict[str, Any] = Field(alias="inputResponses", default_factory=dict[str, Any])
 
 
 @dataclass

@@ -42,7 +42,16 @@ from truss._clock import Clock
 from truss._errors import InputError, NotFoundError, RuntimeFailure, TrussError
 from truss._json import as_mapping
 from truss.mcp._serve_core import Principal, ServeLimits, TokenTable, derive_session_id, json_depth, resolve_contract
-from truss.mcp._serve_tasks import TASKS_EXTENSION, ServeTask, TaskIdParams, task_view, waiting_message, wants_task
+from truss.mcp._serve_tasks import (
+    MISSING_CLIENT_CAPABILITY,
+    TASKS_EXTENSION,
+    ServeTask,
+    TaskIdParams,
+    TaskUpdateParams,
+    task_view,
+    waiting_message,
+    wants_task,
+)
 from truss.mcp._serve_tools import EXPORT, RUN, STATUS, TOOL_NAMES, VERDICT, parse_run, parse_session, tool_definitions
 
 __all__ = [
@@ -246,6 +255,7 @@ class ServeApp:
         self.server.extensions[TASKS_EXTENSION] = {}
         self.server.add_request_handler("tasks/get", TaskIdParams, self._tasks_get)
         self.server.add_request_handler("tasks/cancel", TaskIdParams, self._tasks_cancel)
+        self.server.add_request_handler("tasks/update", TaskUpdateParams, self._tasks_update)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -556,8 +566,18 @@ class ServeApp:
             "the run starts when one ends, and tasks/cancel stops it before it starts"
         )
 
+    def _task_caller(self, ctx: ServerRequestContext[Any, Any]) -> Principal:
+        # The extension's methods are for callers that declare it on the request (SEP-2663, SEP-2575).
+        if not wants_task(ctx.protocol_version, ctx.session.client_capabilities):
+            raise MCPError(
+                code=MISSING_CLIENT_CAPABILITY,
+                message="Missing required client capability",
+                data={"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
+            )
+        return self._principal(ctx)
+
     async def _tasks_get(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        principal = self._principal(ctx)
+        principal = self._task_caller(ctx)
         task = self._owned_task(principal, params.task_id)
         if task is None:
             return await self._stored_task(principal, params.task_id)
@@ -639,8 +659,16 @@ class ServeApp:
         task = self._tasks.get(task_id)
         return task if task is not None and task.principal == principal else None
 
+    async def _tasks_update(self, ctx: ServerRequestContext[Any, Any], params: TaskUpdateParams) -> dict[str, Any]:
+        """A run's task never asks the caller for input (what it waits on comes from the operator), so
+        every response is for a key that is not outstanding: ignored, as the extension says; acknowledged."""
+        principal = self._task_caller(ctx)
+        if self._owned_task(principal, params.task_id) is None:
+            await self._stored_task(principal, params.task_id)  # an unknown task is an error
+        return {}
+
     async def _tasks_cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
-        principal = self._principal(ctx)
+        principal = self._task_caller(ctx)
         task = self._owned_task(principal, params.task_id)
         if task is None:
             await self._stored_task(principal, params.task_id)  # an unknown task is an error; a stored one: ack
