@@ -22,10 +22,13 @@ pytestmark = pytest.mark.slow
 SKIP = 77
 
 
-@pytest.mark.parametrize("spec_version", ["2025-11-25", "2026-07-28"])
-def test_the_protocol_level_conformance_scenarios_pass(spec_version: str) -> None:
+@pytest.mark.parametrize(
+    ("spec_version", "extension"), [("2025-11-25", None), ("2026-07-28", None), ("2026-07-28", "tasks")]
+)
+def test_the_protocol_level_conformance_scenarios_pass(spec_version: str, extension: str | None) -> None:
+    more = ["--extension", extension] if extension else []
     done = subprocess.run(
-        [sys.executable, str(REPO / "conformance" / "run.py"), "--spec-version", spec_version],
+        [sys.executable, str(REPO / "conformance" / "run.py"), "--spec-version", spec_version, *more],
         capture_output=True,
         text=True,
         env=peers_path_env(),
