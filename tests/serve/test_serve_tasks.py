@@ -185,3 +185,23 @@ async def test_the_task_methods_refuse_a_caller_that_did_not_declare_the_extensi
         with anyio.fail_after(30), pytest.raises(MCPError) as raised:
             await client.session.send_request(GetTask(params=TaskIdParams(taskId="s_any")), TaskState)
         assert raised.value.error.code == -32021
+
+
+async def test_a_run_refused_by_a_quota_is_an_is_error_naming_the_quota_and_when_it_frees_up(
+    serve_site: Site,
+) -> None:
+    (serve_site.home / "config.toml").write_text(
+        '[[harness.quotas]]\nname = "one-run-a-day"\nwindow = "24h"\nruns = 1\nper = "principal"\n', encoding="utf-8"
+    )
+    flag = serve_site.flag("quota")
+    flag.touch()
+    call = {"contract": "gated", "params": {"flag": str(flag)}}
+    async with stdio_client_for(serve_site) as client:
+        with anyio.fail_after(90):
+            first = await client.call_tool("truss_run_contract", call)
+            second = await client.call_tool("truss_run_contract", call)
+    assert not first.is_error
+    error = error_of(second)
+    assert error["kind"] == "quota" and error["quota"] == "one-run-a-day" and error["dimension"] == "runs"
+    assert isinstance(error["frees_at_ms"], int) and error["retryable"] is True
+    assert "one-run-a-day" in second.content[0].text  # pyright: ignore[reportAttributeAccessIssue]

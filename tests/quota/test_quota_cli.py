@@ -1,0 +1,88 @@
+"""Quotas through the CLI: an operator quota bounds every contract; a refusal is exit 6 with nothing run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, truss_cmd
+from truss.ledger.keys import IdentityKey
+
+CONTRACT = """
+[contract]
+name = "no-tools"
+intent = "say done"
+[agent]
+final = "done"
+[budget]
+max_tool_calls = 3
+"""
+
+NARROWER = (
+    CONTRACT
+    + """
+[[quotas]]
+name = "contract-calls"
+window = "1h"
+tool_calls = 2
+"""
+)
+
+
+def truss(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TRUSS_HOME=str(home))
+    return subprocess.run([*truss_cmd(), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=90,
+                          check=False)  # fmt: skip
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir(mode=0o700)
+    IdentityKey.create(path / "identity.key")
+    (path / "config.toml").write_text(
+        '[[harness.quotas]]\nname = "one-a-day"\nwindow = "24h"\nruns = 1\n', encoding="utf-8"
+    )
+    return path
+
+
+def test_an_operator_quota_refuses_the_second_run_with_exit_6_and_records_no_session(
+    home: Path, tmp_path: Path
+) -> None:
+    contract = tmp_path / "c.toml"
+    contract.write_text(CONTRACT, encoding="utf-8")
+    first = truss(home, "run", str(contract))
+    assert first.returncode == 0, first.stderr
+    second = truss(home, "run", str(contract), "--json")
+    assert second.returncode == 6, second.stdout + second.stderr
+    assert "one-a-day" in second.stderr and "frees up at" in second.stderr and "Traceback" not in second.stderr
+    listed = json.loads(truss(home, "sessions", "--json").stdout)
+    assert len(listed["sessions"] if isinstance(listed, dict) else listed) == 1
+    verified = truss(home, "ledger", "verify", "--all")
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_a_contract_quota_only_narrows_the_operator_s(home: Path, tmp_path: Path) -> None:
+    contract = tmp_path / "c.toml"
+    contract.write_text(NARROWER, encoding="utf-8")
+    refused = truss(home, "run", str(contract))
+    assert refused.returncode == 6 and "contract-calls" in refused.stderr  # 3 worst-case calls > 2
+    (home / "config.toml").write_text("", encoding="utf-8")
+    still = truss(home, "run", str(contract))
+    assert still.returncode == 6  # without the operator's quota the contract's own still holds
+
+
+def test_a_quota_table_with_a_bad_key_is_a_contract_error(home: Path, tmp_path: Path) -> None:
+    contract = tmp_path / "c.toml"
+    contract.write_text(CONTRACT + '[[quotas]]\nwindow = "1h"\nper = "tool"\nruns = 1\n', encoding="utf-8")
+    bad = truss(home, "contract", "check", str(contract))
+    assert bad.returncode == 2 and "tool" in bad.stderr and "Traceback" not in bad.stderr
+    (home / "config.toml").write_text('[[quotas]]\nwindow = "1h"\nruns = 1\n', encoding="utf-8")
+    good = tmp_path / "ok.toml"
+    good.write_text(CONTRACT, encoding="utf-8")
+    misplaced = truss(home, "contract", "check", str(good))
+    assert misplaced.returncode == 2 and "quotas" in misplaced.stderr
