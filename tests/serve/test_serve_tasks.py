@@ -14,7 +14,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
-from tests.serve.conftest import Site, error_of, stdio_client_for
+from tests.serve.conftest import Site, error_of, stdio_client_for, text_of
 from truss.mcp._serve_tasks import RUN_META, TASKS_EXTENSION
 
 pytestmark = pytest.mark.anyio
@@ -204,4 +204,4 @@ async def test_a_run_refused_by_a_quota_is_an_is_error_naming_the_quota_and_when
     error = error_of(second)
     assert error["kind"] == "quota" and error["quota"] == "one-run-a-day" and error["dimension"] == "runs"
     assert isinstance(error["frees_at_ms"], int) and error["retryable"] is True
-    assert "one-run-a-day" in second.content[0].text  # pyright: ignore[reportAttributeAccessIssue]
+    assert "one-run-a-day" in text_of(second)
