@@ -77,6 +77,11 @@ def quota_book(store: LedgerStore) -> QuotaBook:
         return copy.deepcopy(book)
 
 
+def _limit_json(limit: Any) -> dict[str, int | None]:
+    """The limits in force when a reservation was decided (recorded for ``truss status``)."""
+    return {d: (limit.get(d) if limit is not None else None) for d in ("runs", "tool_calls", "tokens")}
+
+
 def _start(seq: int) -> list[Record]:
     return [Record("session_started", {"scope": "quota"})] if seq == 0 else []
 
@@ -139,7 +144,7 @@ def reserve(store: LedgerStore, contract: Contract, *, session: str, principal: 
             "release_ms": release,
             "contract": contract.contract.name,
             "contract_hash": contract.hash,
-            "charges": [c.to_json() for c in charges],
+            "charges": [{**c.to_json(), "limit": _limit_json(limits.get(c.key))} for c in charges],
         }
         if principal is not None:
             body["principal"] = principal
@@ -185,6 +190,7 @@ class QuotaUse:
     used: Amounts
     held_by: tuple[str, ...]  # sessions whose unsettled reservations count in full
     next_frees_ms: int | None  # when the oldest settled use in the window leaves it
+    limit: dict[str, int | None]  # the limits in force at the latest reservation on this counter
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -194,6 +200,7 @@ class QuotaUse:
             "used": self.used.to_json(),
             "held_by": list(self.held_by),
             "next_frees_ms": self.next_frees_ms,
+            "limit": dict(self.limit),
         }
 
 
@@ -212,7 +219,8 @@ def quota_use(book: QuotaBook, now_ms: int) -> list[QuotaUse]:
         held = tuple(r.session for r in book.unsettled() if key in r.charges)
         leaving = [e for r in book.reservations.values() if key in r.charges
                    and (e := r.expires_ms(key)) is not None and e > now]  # fmt: skip
-        out.append(QuotaUse(key, label, window, used, held, min(leaving, default=None)))
+        limit = dict(book.limits.get(key) or {d: None for d in ("runs", "tool_calls", "tokens")})
+        out.append(QuotaUse(key, label, window, used, held, min(leaving, default=None), limit))
     return out
 
 

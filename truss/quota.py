@@ -169,6 +169,7 @@ class QuotaBook:
     """The ``@quota`` entries folded: every reservation, settled or not, by session."""
 
     reservations: dict[str, Reservation] = field(default_factory=dict[str, Reservation])
+    limits: dict[str, dict[str, int | None]] = field(default_factory=dict[str, dict[str, int | None]])
     last_ms: int = 0
     seq: int = 0  # the next seq of ``@quota`` (what the fold has read)
 
@@ -198,6 +199,9 @@ class QuotaBook:
                 window = item.get("window_ms")
                 windows[key] = window if isinstance(window, int) and not isinstance(window, bool) else 0
                 labels[key] = str(item.get("quota") or key)
+                limit = as_dict(item.get("limit"))
+                if limit is not None:
+                    self.limits[key] = {d: _count(limit.get(d)) for d in DIMENSIONS}
             release = body.get("release_ms")
             self.reservations[session] = Reservation(
                 session=session,
@@ -293,6 +297,10 @@ class QuotaBook:
         """Unsettled reservations to release: no session (``live[s]`` None) and past their ``release_ms``."""
         now = self.stamp(now_ms)
         return [r for r in self.unsettled() if live.get(r.session, False) is None and r.release_ms <= now]
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def quota_label(quota: Quota, *, owner: str) -> str:

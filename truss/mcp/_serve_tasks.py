@@ -53,7 +53,7 @@ __all__ = [
 
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 MODERN = "2026-07-28"
-POLL_INTERVAL_MS = 500
+POLL_INTERVAL_MS = 100
 MISSING_CLIENT_CAPABILITY = -32021
 RUN_META = "dev.truss/run"
 """The ``_meta`` key of a task's status holding the run answer (status, waiting, waiting_on) while it waits."""
