@@ -95,15 +95,15 @@ async def test_status_lists_waiting_sessions_with_their_commands_and_quota_use_w
             suspended = await run_contract(runtime, contract, session_id="s_asks")
         assert suspended.status == "suspended"
         release = anyio.Event()
-        report: dict[str, Any] = {}
+        done: subprocess.CompletedProcess[bytes] | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(lambda: run_contract(runtime, contract, session_id="s_running"))
             with anyio.fail_after(30):
                 await holding.wait()
                 done = await anyio.run_process(status_cmd(home), cwd=REPO, env=dict(os.environ), check=False)
             release.set()
-        assert done.returncode == 0, done.stderr
-        report = json.loads(done.stdout)
+        assert done is not None and done.returncode == 0, done
+        report: dict[str, Any] = json.loads(done.stdout)
     finally:
         store.close()
 
