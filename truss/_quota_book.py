@@ -24,15 +24,17 @@ from __future__ import annotations
 import copy
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from truss._errors import QuotaExceededError
+from truss._errors import QuotaExceededError, VerificationError
 from truss.contract import Contract, duration_ms
 from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.reader import VerifiedStore
 from truss.ledger.stores.base import LedgerStore, append_checked
+from truss.ledger.verification import check_entry_alone
 from truss.quota import (
     QUOTA_SESSION,
     Amounts,
@@ -50,6 +52,36 @@ _LOCK = threading.Lock()
 _BOOKS: weakref.WeakKeyDictionary[Any, QuotaBook] = weakref.WeakKeyDictionary()
 
 
+def _raw(store: LedgerStore) -> tuple[LedgerStore, Callable[[StoredEntry, QuotaBook], None] | None]:
+    """The store ``@quota`` is read from and appended to, and how each new entry is verified.
+
+    Through the verified reader (the ``Runtime``'s store) a read of a session verifies it from its
+    first entry, which would make every reservation cost the whole ``@quota`` history. The fold
+    reads only the new entries from the store underneath and verifies each as it comes: a
+    well-formed entry of this log signed by a trusted key (V1-V4, V10), at the next seq, linked to
+    the last one folded. What does not verify refuses the reservation (``VerificationError``):
+    a quota whose record cannot be trusted has no room."""
+    if not isinstance(store, VerifiedStore):
+        return store, None
+    trusted = store.history().trusted
+    origin = store.origin
+
+    def check(entry: StoredEntry, book: QuotaBook) -> None:
+        finding = check_entry_alone(entry, trusted, origin=origin)
+        if finding is None and (entry.seq != book.seq or entry.prev != book.head):
+            finding = ("broken_chain", f"entry {entry.seq} does not follow entry {book.seq - 1} of {QUOTA_SESSION}")
+        if finding is not None:
+            raise VerificationError(
+                f"session {QUOTA_SESSION} at seq {entry.seq} does not verify, so no quota can be decided: {finding[1]}",
+                remedy="run `truss ledger verify --all`; no run that a quota applies to starts until it verifies",
+                session=QUOTA_SESSION,
+                seq=entry.seq,
+                reason=finding[0],
+            )
+
+    return store.raw, check
+
+
 def _cached(store: LedgerStore) -> QuotaBook:
     with _LOCK:
         try:
@@ -61,18 +93,24 @@ def _cached(store: LedgerStore) -> QuotaBook:
         return book
 
 
-def _fold(book: QuotaBook, entries: Sequence[StoredEntry]) -> None:
+def _fold(
+    book: QuotaBook, entries: Sequence[StoredEntry], check: Callable[[StoredEntry, QuotaBook], None] | None
+) -> None:
     with _LOCK:
         for entry in entries:
             if entry.seq >= book.seq:  # other threads fold the same entries into a shared book
+                if check is not None:
+                    check(entry, book)
                 book.apply(entry.kind, entry.body, entry.seq)
+                book.head = entry.hash
         book.prune()
 
 
 def quota_book(store: LedgerStore) -> QuotaBook:
-    """The ``@quota`` entries as the store holds them now, folded (a copy the caller may keep)."""
-    book = _cached(store)
-    _fold(book, list(store.read_session(QUOTA_SESSION, from_seq=book.seq)))
+    """The ``@quota`` entries as the store holds them now, verified and folded (a copy the caller may keep)."""
+    raw, check = _raw(store)
+    book = _cached(raw)
+    _fold(book, list(raw.read_session(QUOTA_SESSION, from_seq=book.seq)), check)
     with _LOCK:
         return copy.deepcopy(book)
 
@@ -119,12 +157,13 @@ def reserve(store: LedgerStore, contract: Contract, *, session: str, principal: 
     if not charges:
         return []
     limits = limits_for(contract, principal)
-    book = _cached(store)
+    raw, check = _raw(store)
+    book = _cached(raw)
     refused: list[Refusal] = []
 
     def decide(fresh: list[StoredEntry], seq: int) -> list[Record]:
         refused.clear()
-        _fold(book, fresh)
+        _fold(book, fresh, check)
         with _LOCK:
             view = copy.deepcopy(book)  # decided on a private copy: other threads fold into the shared one
         now = view.stamp(now_ms)
@@ -150,7 +189,7 @@ def reserve(store: LedgerStore, contract: Contract, *, session: str, principal: 
             body["principal"] = principal
         return [*_start(seq), *owed, Record("quota_reserved", body)]
 
-    append_checked(store, QUOTA_SESSION, decide, from_seq=book.seq)
+    append_checked(raw, QUOTA_SESSION, decide, from_seq=book.seq)
     if refused:
         raise _refused(refused[0], session)
     return charges
@@ -158,12 +197,13 @@ def reserve(store: LedgerStore, contract: Contract, *, session: str, principal: 
 
 def settle(store: LedgerStore, session: str, *, now_ms: int) -> bool:
     """Settle ``session``'s reservation to what its entries record; False when it holds none."""
-    book = _cached(store)
+    raw, check = _raw(store)
+    book = _cached(raw)
     done: list[bool] = []
 
     def decide(fresh: list[StoredEntry], seq: int) -> list[Record]:
         done.clear()
-        _fold(book, fresh)
+        _fold(book, fresh, check)
         with _LOCK:
             reservation = book.reservations.get(session)
             if reservation is None or reservation.settled is not None:
@@ -174,9 +214,9 @@ def settle(store: LedgerStore, session: str, *, now_ms: int) -> bool:
         done.append(True)
         return [_settlement(session, now, used, "ended")]
 
-    if store.session(QUOTA_SESSION) is None:
+    if raw.session(QUOTA_SESSION) is None:
         return False
-    append_checked(store, QUOTA_SESSION, decide, from_seq=book.seq)
+    append_checked(raw, QUOTA_SESSION, decide, from_seq=book.seq)
     return bool(done)
 
 

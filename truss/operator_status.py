@@ -123,8 +123,9 @@ def _describe(store: LedgerStore, info: Any) -> UnfinishedSession:
 
 
 def _owner(store: LedgerStore, session: str) -> dict[str, Any] | None:
-    del store, session
-    return None
+    """Who drives a running session: its lease (coordination, not evidence: it is not signed)."""
+    lease = store.lease(session)
+    return None if lease is None else lease.to_json()
 
 
 def operator_status(store: LedgerStore, *, now_ms: int, limit: int | None = None) -> dict[str, Any]:

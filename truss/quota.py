@@ -40,6 +40,7 @@ from typing import Any
 from truss._json import as_dict, as_list
 from truss.contract import Contract, Quota, duration_ms
 from truss.ledger.canonical import canonical
+from truss.ledger.entry import ZERO_HASH
 from truss.tools import split_namespaced
 
 __all__ = [
@@ -172,6 +173,7 @@ class QuotaBook:
     limits: dict[str, dict[str, int | None]] = field(default_factory=dict[str, dict[str, int | None]])
     last_ms: int = 0
     seq: int = 0  # the next seq of ``@quota`` (what the fold has read)
+    head: str = ZERO_HASH  # the hash of the last entry folded (the next one must link to it)
 
     def stamp(self, now_ms: int) -> int:
         """The time the next entry gets: never before the last entry's (the clock may go back)."""

@@ -146,7 +146,7 @@ async def test_ten_calls_a_day_refuses_the_third_run_of_budget_four_until_a_sett
     assert refused.value.frees_at_ms is None and set(refused.value.held_by) == {a.session, b.session}
     assert len(w.run_sessions()) == 2
 
-    approve_call(Runtime(w.store), a.session, a.waiting[0], approved=True)
+    approve_call(Runtime(w.store, key=w.key), a.session, a.waiting[0], approved=True)
     with anyio.fail_after(30):
         done = await resume_session(w.runtime(), a.session)
     assert done.status == "pass"
