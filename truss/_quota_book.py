@@ -41,6 +41,7 @@ from truss.quota import (
     Charge,
     QuotaBook,
     Refusal,
+    Reservation,
     charges_for,
     limits_for,
     used_by,
@@ -124,12 +125,10 @@ def _start(seq: int) -> list[Record]:
     return [Record("session_started", {"scope": "quota"})] if seq == 0 else []
 
 
-def _overdue(store: LedgerStore, book: QuotaBook, now: int, skip: str) -> list[Record]:
+def _overdue(store: LedgerStore, pending: Sequence[Reservation], now: int) -> list[Record]:
     """Settlements owed: reservations whose session ended unsettled, or never started by their deadline."""
     out: list[Record] = []
-    for reservation in book.unsettled():
-        if reservation.session == skip:
-            continue
+    for reservation in pending:
         info = store.session(reservation.session)
         if info is None:
             if reservation.release_ms <= now:
@@ -165,14 +164,20 @@ def reserve(store: LedgerStore, contract: Contract, *, session: str, principal: 
         refused.clear()
         _fold(book, fresh, check)
         with _LOCK:
-            view = copy.deepcopy(book)  # decided on a private copy: other threads fold into the shared one
-        now = view.stamp(now_ms)
-        if session in view.reservations:
-            return []  # already reserved (a retried start)
-        owed = _overdue(store, view, now, session)
-        for record in owed:
-            view.apply(record.kind, record.body, view.seq)
-        refusal = view.decide(charges, limits, now)
+            now = book.stamp(now_ms)
+            if session in book.reservations:
+                return []  # already reserved (a retried start)
+            pending = [r for r in book.unsettled() if r.session != session]
+        owed = _overdue(store, pending, now)  # reads other sessions: outside the lock
+        with _LOCK:
+            view = book
+            if (
+                owed
+            ):  # rare: decided on a private copy with what is owed applied (other threads fold into the shared one)
+                view = copy.deepcopy(book)
+                for record in owed:
+                    view.apply(record.kind, record.body, view.seq)
+            refusal = view.decide(charges, limits, now)
         if refusal is not None:
             refused.append(refusal)
             return _start(seq) + owed  # what was owed is written even when this run is refused
