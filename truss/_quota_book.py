@@ -98,13 +98,16 @@ def _fold(
     book: QuotaBook, entries: Sequence[StoredEntry], check: Callable[[StoredEntry, QuotaBook], None] | None
 ) -> None:
     with _LOCK:
+        applied = False
         for entry in entries:
             if entry.seq >= book.seq:  # other threads fold the same entries into a shared book
                 if check is not None:
                     check(entry, book)
                 book.apply(entry.kind, entry.body, entry.seq)
                 book.head = entry.hash
-        book.prune()
+                applied = True
+        if applied:
+            book.prune()
 
 
 def quota_book(store: LedgerStore) -> QuotaBook:

@@ -244,14 +244,19 @@ class QuotaBook:
 
     def use(self, key: str, now_ms: int) -> Amounts:
         """What counts against ``key`` at ``now_ms``."""
-        total = Amounts()
+        runs = calls = tokens = 0
         for reservation in self.reservations.values():
-            if key not in reservation.charges:
+            charged = reservation.charges.get(key)
+            if charged is None:
                 continue
-            expires = reservation.expires_ms(key)
-            if expires is None or expires > now_ms:
-                total = total + reservation.counted(key)
-        return total
+            if reservation.settled is None:
+                counted = charged
+            elif reservation.at_ms + reservation.windows.get(key, 0) > now_ms:
+                counted = reservation.settled.get(key) or Amounts()
+            else:
+                continue
+            runs, calls, tokens = runs + counted.runs, calls + counted.tool_calls, tokens + counted.tokens
+        return Amounts(runs, calls, tokens)
 
     def frees_at(self, key: str, dimension: str, need: int, now_ms: int) -> int | None:
         """The earliest time at which ``need`` of ``dimension`` has left ``key``'s window (None: never by time)."""
