@@ -58,7 +58,7 @@ def home(tmp_path: Path) -> Path:
     return path
 
 
-def _record(home: Path) -> dict[str, str]:
+def record_sessions(home: Path) -> dict[str, str]:
     """An ended session, an in-doubt one and an ended one still holding its quota reservation, all old."""
     key = IdentityKey.load(home / "identity.key")
     clock = ManualClock(start_ms=OLD_MS)
@@ -93,7 +93,7 @@ def _in_doubt(store: LedgerStore) -> str:
     return "s_doubt"
 
 
-def _payloads(home: Path, session: str) -> int:
+def payload_count(home: Path, session: str) -> int:
     store = open_store(str(home / "ledger.db"), key=None, clock=ManualClock(), create=False)
     try:
         return len(store.blobs_for(ref for e in store.read_session(session) for ref in _refs(e.body)))
@@ -106,23 +106,23 @@ def _refs(body: Any) -> list[str]:
 
 
 def test_a_swept_session_still_verifies_its_payloads_are_gone_and_an_in_doubt_one_is_untouched(home: Path) -> None:
-    s = _record(home)
-    before = {name: _payloads(home, sid) for name, sid in s.items()}
+    s = record_sessions(home)
+    before = {name: payload_count(home, sid) for name, sid in s.items()}
     assert before["ended"] > 0 and before["doubt"] > 0
     (home / "config.toml").write_text('[harness]\nkeep = "90d"\n', encoding="utf-8")
 
     dry = truss(home, "ledger", "sweep", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     assert [x["session"] for x in json.loads(dry.stdout)["swept"]] == [s["ended"]]
-    assert _payloads(home, s["ended"]) == before["ended"]
+    assert payload_count(home, s["ended"]) == before["ended"]
 
     done = truss(home, "ledger", "sweep", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert [x["session"] for x in report["swept"]] == [s["ended"]]
     assert report["kept_unfinished"] == [s["doubt"]] and report["kept_holding_quota"] == [s["holding"]]
-    assert _payloads(home, s["ended"]) == 0
-    assert _payloads(home, s["doubt"]) == before["doubt"]
+    assert payload_count(home, s["ended"]) == 0
+    assert payload_count(home, s["doubt"]) == before["doubt"]
 
     verified = truss(home, "ledger", "verify", "--all")
     assert verified.returncode == 0, verified.stdout + verified.stderr
@@ -133,10 +133,10 @@ def test_a_swept_session_still_verifies_its_payloads_are_gone_and_an_in_doubt_on
 
 
 def test_keep_forever_is_the_default_and_sweeps_nothing(home: Path) -> None:
-    s = _record(home)
+    s = record_sessions(home)
     done = truss(home, "ledger", "sweep", "--json")
     assert done.returncode == 0 and json.loads(done.stdout)["swept"] == []
-    assert _payloads(home, s["ended"]) > 0
+    assert payload_count(home, s["ended"]) > 0
 
 
 def test_a_bad_keep_is_a_usage_error(home: Path) -> None:
