@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,8 +61,9 @@ def test_an_operator_quota_refuses_the_second_run_with_exit_6_and_records_no_ses
     second = truss(home, "run", str(contract), "--json")
     assert second.returncode == 6, second.stdout + second.stderr
     assert "one-a-day" in second.stderr and "frees up at" in second.stderr and "Traceback" not in second.stderr
-    listed = json.loads(truss(home, "sessions", "--json").stdout)
-    assert len(listed["sessions"] if isinstance(listed, dict) else listed) == 1
+    listed: Any = json.loads(truss(home, "sessions", "--json").stdout)
+    rows: list[Any] = listed["sessions"] if isinstance(listed, dict) else listed
+    assert len(rows) == 1
     verified = truss(home, "ledger", "verify", "--all")
     assert verified.returncode == 0, verified.stdout + verified.stderr
 

@@ -18,7 +18,9 @@ def test_serve_mcp_erases_old_payloads_at_start_and_keeps_an_in_doubt_session(se
         async with stdio_client_for(serve_site) as client:
             with anyio.fail_after(60):
                 await client.list_tools()
-                while payload_count(serve_site.home, recorded["ended"]) > 0:
+                while True:  # the sweep runs in a worker thread once the server has started
+                    if payload_count(serve_site.home, recorded["ended"]) == 0:
+                        break
                     await anyio.sleep(0.05)
 
     anyio.run(serve_once)
