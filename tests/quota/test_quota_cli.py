@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -62,7 +62,7 @@ def test_an_operator_quota_refuses_the_second_run_with_exit_6_and_records_no_ses
     assert second.returncode == 6, second.stdout + second.stderr
     assert "one-a-day" in second.stderr and "frees up at" in second.stderr and "Traceback" not in second.stderr
     listed: Any = json.loads(truss(home, "sessions", "--json").stdout)
-    rows: list[Any] = listed["sessions"] if isinstance(listed, dict) else listed
+    rows = cast("list[Any]", listed["sessions"] if isinstance(listed, dict) else listed)
     assert len(rows) == 1
     verified = truss(home, "ledger", "verify", "--all")
     assert verified.returncode == 0, verified.stdout + verified.stderr
