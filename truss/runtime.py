@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from truss._clock import Clock, SystemClock, new_owner_id
+from truss._clock import Clock, SystemClock, new_owner_id, parse_duration_ms
 from truss._errors import KeyFileError, UsageError
 
 if TYPE_CHECKING:
@@ -109,6 +109,8 @@ class Runtime:
 
         home_path = Path(home)
         clock = clock or SystemClock()
+        env = dict(os.environ if environ is None else environ)
+        lease_ms, owner = _lease_settings(env)
         identity = IdentityKey.load(Path(key) if key is not None else home_path / "identity.key") if signing else None
         store = open_store(db if db is not None else home_path / "ledger.db", key=identity, clock=clock, create=create)
         return cls(
@@ -117,10 +119,12 @@ class Runtime:
             clock=clock,
             home=home_path,
             key=identity,
-            environ=dict(os.environ if environ is None else environ),
+            environ=env,
             connector=connector,
             provider=provider,
             events=tuple(events),
+            owner=owner,
+            lease_ms=lease_ms,
         )
 
     @property
@@ -183,3 +187,31 @@ def _home_trust(key_path: Path) -> TrustedKeys | None:
         return TrustedKeys(trust_root(key_path))
     except KeyFileError:
         return None  # no readable key: reads that need it say so (``Runtime.trusted``)
+
+
+def _lease_settings(environ: Mapping[str, str]) -> tuple[int, LeaseOwner | None]:
+    """``TRUSS_LEASE`` (a duration: how long a session's lease lasts unless renewed) and ``TRUSS_HOST``
+    (the host name leases record for this process), from the environment (docs/durability.md).
+
+    Unset, the lease lasts 30 s and the owner is this process on ``socket.gethostname()``.
+    """
+    from truss.ledger.stores.base import DEFAULT_LEASE_MS, LeaseOwner
+
+    lease_ms = DEFAULT_LEASE_MS
+    given = environ.get("TRUSS_LEASE", "").strip()
+    if given:
+        try:
+            lease_ms = parse_duration_ms(given)
+        except ValueError as exc:
+            raise UsageError(
+                f"TRUSS_LEASE: {exc}", remedy="set TRUSS_LEASE to a duration such as '30s', or unset it"
+            ) from None
+    host = environ.get("TRUSS_HOST", "").strip()
+    if not host:
+        return lease_ms, None
+    if len(host) > 255 or not host.isprintable():
+        raise UsageError(
+            "TRUSS_HOST: give a printable host name of at most 255 characters",
+            remedy="set TRUSS_HOST to this machine's name as other hosts should see it, or unset it",
+        )
+    return lease_ms, LeaseOwner(new_owner_id(), host, os.getpid())
