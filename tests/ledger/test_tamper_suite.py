@@ -31,8 +31,12 @@ def _steps(*tools: str) -> list[tuple[str, dict[str, Any]]]:
 @pytest.fixture(scope="module")
 def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The home of a small real ledger: sessions pass, fail, denied, waiting (approved), erased."""
+    return build_ledger(tmp_path_factory.mktemp("tamper"))
+
+
+def build_ledger(base: Path) -> Path:
+    """Record the small real ledger in ``base/home`` (SQLite); the PostgreSQL suite migrates it."""
     python_peer("mcp-server-time")  # the peer environment the counting server runs in
-    base = tmp_path_factory.mktemp("tamper")
     home = make_home(base / "home")
     work = base / "work"
     work.mkdir()
@@ -58,11 +62,11 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-def _outputs(home: Path) -> dict[str, tuple[int, str]]:
-    """What every reading command says about this ledger (exit code and output)."""
+def outputs(home: Path, db: tuple[str, ...] = ()) -> dict[str, tuple[int, str]]:
+    """What every reading command says about this ledger (exit code and output); ``db``: ``--db URL``."""
     out: dict[str, tuple[int, str]] = {}
     for name, args in (("list", ("ledger", "list")), ("sessions", ("sessions",))):
-        done = cli(home, "--json", *args)
+        done = cli(home, *db, "--json", *args)
         out[name] = (done.returncode, done.stdout)
     for session in ("pass", "fail", "denied", "waiting", "erased"):
         bundle = home / f"{session}.bundle.json"
@@ -72,7 +76,7 @@ def _outputs(home: Path) -> dict[str, tuple[int, str]]:
             ("verdict", ("ledger", "verdict", session)),
             ("replay", ("replay", session)),
         ):
-            done = cli(home, "--json", *args)
+            done = cli(home, *db, "--json", *args)
             text = done.stdout.replace(str(home), "HOME")
             if name == "export" and bundle.exists():
                 text += bundle.read_text(encoding="utf-8")
@@ -81,7 +85,7 @@ def _outputs(home: Path) -> dict[str, tuple[int, str]]:
     return out
 
 
-def _flip(value: Any) -> Any:
+def flip(value: Any) -> Any:
     if isinstance(value, int):
         return value ^ 1
     if isinstance(value, bytes):
@@ -130,21 +134,21 @@ def _apply(db: Path, table: str, mutation: str) -> bool:
                         return False
                     new: Any = 1
                 elif kind == "byte_flip":
-                    new = _flip(values[column])
+                    new = flip(values[column])
                 else:
                     different = [r[column] for r in rows if r[column] != values[column]]
-                    new = different[0] if different else _flip(values[column])
+                    new = different[0] if different else flip(values[column])
                 conn.execute(f"UPDATE {table} SET {column} = ? WHERE {where}", [new, *at(values)])
             elif kind == "row_delete":
                 conn.execute(f"DELETE FROM {table} WHERE {where}", at(values))
             elif kind in ("row_insert", "duplicate"):
                 copy = dict(values)
                 for name in key:
-                    copy[name] = _fresh_key(copy[name])
+                    copy[name] = fresh_key(copy[name])
                 if kind == "row_insert":  # a forged row: its own values changed too
                     for name in columns:
                         if name not in key and copy[name] is not None:
-                            copy[name] = _flip(copy[name])
+                            copy[name] = flip(copy[name])
                 marks = ", ".join("?" * len(columns))
                 names = ", ".join(columns)
                 conn.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", [copy[c] for c in columns])
@@ -167,7 +171,7 @@ def _apply(db: Path, table: str, mutation: str) -> bool:
         conn.close()
 
 
-def _fresh_key(value: Any) -> Any:
+def fresh_key(value: Any) -> Any:
     if isinstance(value, int):
         return value + 1_000_000
     if isinstance(value, bytes):
@@ -190,7 +194,7 @@ def test_every_column_of_the_ledger_schema_is_named_by_the_mutation_data(ledger:
 def test_every_key_less_mutation_fails_verification_or_changes_no_command_output(ledger: Path, tmp_path: Path) -> None:
     baseline_home = tmp_path / "baseline"
     shutil.copytree(ledger, baseline_home)
-    baseline = _outputs(baseline_home)
+    baseline = outputs(baseline_home)
     assert all(code in (0, 1, 2, 3) for code, _ in baseline.values()), baseline
     escaped: list[str] = []
     tried = 0
@@ -208,7 +212,7 @@ def test_every_key_less_mutation_fails_verification_or_changes_no_command_output
         tried += 1
         verify = cli(home, "--json", "ledger", "verify", "--all")
         if verify.returncode == 0:
-            changed = [name for name, got in _outputs(home).items() if got != baseline[name]]
+            changed = [name for name, got in outputs(home).items() if got != baseline[name]]
             if changed:
                 escaped.append(f"{table}: {mutation} passes verify --all but changes {', '.join(changed)}")
         elif verify.returncode not in (1, 2) or "internal error" in verify.stderr:

@@ -204,8 +204,15 @@ class PgLink:
             rows = dict(conn.execute("SELECT k, v FROM meta WHERE k IN ('schema', 'origin')").fetchall())
         except psycopg.Error as exc:
             raise self.error("open", exc) from exc
-        version = bytes(rows.get("schema", b"0")).decode("utf-8", "replace")
-        if not version.isdigit() or int(version) != SCHEMA_VERSION:
+        version = bytes(rows.get("schema", b"")).decode("utf-8", "replace")
+        if not (version.isascii() and version.isdigit() and int(version) >= 1) or "origin" not in rows:
+            # No Truss writes a schema below 1 or none at all: the meta rows were changed outside Truss.
+            raise InputError(
+                f"{self.db} is not a usable Truss ledger: its meta table states no valid schema version and origin",
+                remedy="the tables were modified outside Truss; restore them from a copy you trust",
+                db=self.db,
+            )
+        if int(version) != SCHEMA_VERSION:
             raise StoreError(
                 f"{self.db} holds a ledger of schema {version!r}; this Truss reads schema {SCHEMA_VERSION}",
                 remedy="use the Truss version that wrote it (a newer one reads older schemas)",
