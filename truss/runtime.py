@@ -102,7 +102,9 @@ class Runtime:
         store URL) and, with ``signing``, its identity key (``key``, default ``HOME/identity.key``).
 
         ``create`` lets the store create a missing ledger; otherwise a missing one is a
-        ``NotFoundError``. ``environ`` defaults to a copy of this process's environment.
+        ``NotFoundError``. ``environ`` defaults to a copy of this process's environment; its
+        ``TRUSS_LEASE`` and ``TRUSS_HOST`` set ``lease_ms`` and the lease owner's host (a bad value
+        is a ``UsageError``).
         """
         from truss.ledger.keys import IdentityKey
         from truss.ledger.stores import open_store
