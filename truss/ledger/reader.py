@@ -124,11 +124,13 @@ class VerifiedStore:
     ) -> Iterator[StoredEntry]:
         history = self.history()
         trusted = history.trusted
-        size = self.raw.tree_size()
+        sizes = [self.raw.tree_size()]
 
         def in_log(item: StoredEntry) -> tuple[str, str] | None:
-            if item.index >= size:
-                return "not_in_log", f"entry {item.seq}: log index {item.index} is past the log's {size} entries"
+            if item.index >= sizes[0]:
+                sizes[0] = self.raw.tree_size()  # appended since the size was read (another writer)?
+            if item.index >= sizes[0]:
+                return "not_in_log", f"entry {item.seq}: log index {item.index} is past the log's {sizes[0]} entries"
             return None
 
         extra: list[EntryCheck] = [
@@ -141,6 +143,7 @@ class VerifiedStore:
         stream = iter(self.raw.read_session(session))
         first: StoredEntry | None = None
         last: StoredEntry | None = None
+        listed_head: str | None = None  # the hash of the entry the row (read before the entries) ends at
         try:
             for item in stream:
                 finding = verifier.check(item, stream)
@@ -148,6 +151,8 @@ class VerifiedStore:
                     raise _refused(session, finding, seq=item.entry.get("seq"), index=item.entry.get("index"))
                 first = first or item
                 last = item
+                if row is not None and item.seq == row.entries - 1:
+                    listed_head = item.hash
                 if item.seq >= from_seq:
                     yield item
         except VerificationError:
@@ -159,7 +164,9 @@ class VerifiedStore:
             if count:
                 raise _refused(session, ("head_mismatch", "it has entries but no session record"))
             return
-        if count != row.entries or (last is not None and last.hash != row.head):
+        if (count != row.entries or (last is not None and last.hash != row.head)) and not self._grew(
+            session, row, count, listed_head
+        ):
             raise _refused(
                 session,
                 (
@@ -169,6 +176,13 @@ class VerifiedStore:
             )
         if first is not None and last is not None and on_last is not None:
             on_last(first, last)
+
+    def _grew(self, session: str, row: SessionInfo, count: int, listed_head: str | None) -> bool:
+        """Whether a chain longer than the row read before it is the row's chain with entries another
+        writer appended meanwhile: the row, read again, lists at least as many, and the entry the
+        first row ended at is the one it named. A row changed by hand stays wrong on a second read."""
+        again = self.raw.session(session)
+        return again is not None and row.entries <= count <= again.entries and listed_head == row.head
 
     def _blob_checked(self, ref: str) -> bytes | None:
         return self.raw.blob(ref)
