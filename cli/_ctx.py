@@ -41,7 +41,7 @@ class Ctx:
     def from_options(cls, home: str | None, db: str | None, key: str | None, *, verbose: bool, json_out: bool) -> Ctx:
         home_path = Path(home or os.environ.get("TRUSS_HOME") or ".truss")
         chosen = db or os.environ.get("TRUSS_DB")
-        if not chosen:
+        if not chosen and (home_path / "config.toml").exists():  # no contract models loaded without one
             from truss.contract.harness_db import operator_db
 
             chosen = operator_db(home_path)
