@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 
 from tests.durability.support import entries, make_home, truss
+from tests.gate.support import read_runtime
 from tests.panel.support import approving, panel_of, run, scripted_reviewer
 from tests.panel.support import panel_contract as in_process_contract
 from tests.panel.test_real_providers import openai_review
 from tests.providers._support import LoopbackServer, Recorded, Reply
 from truss.durable import replay_session
-from truss.runtime import Runtime
 
 TOOLS = Path(__file__).resolve().parent.parent / "e2e" / "servers" / "tools.py"
 FINAL = "The echo said hello [c1.0]."
@@ -157,7 +157,7 @@ async def test_replay_reaches_the_recorded_panel_verdict_whatever_the_reviewers_
     text = in_process_contract(final="The file says version 2.1 [c1.0].", reviewers=reviewers_toml, quorum=2)
     outcome, store = await run(tmp_path, text)
     assert outcome.status == status
-    report = await replay_session(Runtime(store=store), outcome.session)
+    report = await replay_session(read_runtime(store), outcome.session)
     assert report.matches, report.reason
     assert report.replayed is not None
     assert report.replayed["checks"][0]["panel"] == panel_of(outcome)

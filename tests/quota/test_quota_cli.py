@@ -21,6 +21,8 @@ intent = "say done"
 final = "done"
 [budget]
 max_tool_calls = 3
+[done]
+pass_without_checks = true  # no tools, no checks: the run passes only because it says so
 """
 
 NARROWER = (

@@ -348,6 +348,8 @@ def test_a_task_id_holding_the_servers_own_secret_is_refused_and_recorded_nowher
 [contract]
 name = "tasks"
 intent = "build"
+[done]
+pass_without_checks = true  # this test is about what is recorded, not the verdict
 [[agent.steps]]
 tool = "mcp:tk:build"
 arguments = {{ key = "k" }}
