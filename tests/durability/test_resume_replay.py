@@ -79,7 +79,7 @@ def test_resolve_refuses_a_call_that_is_not_in_doubt_and_records_nothing(tmp_pat
     assert kinds(home, "s1") == before
 
 
-def test_resuming_an_ended_session_prints_its_outcome_without_the_sdk_reading_the_session_at_most_twice(tmp_path: Path) -> None:
+def test_resuming_an_ended_session_prints_its_outcome_without_the_sdk_reading_it_at_most_twice(tmp_path: Path) -> None:
     import json
     import subprocess
     import sys
