@@ -694,12 +694,17 @@ class _Run:
 
     async def _settle_quotas(self) -> None:
         """Settle the run's quota reservation to what it used; a failure here is settled later by
-        the next reservation that sees the ended session (``truss._quota_book``)."""
+        the next reservation that sees the ended session (``truss._quota_book``).
+
+        What it used is read from the journal, which holds every entry of the session (a resume
+        loads them through the verified reader): reading them back through the store would verify
+        the whole session a second time at every run's end."""
         if not quotas_of(self.contract):
             return
         now = self.clock.now_ms()
+        entries = self.journal.entries
         with contextlib.suppress(TrussError), anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(lambda: quota_settle(self.store, self.session, now_ms=now))
+            await anyio.to_thread.run_sync(lambda: quota_settle(self.store, self.session, now_ms=now, entries=entries))
 
     async def _witness(self, checkpoint: str) -> None:
         """Submit the end-of-session checkpoint to the home's witnesses, if it has any (never raises:
