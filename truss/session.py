@@ -40,7 +40,7 @@ import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Generator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -351,18 +351,13 @@ class _Run:
         renewed = [lease]
         outcome: RunOutcome | None = None
         try:
-            try:
+            with _one_error():  # the renewer never fails
                 async with anyio.create_task_group() as group:
                     group.start_soon(self._renew, renewed)
                     try:
                         outcome = await self._drive_leg(principal=principal, resumed_from=resumed_from)
                     finally:
                         group.cancel_scope.cancel()
-            except BaseExceptionGroup as group_error:
-                # The renewer never fails, so a group holds the leg's one error: raise it as itself.
-                if len(group_error.exceptions) == 1:
-                    raise group_error.exceptions[0] from None
-                raise
             assert outcome is not None  # the leg returned (else this line is not reached)
             return outcome
         finally:
@@ -758,7 +753,7 @@ def _reindexed(journal: Journal, entries: list[StoredEntry]) -> Journal:
 @asynccontextmanager
 async def _stoppable(stop: anyio.Event | None) -> AsyncGenerator[None]:
     """Run the body until it ends or ``stop`` is set (Ctrl-C / SIGTERM in the CLI, a cancel in serve-mcp)."""
-    try:
+    with _one_error():  # the watcher never fails
         async with anyio.create_task_group() as group:
             if stop is not None:
 
@@ -771,9 +766,15 @@ async def _stoppable(stop: anyio.Event | None) -> AsyncGenerator[None]:
                 yield
             finally:
                 group.cancel_scope.cancel()
+
+
+@contextlib.contextmanager
+def _one_error() -> Generator[None]:
+    """Around a task group whose helper tasks never fail: a group holds the body's one error, so
+    raise it as itself, and callers (and the CLI's one handler) see a Truss error, not a group."""
+    try:
+        yield
     except BaseExceptionGroup as group_error:
-        # The watcher never fails, so a group holds the body's one error: raise it as itself, so
-        # callers (and the CLI's one handler) see a Truss error, not a group.
         if len(group_error.exceptions) == 1:
             raise group_error.exceptions[0] from None
         raise
