@@ -366,13 +366,12 @@ class _Run:
                     await anyio.to_thread.run_sync(lambda: self._release(renewed[0]))
 
     async def _renew(self, held: list[Lease]) -> None:
-        """Renew the lease every third of its length (one store write each), until the run ends."""
+        """Renew the lease every third of its length (one store write each), until the run ends;
+        ``held[0]`` is the latest lease (one slot: a day-long run does not keep every renewal)."""
         while True:
             await anyio.sleep(self.lease_ms / 3000)
             try:
-                held.append(
-                    await anyio.to_thread.run_sync(lambda: self.store.renew_lease(held[-1], ttl_ms=self.lease_ms))
-                )
+                held[0] = await anyio.to_thread.run_sync(lambda: self.store.renew_lease(held[0], ttl_ms=self.lease_ms))
             except StoreConflictError:
                 return  # taken over: this run's next append is refused by the store (fencing)
             except TrussError:
