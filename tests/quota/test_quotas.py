@@ -10,6 +10,7 @@ import pytest
 
 from tests.gate.support import contract_from, fake_connector, new_store, scripted
 from truss._errors import QuotaExceededError
+from truss._quota_book import reserve
 from truss.contract import Contract
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.verification import verify_ledger
@@ -62,6 +63,16 @@ allow_tools = ["read", "write"]
 [[agent.steps]]
 tool = "mcp:srv:write"
 """
+
+
+QUOTA_BLOCK = """[[quotas]]
+name = "runs-per-day"
+window = "24h"
+runs = 5
+"""
+ONE_RUN = FIVE_RUNS.replace("runs = 5", "runs = 1")
+THREE_CALLS = FIVE_RUNS.replace("runs = 5", "tool_calls = 3")  # a run may use 2, its one step uses 1
+NO_QUOTA = FIVE_RUNS.replace(QUOTA_BLOCK, "")  # the same contract, counting against no quota
 
 
 class World:
@@ -170,3 +181,38 @@ async def test_a_token_quota_over_a_run_without_max_tokens_is_refused_as_unbound
     with pytest.raises(QuotaExceededError) as refused:
         await w.run()
     assert refused.value.dimension == "tokens" and not refused.value.retryable
+
+
+async def test_a_reservation_whose_run_never_started_holds_the_quota_until_its_deadline_then_is_released(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path, ONE_RUN)
+    # What a start killed right after its reservation leaves: the reservation, and no session.
+    reserve(w.runtime().store, w.contract, session="s_lost", principal=None, now_ms=w.clock.now_ms())
+    with pytest.raises(QuotaExceededError) as refused:
+        await w.run()
+    assert refused.value.held_by == ["s_lost"] and refused.value.retryable
+    w.clock.advance(10 * 60)  # the contract's deadline (10m): the lost start can no longer be running
+    assert (await w.run()).status == "pass"
+    settled = {e.body["session"]: e.body for e in w.store.read_session(QUOTA_SESSION) if e.kind == "quota_settled"}
+    assert settled["s_lost"]["how"] == "released"
+    assert list(settled["s_lost"]["used"].values()) == [{"runs": 0, "tool_calls": 0, "tokens": 0}]
+    assert verify_ledger(w.store, TrustedKeys([w.key.verifier])).ok
+
+
+async def test_a_run_that_ended_before_its_settlement_was_written_is_settled_from_its_entries_by_the_next_start(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path, THREE_CALLS)
+    # What a run killed between its session_ended and its settlement leaves: its reservation of 2
+    # calls, unsettled, and its session ended having sent 1 call.
+    reserve(w.runtime().store, w.contract, session="s_crashed", principal=None, now_ms=w.clock.now_ms())
+    ended = await run_contract(w.runtime(), contract_from(NO_QUOTA), session_id="s_crashed")
+    assert ended.status == "pass" and len(w.transport.calls) == 1
+    # Held in full (2) the next run's 2 would not fit 3; settled to the 1 it used, they do.
+    after = await w.run()
+    assert after.status == "pass"
+    settled = [e.body for e in w.store.read_session(QUOTA_SESSION) if e.kind == "quota_settled"]
+    assert [(s["session"], s["how"]) for s in settled] == [("s_crashed", "ended"), (after.session, "ended")]
+    assert [u["tool_calls"] for u in settled[0]["used"].values()] == [1]
+    assert verify_ledger(w.store, TrustedKeys([w.key.verifier])).ok
