@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from truss._quota_book import quota_book, quota_use
+from truss.durable import in_doubt_calls
 from truss.ledger.entry import StoredEntry
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.stores.base import LedgerStore
@@ -59,16 +60,6 @@ class UnfinishedSession:
         }
 
 
-def _in_doubt(entries: list[StoredEntry]) -> list[str]:
-    resolved = {str(e.body.get("call")) for e in entries if e.kind in ("in_doubt_resolved", "mcp_tool_call")}
-    seen: list[str] = []
-    for entry in entries:
-        call = str(entry.body.get("call"))
-        if entry.kind == "in_doubt" and call not in resolved and call not in seen:
-            seen.append(call)
-    return seen
-
-
 def _pending_tasks(entries: list[StoredEntry]) -> list[str]:
     settled = {str(e.body.get("call")) for e in entries if e.kind == "mcp_tool_call"}
     return [
@@ -97,7 +88,7 @@ def _describe(store: LedgerStore, info: Any) -> UnfinishedSession:
         commands = tuple(f"truss approve {session} {c}   (or --deny)" for c in approvals)
         return UnfinishedSession(**base, waiting_on="approval", calls=tuple(approvals),
                                  commands=(*commands, f"truss resume {session}"))  # fmt: skip
-    doubt = _in_doubt(entries)
+    doubt = list(in_doubt_calls(entries))  # the calls `truss resolve` settles
     if doubt:
         commands = tuple(f"truss resolve {session} {c} --result JSON | --failed REASON | --not-sent" for c in doubt)
         return UnfinishedSession(**base, waiting_on="in_doubt", calls=tuple(doubt),
