@@ -79,10 +79,9 @@ def _describe(store: LedgerStore, info: Any) -> UnfinishedSession:
         "started_ms": int(info.started_ms),
         "updated_ms": int(info.updated_ms),
     }
-    entries = list(store.read_session(session))
-    last = entries[-1].kind if entries else None
-    if last not in ("session_suspended", None) and info.status != "diverged":
+    if info.status == "running":  # driven now (the verified reader says ``interrupted`` once its owner is gone)
         return UnfinishedSession(**base, waiting_on=None, owner=_owner(store, session))
+    entries = list(store.read_session(session))
     approvals = pending_approvals(entries)
     if approvals:
         commands = tuple(f"truss approve {session} {c}   (or --deny)" for c in approvals)

@@ -118,6 +118,21 @@ async def test_status_lists_waiting_sessions_with_their_commands_and_quota_use_w
     assert set(quota["held_by"]) == {"s_asks", "s_running"} and quota["used"]["tool_calls"] == 8
 
 
+def test_a_run_whose_process_died_is_listed_as_interrupted_with_the_resume_command(home: Path) -> None:
+    key = IdentityKey.load(home / "identity.key")
+    store = open_store(str(home / "ledger.db"), key=key, clock=ManualClock(start_ms=1_800_000_000_000), create=True)
+    try:  # what a killed run leaves: entries up to a call sent, no session_suspended, no live lease
+        store.append("s_killed", [Record("session_started", {"contract": "watched"})])
+        store.append("s_killed", [Record("mcp_tool_intent", {"call": "c1.0", "tool": "mcp:srv:read", "args": None})])
+    finally:
+        store.close()
+    done = subprocess.run(status_cmd(home), cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    [item] = json.loads(done.stdout)["unfinished"]
+    assert item["status"] == "interrupted" and item["waiting_on"] == "interrupted" and item["owner"] is None
+    assert item["commands"] == ["truss resume s_killed"]
+
+
 def test_status_of_an_empty_home_lists_nothing(home: Path) -> None:
     done = subprocess.run(status_cmd(home)[:-1], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode in (0, 2), done.stderr
