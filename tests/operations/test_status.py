@@ -133,7 +133,7 @@ def test_a_run_whose_process_died_is_listed_as_interrupted_with_the_resume_comma
     assert item["commands"] == ["truss resume s_killed"]
 
 
-def test_status_of_an_empty_home_lists_nothing(home: Path) -> None:
+def test_status_of_a_home_without_a_ledger_exits_2_saying_what_to_run(home: Path) -> None:
     done = subprocess.run(status_cmd(home)[:-1], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode in (0, 2), done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no ledger" in done.stderr and "truss init" in done.stderr and "Traceback" not in done.stderr
