@@ -243,20 +243,13 @@ class QuotaBook:
         return [r for r in self.reservations.values() if r.settled is None]
 
     def use(self, key: str, now_ms: int) -> Amounts:
-        """What counts against ``key`` at ``now_ms``."""
-        runs = calls = tokens = 0
+        """What counts against ``key`` at ``now_ms``: each reservation's ``counted`` until it ``expires_ms``."""
+        total = Amounts()
         for reservation in self.reservations.values():
-            charged = reservation.charges.get(key)
-            if charged is None:
-                continue
-            if reservation.settled is None:
-                counted = charged
-            elif reservation.at_ms + reservation.windows.get(key, 0) > now_ms:
-                counted = reservation.settled.get(key) or Amounts()
-            else:
-                continue
-            runs, calls, tokens = runs + counted.runs, calls + counted.tool_calls, tokens + counted.tokens
-        return Amounts(runs, calls, tokens)
+            expires = reservation.expires_ms(key)
+            if key in reservation.charges and (expires is None or expires > now_ms):
+                total += reservation.counted(key)
+        return total
 
     def frees_at(self, key: str, dimension: str, need: int, now_ms: int) -> int | None:
         """The earliest time at which ``need`` of ``dimension`` has left ``key``'s window (None: never by time)."""
