@@ -83,7 +83,8 @@ def join(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.contract.harness_db import operator_db
     from truss.keyring import read_root, write_root
     from truss.ledger.keyhistory import LOG_SESSION, join_request
-    from truss.ledger.keys import VerifierKey
+    from truss.ledger.keys import TrustedKeys, VerifierKey
+    from truss.ledger.reader import VerifiedStore
     from truss.ledger.stores import open_store
     from truss.ledger.workers import worker_vkeys
 
@@ -94,12 +95,15 @@ def join(args: argparse.Namespace, ctx: Ctx) -> int:
     log_key = VerifierKey.parse(args.log_key)
     with closing(open_store(args.join, key=None, clock=ctx.clock, create=False)) as store:
         origin = store.origin
-        log_entries = list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
-    if log_key.name != origin:
-        raise UsageError(
-            f"--log-key names the log {log_key.name!r}, but {redact_url(args.join)} is the log {origin!r}",
-            remedy="give the verifier key `truss key show` prints in the home holding this ledger's log key",
-        )
+        if log_key.name != origin:
+            raise UsageError(
+                f"--log-key names the log {log_key.name!r}, but {redact_url(args.join)} is the log {origin!r}",
+                remedy="give the verifier key `truss key show` prints in the home holding this ledger's log key",
+            )
+        # "admitted" is read from @log as the log key signed it (an admission anyone else wrote is
+        # refused as tampering), not from whatever rows the shared store holds.
+        log = VerifiedStore(store, TrustedKeys([log_key]))
+        log_entries = list(log.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
     known = read_root(ctx.key)
     if known is not None and known != log_key:
         raise UsageError(
