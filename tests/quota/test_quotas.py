@@ -216,3 +216,69 @@ async def test_a_run_that_ended_before_its_settlement_was_written_is_settled_fro
     assert [(s["session"], s["how"]) for s in settled] == [("s_crashed", "ended"), (after.session, "ended")]
     assert [u["tool_calls"] for u in settled[0]["used"].values()] == [1]
     assert verify_ledger(w.store, TrustedKeys([w.key.verifier])).ok
+
+
+PER_TOOL_AND_SERVER = """
+[contract]
+name = "scoped"
+intent = "read twice, write once"
+[budget]
+max_tool_calls = 4
+[[quotas]]
+name = "writes-per-day"
+window = "24h"
+per = "tool"
+tool = "mcp:srv:write"
+tool_calls = 2
+[[quotas]]
+name = "srv-calls-per-day"
+window = "24h"
+per = "server"
+tool_calls = 100
+[[mcp.servers]]
+name = "srv"
+command = "unused"
+allow_tools = ["read", "write"]
+[[mcp.servers.tools]]
+name = "write"
+budget_calls = 1
+[[agent.steps]]
+tool = "mcp:srv:read"
+[[agent.steps]]
+tool = "mcp:srv:read"
+[[agent.steps]]
+tool = "mcp:srv:write"
+"""
+
+
+async def test_a_tool_quota_reserves_the_tool_s_own_budget_and_counts_only_its_calls_a_server_quota_counts_the_server_s(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path, PER_TOOL_AND_SERVER)
+    assert (await w.run()).status == "pass"
+    assert (await w.run()).status == "pass"  # each reserves 1 write (the tool's budget_calls), not 4
+    with pytest.raises(QuotaExceededError) as refused:
+        await w.run()
+    assert refused.value.quota == "writes-per-day" and refused.value.dimension == "tool_calls"
+    assert (refused.value.used, refused.value.limit, refused.value.requested) == (2, 2, 1)
+    assert refused.value.frees_at_ms == 1_800_000_000_000 + 24 * HOUR_MS
+    reserved = [e.body for e in w.store.read_session(QUOTA_SESSION) if e.kind == "quota_reserved"]
+    assert {c["quota"]: c["tool_calls"] for c in reserved[0]["charges"]} == {
+        "writes-per-day": 1,
+        "srv-calls-per-day": 4,
+    }
+    settled = [e.body for e in w.store.read_session(QUOTA_SESSION) if e.kind == "quota_settled"]
+    assert len(settled) == 2 and len(w.transport.calls) == 6
+    for body in settled:  # three calls sent: one of them to the tool, all three to the server
+        used = {key.rsplit("|", 1)[1]: amounts["tool_calls"] for key, amounts in body["used"].items()}
+        assert used == {"tool=mcp:srv:write": 1, "server=srv": 3}
+
+
+async def test_a_principal_quota_counts_each_principal_s_runs_apart(tmp_path: Path) -> None:
+    w = World(tmp_path, FIVE_RUNS.replace("runs = 5", 'per = "principal"\nruns = 1'))
+    assert (await w.run(principal={"caller": "alice"})).status == "pass"
+    assert (await w.run(principal={"caller": "bob"})).status == "pass"
+    with pytest.raises(QuotaExceededError) as refused:
+        await w.run(principal={"caller": "alice"})
+    assert refused.value.quota == "runs-per-day" and refused.value.used == 1
+    assert len(w.run_sessions()) == 2
