@@ -10,8 +10,9 @@ import pytest
 
 from tests.gate.support import contract_from, fake_connector, new_store, scripted
 from truss._errors import QuotaExceededError
-from truss._quota_book import reserve
+from truss._quota_book import quota_book, reserve
 from truss.contract import Contract
+from truss.durable import resolve_call
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.verification import verify_ledger
 from truss.quota import QUOTA_SESSION
@@ -282,3 +283,45 @@ async def test_a_principal_quota_counts_each_principal_s_runs_apart(tmp_path: Pa
         await w.run(principal={"caller": "alice"})
     assert refused.value.quota == "runs-per-day" and refused.value.used == 1
     assert len(w.run_sessions()) == 2
+
+
+async def test_a_run_stopped_in_doubt_keeps_its_reservation_until_the_call_is_resolved_and_the_run_ends(
+    tmp_path: Path,
+) -> None:
+    w = World(
+        tmp_path, TEN_CALLS.replace('effect = "ask"', 'effect = "allow"').replace("tool_calls = 10", "tool_calls = 6")
+    )
+    sent, never = anyio.Event(), anyio.Event()
+
+    async def handler(tool: MountedTool, arguments: Any) -> ToolResult:
+        sent.set()
+        await never.wait()  # the answer never comes back: the run is stopped with the call out
+        return text_result("unreachable")
+
+    w.transport = FakeTransport(handler, tools=[mounted_tool("srv", "read"), mounted_tool("srv", "write")])
+    stop = anyio.Event()
+    stopped: list[RunOutcome] = []
+
+    async def run() -> None:
+        stopped.append(await w.run(stop=stop))
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as group:
+            group.start_soon(run)
+            await sent.wait()
+            stop.set()
+    session = stopped[0].session
+    never.set()  # resumed, the server answers again (the call in doubt is never re-sent)
+    with anyio.fail_after(30):
+        doubt = await resume_session(w.runtime(), session)
+    assert doubt.status == "suspended" and doubt.waiting_on == "in_doubt"
+    with pytest.raises(QuotaExceededError) as refused:  # 4 held in full + 4 more would pass 6
+        await w.run()
+    assert refused.value.held_by == [session] and refused.value.used == 4
+    assert [r.session for r in quota_book(w.store).unsettled()] == [session]
+
+    resolve_call(w.runtime(), session, doubt.waiting[0], result={"content": [{"type": "text", "text": "done"}]})
+    with anyio.fail_after(30):
+        assert (await resume_session(w.runtime(), session)).status == "pass"
+    assert quota_book(w.store).unsettled() == []
+    assert (await w.run()).status == "pass"  # 1 call used by the resolved run + 4 reserved fits 6
