@@ -13,8 +13,9 @@ sessions (``@log``, ``@quota``: they hold no payloads and are the log's own reco
 already swept (payloads already erased).
 
 The age is read from the signed ``session_ended`` entry's ``ts``, not from the store's unsigned
-session row. What it does not do: delete entries (nothing is ever removed from the chain), or read
-the operator config (callers pass ``keep_ms``: ``truss.contract.keep_ms``).
+session row (through the verified reader, its listing already verified that entry). What it does
+not do: delete entries (nothing is ever removed from the chain), or read the operator config
+(callers pass ``keep_ms``: ``truss.contract.keep_ms``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 from truss._quota_book import quota_book
 from truss.ledger.keyhistory import is_log_session
-from truss.ledger.stores.base import LedgerStore
+from truss.ledger.stores.base import LedgerStore, SessionInfo
 
 __all__ = ["SweepReport", "sweep"]
 
@@ -69,9 +70,8 @@ def sweep(store: LedgerStore, *, keep_ms: int | None, now_ms: int, dry_run: bool
         if info.id in held:
             report.holding_quota.append(info.id)
             continue
-        last = list(store.read_session(info.id, from_seq=max(0, info.entries - 1)))
-        ended = next((e for e in reversed(last) if e.kind == "session_ended"), None)
-        if ended is None or ended.ts > cutoff:
+        ended_ms = _ended_ms(store, info)
+        if ended_ms is None or ended_ms > cutoff:
             report.recent += 1
             continue
         if store.erased_refs(info.id):
@@ -79,3 +79,17 @@ def sweep(store: LedgerStore, *, keep_ms: int | None, now_ms: int, dry_run: bool
             continue
         report.swept[info.id] = 0 if dry_run else store.erase_payloads(info.id)
     return report
+
+
+def _ended_ms(store: LedgerStore, info: SessionInfo) -> int | None:
+    """When an ended session's signed ``session_ended`` entry was written.
+
+    A row from the verified reader (``info.verified``) was checked at its last entry, which is that
+    entry (``ended``), and carries its time as ``updated_ms``: reading the session again would verify
+    all of it, for every ended session at every sweep. A row read from a store directly is not
+    trusted: its last entry is read."""
+    if info.verified is not None:
+        return info.updated_ms
+    last = list(store.read_session(info.id, from_seq=max(0, info.entries - 1)))
+    ended = next((e for e in reversed(last) if e.kind == "session_ended"), None)
+    return None if ended is None else ended.ts

@@ -19,6 +19,7 @@ from truss.ledger.entry import Record, iter_refs
 from truss.ledger.keys import IdentityKey
 from truss.ledger.stores import open_store
 from truss.ledger.stores.base import LedgerStore
+from truss.retention import sweep
 from truss.runtime import Runtime
 from truss.session import run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
@@ -130,6 +131,20 @@ def test_a_swept_session_still_verifies_its_payloads_are_gone_and_an_in_doubt_on
     assert shown.returncode == 0 and "erased" in shown.stdout
     again = truss(home, "ledger", "sweep", "--json")
     assert json.loads(again.stdout)["swept"] == [] and json.loads(again.stdout)["already_swept"] == 1
+
+
+def test_a_session_that_ended_within_keep_is_kept_read_through_the_verified_reader_or_the_store(home: Path) -> None:
+    s = record_sessions(home)  # ended on 2026-01-01
+    report = json.loads(truss(home, "ledger", "sweep", "--dry-run", "--json", "--keep", "3650d").stdout)
+    assert report["swept"] == [] and report["kept_recent"] == 1
+    swept = json.loads(truss(home, "ledger", "sweep", "--dry-run", "--json", "--keep", "1d").stdout)["swept"]
+    assert [x["session"] for x in swept] == [s["ended"]]
+    store = open_store(str(home / "ledger.db"), key=None, clock=ManualClock(), create=False)
+    try:  # a store read directly (rows unverified): the age comes from the session_ended entry
+        assert sweep(store, keep_ms=DAY_MS, now_ms=OLD_MS + DAY_MS // 2, dry_run=True).recent == 1
+        assert list(sweep(store, keep_ms=DAY_MS, now_ms=OLD_MS + 2 * DAY_MS, dry_run=True).swept) == [s["ended"]]
+    finally:
+        store.close()
 
 
 def test_keep_forever_is_the_default_and_sweeps_nothing(home: Path) -> None:
