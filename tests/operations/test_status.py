@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 from tests.conftest import REPO
+from tests.durability.support import make_home
 from tests.gate.support import contract_from, fake_connector, scripted
 from truss.ledger.entry import Record
 from truss.ledger.keys import IdentityKey
@@ -56,10 +57,7 @@ def status_cmd(home: Path) -> list[str]:
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
-    return path
+    return make_home(tmp_path / "home")
 
 
 def _in_doubt(store: LedgerStore) -> None:

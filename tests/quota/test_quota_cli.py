@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from tests.conftest import REPO, truss_cmd
-from truss.ledger.keys import IdentityKey
+from tests.durability.support import make_home, truss
 
 CONTRACT = """
 [contract]
@@ -36,17 +33,9 @@ tool_calls = 2
 )
 
 
-def truss(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, TRUSS_HOME=str(home))
-    return subprocess.run([*truss_cmd(), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=90,
-                          check=False)  # fmt: skip
-
-
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
+    path = make_home(tmp_path / "home")
     (path / "config.toml").write_text(
         '[[harness.quotas]]\nname = "one-a-day"\nwindow = "24h"\nruns = 1\n', encoding="utf-8"
     )

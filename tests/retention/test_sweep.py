@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from tests.conftest import REPO, truss_cmd
+from tests.durability.support import make_home, truss
 from tests.gate.support import contract_from, fake_connector, scripted
 from truss._quota_book import reserve
 from truss.ledger.entry import Record, iter_refs
@@ -45,18 +43,9 @@ arguments = { path = "secret-looking-argument" }
 """
 
 
-def truss(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, TRUSS_HOME=str(home))
-    return subprocess.run([*truss_cmd(), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=90,
-                          check=False)  # fmt: skip
-
-
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
-    return path
+    return make_home(tmp_path / "home")
 
 
 def record_sessions(home: Path) -> dict[str, str]:

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, truss_cmd
-from tests.durability.support import cli
+from tests.durability.support import cli, make_home
 from tests.security._support import DATA, HERE
-from truss.ledger.keys import IdentityKey
 
 ANSWERS = HERE / "servers" / "answers.py"
 ATTACK = DATA / "results" / "result_of_34_xs_against_a_catastrophic_done_check.json"
@@ -27,10 +26,7 @@ BOUND_S = 60  # the old code never finished; the new one takes a few seconds
 
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
-    return path
+    return make_home(tmp_path / "home")
 
 
 def _contract(tmp_path: Path, regex: str) -> Path:
