@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DiskState", "fsync_state"]
+__all__ = ["BareDisk", "DiskState", "fsync_state"]
 
 
 @dataclass(frozen=True)
@@ -36,29 +36,42 @@ class DiskState:
         return f"fsync {self.fsync_ms:.3f} ms, synchronous SQLite commit {self.commit_ms:.3f} ms ({state})"
 
 
+class BareDisk:
+    """A bare fsync of a small append and a bare synchronous SQLite WAL commit of one row, in ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self._fd = os.open(directory / "bare-fsync.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._db = sqlite3.connect(directory / "bare-commit.db", isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+
+    def fsync(self) -> None:
+        os.write(self._fd, b"x" * 128)
+        os.fsync(self._fd)
+
+    def commit(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+        self._db.execute("INSERT INTO t (v) VALUES (?)", (b"x" * 128,))
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self._db.close()
+
+
 def fsync_state(directory: Path, n: int = 40) -> DiskState:
     """Bare fsync and bare synchronous commit costs in ``directory``, medians of ``n`` each, interleaved."""
     with tempfile.TemporaryDirectory(dir=directory) as name:
-        tmp = Path(name)
-        fd = os.open(tmp / "fsync.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        db = sqlite3.connect(tmp / "commit.db", isolation_level=None)
+        disk = BareDisk(Path(name))
+        flushes: list[float] = []
+        commits: list[float] = []
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
-            flushes: list[float] = []
-            commits: list[float] = []
             for _ in range(n):
-                start = time.perf_counter()
-                os.write(fd, b"x" * 128)
-                os.fsync(fd)
-                flushes.append(time.perf_counter() - start)
-                start = time.perf_counter()
-                db.execute("BEGIN IMMEDIATE")
-                db.execute("INSERT INTO t (v) VALUES (?)", (b"x" * 128,))
-                db.execute("COMMIT")
-                commits.append(time.perf_counter() - start)
+                for op, out in ((disk.fsync, flushes), (disk.commit, commits)):
+                    start = time.perf_counter()
+                    op()
+                    out.append(time.perf_counter() - start)
         finally:
-            os.close(fd)
-            db.close()
+            disk.close()
     return DiskState(statistics.median(flushes) * 1000.0, statistics.median(commits) * 1000.0)

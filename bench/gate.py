@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -52,7 +51,7 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 
 sys.path.insert(0, str(REPO / "bench"))
 
-from _disk import DiskState  # noqa: E402
+from _disk import BareDisk, DiskState  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 from truss.budget import BudgetState  # noqa: E402
@@ -124,28 +123,13 @@ class Instant:
         return ToolResult(dict(self.result.wire))
 
 
-class BareDisk:
-    """A bare fsync and a bare synchronous SQLite commit in the ledger's directory, as timed calls."""
+def asynchronous(fn: Any) -> Any:
+    """A synchronous timed call as the coroutine function ``timed`` awaits."""
 
-    def __init__(self, directory: Path) -> None:
-        self._fd = os.open(directory / "bare-fsync.bin", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._db = sqlite3.connect(directory / "bare-commit.db", isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+    async def call() -> None:
+        fn()
 
-    async def fsync(self) -> None:
-        os.write(self._fd, b"x" * 128)
-        os.fsync(self._fd)
-
-    async def commit(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
-        self._db.execute("INSERT INTO t (v) VALUES (?)", (b"x" * 128,))
-        self._db.execute("COMMIT")
-
-    def close(self) -> None:
-        os.close(self._fd)
-        self._db.close()
+    return call
 
 
 async def timed(fn: Any, n: int) -> list[float]:
@@ -222,8 +206,8 @@ async def main(calls: int, rounds: int, concurrent_calls: int, db_dir: str | Non
             "no-fsync": appender(False),
             "gate-only": instant.call,
             "watched": watched.call,
-            "bare-fsync": disk.fsync,
-            "bare-commit": disk.commit,
+            "bare-fsync": asynchronous(disk.fsync),
+            "bare-commit": asynchronous(disk.commit),
         }
         cpu: list[float] = []
         for fn in fns.values():  # warm up imports, caches and the WAL
