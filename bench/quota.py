@@ -8,7 +8,7 @@ Two comparisons, each against a baseline measured in the same run, rounds altern
    ``@quota``, fsynced) before the run and the settlement after it. Target <= 1.05x. Also printed:
    the reservation and settlement themselves, in process, on a ledger whose ``@quota`` already
    holds ``--history`` earlier runs (the fold is incremental, so this stays flat), with the
-   fsync cost of one durable append measured on the same disk.
+   cost of one durable append measured on the same disk and its fsync state (``bench/_disk.py``).
 2. **A delegated run through a task.** On one running ``serve-mcp`` (stdio), the synchronous
    ``truss_run_contract {contract: "hello"}`` vs the same call in task mode (the 2026-07-28 Tasks
    extension: the task id at once, then ``tasks/get`` at the server's ``pollIntervalMs`` until
@@ -23,7 +23,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,13 +31,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-from mcp import Client, StdioServerParameters, types
+from mcp import Client, types
 from mcp.client import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.stdio import stdio_client
 from pydantic import Field
 
 REPO = Path(__file__).resolve().parent.parent
-PEERS = Path(os.environ.get("TRUSS_PEERS") or REPO / ".peers")
+CONTRACTS = REPO / "contracts"
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import fsync_state  # noqa: E402
+from serve import _call, _init, _params, truss_run  # noqa: E402  (the same runs and calls as bench/serve.py)
+
 QUOTAS = """
 [[harness.quotas]]
 name = "bench-contract"
@@ -52,29 +57,6 @@ window = "1h"
 per = "principal"
 runs = 1000000
 """
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{PEERS / 'py' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    env.pop("TRUSS_HOME", None)
-    return env
-
-
-def _init(home: Path) -> None:
-    subprocess.run([sys.executable, "-m", "truss", "--home", str(home), "init"], check=True, capture_output=True)
-
-
-def truss_run(home: Path) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "truss", "--home", str(home), "run", str(REPO / "contracts" / "hello.toml")],
-        env=_env(), capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    elapsed = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"truss run failed ({done.returncode}): {done.stderr[-2000:]}")
-    return elapsed
 
 
 def in_process(work: Path, history: int, rounds: int) -> tuple[float, float, float]:
@@ -160,33 +142,16 @@ class Tasks(ClientExtension):
         return [ResultClaim(result_type="task", model=TaskHandle, resolve=_resolve)]
 
 
-def _params(home: Path) -> StdioServerParameters:
-    contracts = str(REPO / "contracts")
-    return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "truss", "--home", str(home), "serve-mcp", "--contracts-dir", contracts],
-        env=_env(),
-    )
-
-
-async def _call(client: Client) -> float:
-    start = time.perf_counter()
-    result = await client.call_tool("truss_run_contract", {"contract": "hello"})
-    elapsed = time.perf_counter() - start
-    if result.is_error or (result.structured_content or {}).get("status") != "pass":
-        raise SystemExit(f"delegated run did not pass: {result.content}")
-    return elapsed
-
-
 async def delegated(work: Path, rounds: int) -> tuple[float, float]:
     home = work / "serve-home"
     _init(home)
     sync: list[float] = []
     task: list[float] = []
+    params = _params(home, CONTRACTS)
     with (work / "serve.stderr.log").open("a") as log:
         async with (
-            Client(stdio_client(_params(home), errlog=log), read_timeout_seconds=300) as plain,  # pyright: ignore[reportArgumentType]
-            Client(stdio_client(_params(home), errlog=log), read_timeout_seconds=300, extensions=[Tasks()]) as tasks,  # pyright: ignore[reportArgumentType]
+            Client(stdio_client(params, errlog=log), read_timeout_seconds=300) as plain,  # pyright: ignore[reportArgumentType]
+            Client(stdio_client(params, errlog=log), read_timeout_seconds=300, extensions=[Tasks()]) as tasks,  # pyright: ignore[reportArgumentType]
         ):
             await _call(plain)
             await _call(tasks)  # warm-up both
@@ -205,23 +170,26 @@ async def main_async(rounds: int, history: int) -> None:
         _init(plain)
         _init(quota)
         (quota / "config.toml").write_text(QUOTAS, encoding="utf-8")
-        truss_run(plain)
-        truss_run(quota)  # warm-up
+        truss_run(plain, CONTRACTS)
+        truss_run(quota, CONTRACTS)  # warm-up
         base: list[float] = []
         with_quota: list[float] = []
         for i in range(rounds):
             for home in (plain, quota) if i % 2 == 0 else (quota, plain):
-                (base if home is plain else with_quota).append(await anyio.to_thread.run_sync(truss_run, home))
+                elapsed = await anyio.to_thread.run_sync(truss_run, home, CONTRACTS)
+                (base if home is plain else with_quota).append(elapsed)
             print(f"round {i + 1}: run {base[-1] * 1000:.0f} ms, run with quotas {with_quota[-1] * 1000:.0f} ms",
                   flush=True)  # fmt: skip
-        reserve_ms, settle_ms, fsync_ms = in_process(work, history, rounds)
+        disk = fsync_state(work)
+        reserve_ms, settle_ms, append_ms = in_process(work, history, rounds)
         sync, task = await delegated(work, rounds)
         b, q = statistics.median(base), statistics.median(with_quota)
         print(f"\nmedians over {rounds} rounds (load average {os.getloadavg()[0]:.1f}):")
         print(f"  truss run contracts/hello.toml, no quotas (baseline)   {b * 1000:8.0f} ms")
         print(f"  the same with two operator quotas                      {q * 1000:8.0f} ms   ratio {q / b:.3f}")
         print(f"  in process, @quota holding {history} earlier runs: reserve {reserve_ms:.2f} ms, "
-              f"settle {settle_ms:.2f} ms (one durable append: {fsync_ms:.2f} ms)")  # fmt: skip
+              f"settle {settle_ms:.2f} ms (one durable append: {append_ms:.2f} ms)")  # fmt: skip
+        print(f"  disk: {disk}")
         print(f"  truss_run_contract, synchronous (baseline)             {sync * 1000:8.0f} ms")
         print(
             f"  truss_run_contract as a task, polled                   {task * 1000:8.0f} ms   ratio {task / sync:.3f}"
