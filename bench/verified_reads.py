@@ -12,7 +12,8 @@ Every measurement runs its baseline in the same process and prints the ratio:
 2. the lease's share of ``truss run contracts/hello.toml``: the median run (as a process), and the
    median cost of what the run does for its lease on the same ledger file (one durable acquire
    and one durable release; a run shorter than the 10 s renewal period renews never; the epoch
-   check of each append is inside the append's own transaction).
+   check of each append is inside the append's own transaction), with the fsync state of the
+   disk measured next to that ledger (``bench/_disk.py``).
 
 Usage: ``python bench/verified_reads.py [--entries N] [--runs R]``; part 2 needs ``make peers``.
 Results go to stdout; record them in docs/benchmarks.md by hand.
@@ -35,6 +36,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import fsync_state  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
@@ -73,15 +77,7 @@ def _seed(store: SqliteStore) -> None:
     store.append("s_show", [Record("session_started", {"contract": "show"}), *turns])
 
 
-def _interleaved(small: Callable[[], object], large: Callable[[], object], reps: int) -> tuple[float, float]:
-    a: list[float] = []
-    b: list[float] = []
-    for _ in range(reps):
-        for fn, out in ((small, a), (large, b)):
-            t = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t)
-    return statistics.median(a), statistics.median(b)
+_interleaved = LEDGER._interleaved  # pyright: ignore[reportPrivateUsage]  (alternating calls, medians)
 
 
 def _cli(home: Path, *args: str) -> Callable[[], object]:
@@ -149,6 +145,7 @@ def bench_lease(tmp: Path, runs: int) -> None:
     subprocess.run(run_cmd, env=env, cwd=REPO, capture_output=True, timeout=120, check=True)  # warm caches
     key = IdentityKey.load(home / "identity.key")
     copy = tmp / "lease-ledger.db"
+    disk = fsync_state(tmp)
     run_s: list[float] = []
     lease_s: list[float] = []
     for r in range(runs):
@@ -172,6 +169,7 @@ def bench_lease(tmp: Path, runs: int) -> None:
         f"lease share of `truss run contracts/hello.toml`: run {run_m * 1000:.0f} ms (median of {runs}), "
         f"acquire + release {lease_m * 1000:.2f} ms, share {lease_m / run_m * 100:.2f} %"
     )
+    print(f"  disk: {disk}")
 
 
 def main() -> None:
