@@ -110,9 +110,10 @@ test: venv peers chromium golang postgres
 	$(MAKE) -s pytest || status=1; \
 	exit $$status
 
-# Every benchmark with its default settings (several minutes; see docs/benchmarks.md for each one).
+# Every benchmark with its default settings (several minutes; see docs/benchmarks.md for each one);
+# bench/_*.py are their shared helpers, not benchmarks.
 bench: venv peers chromium bwrap postgres
-	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	@for script in bench/[!_]*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(PEERS) .truss .truss-demo build *.egg-info
