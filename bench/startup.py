@@ -51,8 +51,10 @@ def main(runs: int) -> None:
         peers = str(REPO / ".peers" / "py" / "bin")
         env = {**os.environ, "TRUSS_HOME": str(home), "PATH": peers + os.pathsep + os.environ.get("PATH", "")}
         subprocess.run([*TRUSS, "init"], env=env, cwd=REPO, capture_output=True, timeout=60, check=True)
-        subprocess.run([*TRUSS, "run", "contracts/hello.toml"], env=env, cwd=REPO, capture_output=True, timeout=120,
-                       check=False)  # fmt: skip
+        ran = subprocess.run([*TRUSS, "run", "contracts/hello.toml"], env=env, cwd=REPO, capture_output=True,
+                             text=True, timeout=120, check=False)  # fmt: skip
+        if ran.returncode != 0:  # else `ledger verify` would time an empty ledger, not one with an ended session
+            raise SystemExit(f"truss run contracts/hello.toml failed ({ran.returncode}; make peers?): {ran.stderr}")
         commands = {
             "python -c pass": [PY, "-c", "pass"],
             "truss --help": [*TRUSS, "--help"],
