@@ -3,7 +3,8 @@
 Two SQLite ledgers in the same run: one with ``--small`` (default 200) ended sessions and one with
 ``--large`` (default 20,000), each session four entries (started, a model turn, verdict, ended)
 followed by a signed checkpoint, as ``truss run`` leaves them. Then, interleaved over
-``--rounds`` rounds, on each ledger (medians; peak Python memory by ``tracemalloc``):
+``--rounds`` rounds, on each ledger (medians; peak Python memory by ``tracemalloc``, in rounds of
+its own between the timed ones, so that tracing does not inflate the times):
 
 1. a run's end: a new session's ``verdict`` and ``session_ended`` appended durably, then
    ``sign_checkpoint`` (the latest checkpoint, a consistency proof, one signature);
@@ -74,14 +75,19 @@ def build(path: Path, sessions: int) -> SqliteStore:
     return store
 
 
-def measure(fn: Callable[[], Any]) -> tuple[float, int]:
-    tracemalloc.start()
+def elapsed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
-    elapsed = time.perf_counter() - start
-    _, peak = tracemalloc.get_traced_memory()
+    return time.perf_counter() - start
+
+
+def peak(fn: Callable[[], Any]) -> int:
+    """Peak Python memory of ``fn`` (tracemalloc), in a call of its own: tracing slows what it traces."""
+    tracemalloc.start()
+    fn()
+    _, top = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    return elapsed, peak
+    return top
 
 
 def main(small: int, large: int, rounds: int, db_dir: str | None) -> None:
@@ -94,7 +100,7 @@ def main(small: int, large: int, rounds: int, db_dir: str | None) -> None:
         trusted = TrustedKeys([KEY.verifier])
         times: dict[tuple[str, int], list[float]] = {}
         peaks: dict[tuple[str, int], list[int]] = {}
-        for r in range(rounds):
+        for r in range(rounds * 2):  # even rounds time the operations, odd rounds trace their memory
             for n, store in stores.items():
 
                 def run_end(store: SqliteStore = store, r: int = r) -> None:
@@ -110,9 +116,10 @@ def main(small: int, large: int, rounds: int, db_dir: str | None) -> None:
                     export_bundle(store, "s_000007", vkey=KEY.verifier.vkey)
 
                 for label, fn in (("run end", run_end), ("verify SESSION", verify_one), ("export SESSION", export_one)):
-                    elapsed, peak = measure(fn)
-                    times.setdefault((label, n), []).append(elapsed)
-                    peaks.setdefault((label, n), []).append(peak)
+                    if r % 2 == 0:
+                        times.setdefault((label, n), []).append(elapsed(fn))
+                    else:
+                        peaks.setdefault((label, n), []).append(peak(fn))
         after = fsync_state(tmp)
         for store in stores.values():
             store.close()
