@@ -12,10 +12,11 @@ OAuth-protected SDK MCP server on 127.0.0.1) and connects to the same server two
    the past) vs one with a valid token; the refresh's share of the connect;
 3. the auth flow alone, per request: the OAuth provider of a connection holding a valid token,
    driven as httpx drives it (one request, its 200 response) against httpx's no-op ``Auth``, so
-   the flow's own work is seen without the server's and the load's noise around it.
+   the flow's own work is seen without the server's and the load's noise around it; the ratio.
 
 The token store is the encrypted file (``TRUSS_OAUTH_STORE=file``), whose writes are fsync'd: the
-refresh cost includes that.
+refresh cost includes that, so the disk's fsync state measured in the same directory is printed
+beside it (``bench/_disk.py``).
 
 Usage: ``python bench/oauth.py [--calls N] [--rounds R]``.
 """
@@ -42,7 +43,10 @@ import httpx2
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 os.environ["TRUSS_OAUTH_STORE"] = "file"
+
+from _disk import fsync_state  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 from truss.contract import Contract  # noqa: E402
@@ -139,6 +143,7 @@ async def bench(issuer: str, url: str, calls: int, rounds: int) -> None:
             start = time.perf_counter()
             async with _mounts(oauth, home, environ):
                 connect_ms[name].append((time.perf_counter() - start) * 1000)
+    disk = fsync_state(home)
     o, s = statistics.median(per_call["oauth"]), statistics.median(per_call["static"])
     r, v = statistics.median(connect_ms["refresh"]), statistics.median(connect_ms["valid"])
     print(f"per call, median of {rounds} rounds x {calls} calls:")
@@ -149,10 +154,12 @@ async def bench(issuer: str, url: str, calls: int, rounds: int) -> None:
     print(f"  token must be refreshed  {r:8.1f} ms")
     print(f"  valid token              {v:8.1f} ms")
     print(f"  the refresh's share      {(r - v) / r * 100:8.1f} %  ({r - v:.1f} ms, token request + store write)")
+    print(f"  disk                     {disk}")
     flow_us, none_us = await bench_flow(oauth, home, environ, rounds)
     print(f"the auth flow alone per request, median of {rounds} x 2000:")
     print(f"  OAuth, valid token       {flow_us:8.1f} us")
     print(f"  no auth (httpx's Auth)   {none_us:8.1f} us")
+    print(f"  ratio                    {flow_us / none_us:8.2f}x")
 
 
 def main(calls: int, rounds: int) -> None:
