@@ -12,6 +12,9 @@
    turn and tool result and runs the one approved call live. Reported: the original run's time
    per step, the resume's time per replayed step, and their ratio.
 
+Both commit to the same ledger, whose appends are fsync'd: the disk's fsync state measured in its
+directory is printed after them (``bench/_disk.py``).
+
 Usage: ``python bench/durability.py [--calls N] [--rounds R] [--steps N] [--db-dir DIR]``.
 Results go to stdout; record them in docs/benchmarks.md.
 """
@@ -31,6 +34,9 @@ import anyio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import fsync_state  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 from truss.budget import BudgetState  # noqa: E402
@@ -145,6 +151,7 @@ async def main(calls: int, rounds: int, steps: int, db_dir: str | None) -> None:
         try:
             await replayed_vs_live(tmp, store, calls, rounds)
             await resume_long_session(tmp, store, key, steps)
+            print(f"disk: {fsync_state(tmp)}")
         finally:
             store.close()
 

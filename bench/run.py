@@ -7,6 +7,8 @@ scripted plan does, and exits. Where Truss's extra time goes is read from the ru
 ``ts`` of its ledger entries split the run into start-up (interpreter, imports, contract, key,
 connecting the server) up to ``session_started``, the loop up to the last ``model_turn``,
 closing the server up to ``verdict``, and the end (``session_ended``, checkpoint, envelope, exit).
+The run's appends are fsync'd, so the disk's fsync state measured beside its home is printed too
+(``bench/_disk.py``).
 
 Usage: ``python bench/run.py [--runs N]``; needs ``make peers``. Record results in
 docs/benchmarks.md.
@@ -27,6 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import fsync_state  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 
@@ -102,11 +107,13 @@ def main(runs: int) -> None:
         split.append((started - start_ms, last_turn - started, verdict - last_turn, ended - verdict, end_ms - ended))
         raw_s.append(timed(raw_cmd, env)[0])
         imports_s.append(timed(bare_cmd, env)[0])
+    disk = fsync_state(tmp)
     t, r = statistics.median(truss_s), statistics.median(raw_s)
     print(f"{runs} runs each, interleaved; medians")
     print(f"  raw SDK, same calls     {r * 1000:7.0f} ms")
     print(f"  truss run hello.toml    {t * 1000:7.0f} ms   ratio {t / r:.2f}")
     print(f"  python -c 'import mcp, truss_cli.main'  {statistics.median(imports_s) * 1000:7.0f} ms")
+    print(f"  disk: {disk}")
     names = [
         "start-up + connect (to session_started)",
         "loop: 3 turns, 2 calls (to the last model_turn)",

@@ -9,7 +9,9 @@ For each round, in alternating order:
   it spawns Truss for one run.
 
 All three run against mcp-server-time (``make peers``) with one throwaway Truss home. Prints the
-medians and the ratios against the baseline; the target is a delegated run at most 1.2x.
+medians and the ratios against the baseline; the target is a delegated run at most 1.2x. Every
+run's appends are fsync'd, so the disk's fsync state measured beside the home is printed too
+(``bench/_disk.py``).
 
     .venv/bin/python bench/serve.py [--rounds 7]
 """
@@ -32,6 +34,9 @@ from mcp.client.stdio import stdio_client
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS = Path(os.environ.get("TRUSS_PEERS") or REPO / ".peers")
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import fsync_state  # noqa: E402
 
 
 def _env() -> dict[str, str]:
@@ -120,11 +125,13 @@ async def main_async(rounds: int) -> None:
                         f"warm {warm[-1] * 1000:.0f} ms, cold {cold_runs[-1] * 1000:.0f} ms",
                         flush=True,
                     )
+        disk = fsync_state(work)
         b, w, c = statistics.median(base), statistics.median(warm), statistics.median(cold_runs)
         print(f"\nmedians over {rounds} rounds (load average {os.getloadavg()[0]:.1f}):")
         print(f"  truss run contracts/hello.toml (baseline)  {b * 1000:8.0f} ms")
         print(f"  truss_run_contract on a running serve-mcp  {w * 1000:8.0f} ms   ratio {w / b:.2f}")
         print(f"  spawn serve-mcp + connect + call + close   {c * 1000:8.0f} ms   ratio {c / b:.2f}")
+        print(f"  disk: {disk}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

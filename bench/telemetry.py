@@ -10,7 +10,8 @@ the same machine load; the figure is the median over ``--rounds`` of each round'
 median wall times. The CPU seconds of each ``truss run`` (with the server it reaped) are measured
 too: on a shared, loaded machine they move far less than wall time, so their ratio is the steadier
 figure for what telemetry costs. The spans each "on" run exported are checked (all of them, none
-lost).
+lost). The runs' appends are fsync'd, so the disk's fsync state measured beside their homes is
+printed too (``bench/_disk.py``).
 
 Target (issue 22): on / off <= 1.05. Usage: ``python bench/telemetry.py [--calls N] [--rounds N]``.
 Record results in docs/benchmarks.md.
@@ -31,6 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import fsync_state  # noqa: E402
 
 from tests.telemetry.receiver import Receiver, receiver  # noqa: E402
 from truss.ledger.keys import IdentityKey  # noqa: E402
@@ -138,6 +142,7 @@ def main() -> None:
                 f"on {wall['on'][-1]:.2f} s ({cpu['on'][-1]:.2f} s CPU), "
                 f"ratio {ratios[-1]:.3f} (CPU {cpu_ratios[-1]:.3f})"
             )
+        disk = fsync_state(root)
 
     med = statistics.median
     print(f"session: {args.calls} calls, {args.calls + 1} model turns; {spans} spans per run with telemetry on")
@@ -154,6 +159,7 @@ def main() -> None:
     print(f"wall ratio on / off, median of the rounds' ratios: {med(ratios):.3f} (target <= 1.05); rounds: {each}")
     each = ", ".join(f"{r:.3f}" for r in cpu_ratios)
     print(f"CPU ratio on / off, median of the rounds' ratios: {med(cpu_ratios):.3f}; rounds: {each}")
+    print(f"disk: {disk}")
 
 
 if __name__ == "__main__":
