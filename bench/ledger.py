@@ -1,6 +1,7 @@
 """Ledger benchmarks: durable append, group commit, verification, and scale to a large ledger.
 
-Each measurement runs its baseline in the same process and prints the ratio:
+Each measurement runs its baseline in the same process and prints the ratio; first, the disk's
+fsync state (``bench/_disk.py``), what group commit saves per shared commit:
 
 1. durable append latency, one writer (median and p90 of single-entry ``append`` calls);
 2. 16 concurrent writers: group commit vs one transaction per append (``group_commit=False``),
@@ -32,8 +33,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 import nacl.signing  # noqa: E402
+from _disk import fsync_state  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 from truss.ledger.canonical import sha256_ref  # noqa: E402
@@ -295,22 +298,6 @@ def bench_scale(tmp: Path, total: int) -> None:
     print(f"  truss ledger verify --all: {verify_s:.0f} s, peak RSS {peak_kb / 1024:.0f} MB", flush=True)
 
 
-def fsync_ms(tmp: Path) -> float:
-    """What one fsync of a small write costs on this disk: what group commit saves per shared commit."""
-    path = tmp / "fsync.probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    times = []
-    try:
-        for _ in range(50):
-            os.write(fd, b"x" * 512)
-            t = time.perf_counter()
-            os.fsync(fd)
-            times.append(time.perf_counter() - t)
-    finally:
-        os.close(fd)
-    return _median(times) * 1000
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--entries", type=int, default=1_000_000, help="scale test ledger size")
@@ -322,7 +309,7 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="truss-bench-") as d:
         tmp = Path(d)
-        print(f"fsync of a small write: median {fsync_ms(tmp):.2f} ms", flush=True)
+        print(f"disk: {fsync_state(tmp)}", flush=True)
         for r in range(args.runs):
             (tmp / f"r{r}").mkdir()
             (tmp / f"v{r}").mkdir()

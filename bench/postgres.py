@@ -3,8 +3,9 @@
 Starts its own PostgreSQL server (the Debian package's binaries, as the tests do, on a Unix
 socket in a temporary directory; ``--url`` uses another), and measures in the same run:
 
-0. baselines: one fsync of a small write on this disk (what a durable SQLite commit pays) and a
-   bare durable one-row INSERT on the server (what any durable PostgreSQL commit pays);
+0. baselines: the disk's fsync state (``bench/_disk.py``: a bare fsync of a small write and a bare
+   synchronous SQLite commit, what a durable SQLite commit pays at least) and a bare durable
+   one-row INSERT on the server (what any durable PostgreSQL commit pays);
 1. one worker's audited call: ``Gate.call`` (policy, budget, intent and result each committed
    durably and signed) over an in-process transport that answers at once, so the ledger is what
    is measured; SQLite and PostgreSQL in interleaved rounds, medians per call and the ratio;
@@ -38,6 +39,9 @@ import anyio
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _disk import fsync_state  # noqa: E402
 
 from tests._services.postgres import TempPostgres, find_bindir  # noqa: E402
 from truss._clock import SystemClock  # noqa: E402
@@ -110,21 +114,6 @@ async def timed(fn: Callable[[], Any], n: int) -> list[float]:
 
 def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.2f} ms"
-
-
-def fsync_ms(directory: Path) -> float:
-    path = directory / "fsync.probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    times: list[float] = []
-    try:
-        for _ in range(50):
-            os.write(fd, b"x" * 512)
-            start = time.perf_counter()
-            os.fsync(fd)
-            times.append(time.perf_counter() - start)
-    finally:
-        os.close(fd)
-    return statistics.median(times) * 1000
 
 
 def bare_commit_ms(url: str) -> float:
@@ -357,7 +346,7 @@ def main() -> None:
             server_url = server.new_schema
         try:
             url = server_url()
-            print(f"0. baselines: fsync of a small write {fsync_ms(tmp):.2f} ms; "
+            print(f"0. baselines: {fsync_state(tmp)}; "
                   f"a bare durable one-row INSERT on the server {bare_commit_ms(url):.2f} ms", flush=True)  # fmt: skip
             anyio.run(audited_call, tmp, url, args.calls, args.rounds)
             workers = [int(n) for n in args.workers.split(",")]

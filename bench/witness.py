@@ -7,8 +7,8 @@ Two real ``truss witness serve`` processes listen on 127.0.0.1 for the whole run
    consistency check, Ed25519 signature, a durable checkpoint row) vs ``witness_checkpoint`` of
    that checkpoint to both witnesses (two HTTP round trips at once, each witness's fsync'd
    check-and-persist, merging the cosignatures into the stored note, one durable batch of two
-   ``checkpoint_witnessed`` entries). Medians over ``--runs``; the fsync cost measured on the same
-   disk is printed beside them.
+   ``checkpoint_witnessed`` entries). Medians over ``--runs``; the disk's fsync state measured in the
+   same directory (``bench/_disk.py``) is printed beside them.
 2. ``truss run`` of a contract making ``--calls`` echo calls to a stdio server, in a home with
    and without ``witness.toml`` (interleaved, ``--runs`` each). From the entries' own timestamps:
    the loop's time per tool call (first call to last result, over the calls) and the session end
@@ -36,8 +36,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 import anyio  # noqa: E402
+from _disk import fsync_state  # noqa: E402
 
 from truss._clock import SystemClock  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
@@ -71,19 +73,6 @@ def start_witness(directory: Path, name: str, log_vkeys: list[str]) -> tuple[sub
     return proc, line.split()[-1], CosignerKey.load(directory / "witness.key")
 
 
-def fsync_ms(directory: Path, n: int = 20) -> float:
-    path = directory / "fsync.probe"
-    times: list[float] = []
-    with path.open("wb") as fh:
-        for _ in range(n):
-            fh.write(b"x" * 512)
-            t = time.perf_counter()
-            fh.flush()
-            os.fsync(fh.fileno())
-            times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
-
-
 def in_process(tmp: Path, key: IdentityKey, policy_text: str, runs: int) -> None:
     settings = WitnessSettings(parse_policy(policy_text), 0, 10.0, 0, True, "bench")
     store = open_store(tmp / "inproc.db", key=key, clock=CLOCK)
@@ -114,7 +103,7 @@ def in_process(tmp: Path, key: IdentityKey, policy_text: str, runs: int) -> None
     s, w = statistics.median(sign_ms), statistics.median(witness_ms)
     print(f"1. sign a checkpoint (baseline)          median {s:7.2f} ms  (runs {runs})")
     print(f"   submit it to two local witnesses      median {w:7.2f} ms  ratio {w / s:5.1f}x the signing")
-    print(f"   fsync of 512 bytes on this disk       median {fsync_ms(tmp):7.2f} ms")
+    print(f"   disk: {fsync_state(tmp)}")
 
 
 CONTRACT = """
