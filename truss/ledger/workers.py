@@ -69,7 +69,8 @@ def end_checkpoint(store: _WorkerStore, key: IdentityKey, *, wait_ms: int = CHEC
     if not is_worker_key(store, key):
         return sign_checkpoint(store, key)
     size, _ = store.tree_head()
-    covered = any(cp.size >= size for cp in store.checkpoints())
+    latest = store.latest_checkpoint()  # one index lookup, as ``sign_checkpoint`` does: not every checkpoint
+    covered = latest is not None and latest.size >= size
     if not covered and isinstance(store, CheckpointWaiter):
         covered = store.await_checkpoint(size, wait_ms)
     if not covered:
