@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from truss._errors import InputError, TrussError, VerificationError
-from truss.ledger.audit import SessionInLog, store_key_history
+from truss.ledger.audit import session_in_log, store_key_history
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import open_verdict
@@ -135,7 +135,7 @@ class VerifiedStore:
 
         extra: list[EntryCheck] = [
             in_log,
-            SessionInLog(self.raw.checkpoints(), trusted, self.origin, self.raw.node).check,
+            session_in_log(self.raw, trusted)[0].check,
         ]
         if history.rotations:
             extra.append(history.check)
