@@ -232,8 +232,13 @@ class VerifiedStore:
         rows = self.raw.sessions(limit=None if filtered else limit)
         want = None if principal is None else canonical(principal).decode("utf-8")
         out: list[SessionInfo] = []
+        if not rows:
+            return out
+        # Read once per listing, after the rows: every row's entries are inside this size.
+        trusted = self.history().trusted
+        size = self.raw.tree_size()
         for row in rows:
-            info = self._owned(self._ends(row))
+            info = self._owned(self._ends(row, trusted, size))
             if status is not None and info.status != status:
                 continue
             if want is not None and (info.principal is None or canonical(info.principal).decode("utf-8") != want):
@@ -243,9 +248,7 @@ class VerifiedStore:
                 break
         return out if limit is None else out[: max(0, limit)]
 
-    def _ends(self, row: SessionInfo) -> SessionInfo:
-        trusted = self.history().trusted
-        size = self.raw.tree_size()
+    def _ends(self, row: SessionInfo, trusted: TrustedKeys, size: int) -> SessionInfo:
         first = next(iter(self.raw.read_session(row.id)), None)
         last = first if row.entries <= 1 else next(iter(self.raw.read_session(row.id, from_seq=row.entries - 1)), None)
         if first is None or last is None:
