@@ -26,7 +26,7 @@ from truss._errors import InputError, StoreError, TrussError, UsageError, Verifi
 from truss.ledger.bundle import BundleReport, verify_bundle
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict
-from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations
+from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations, log_entries
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     Frontier,
@@ -194,9 +194,8 @@ def _failed(report: VerifyReport, finding: tuple[str, str]) -> VerifyReport:
 
 def store_key_history(store: LedgerReader, trusted: TrustedKeys) -> KeyHistory | VerifyReport:
     """The key history in the store's ``@log`` session followed from ``trusted``, or a failing report."""
-    entries = list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
     try:
-        return follow_rotations(entries, trusted, origin=store.origin)
+        return follow_rotations(log_entries(store), trusted, origin=store.origin)
     except VerificationError as exc:
         return VerifyReport(
             ok=False,
