@@ -79,10 +79,9 @@ def register_keys(
 
 
 def _history(store: LedgerStore, trusted: TrustedKeys) -> KeyHistory:
-    from truss.ledger.keyhistory import LOG_SESSION, follow_rotations
+    from truss.ledger.keyhistory import follow_rotations, log_entries
 
-    entries = list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
-    return follow_rotations(entries, trusted, origin=store.origin)
+    return follow_rotations(log_entries(store), trusted, origin=store.origin)
 
 
 def list_keys(args: argparse.Namespace, ctx: Ctx, trusted: TrustedKeys) -> int:

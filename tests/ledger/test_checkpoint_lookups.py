@@ -16,6 +16,7 @@ from truss.ledger.bundle import export_bundle, verify_bundle
 from truss.ledger.entry import Record
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.note import sign_checkpoint
+from truss.ledger.reader import VerifiedStore
 from truss.ledger.stores import open_store
 from truss.testing import ManualClock
 
@@ -86,3 +87,11 @@ def test_an_export_carries_the_first_checkpoint_covering_the_session_not_the_lat
     covering = store.checkpoint_covering(4)  # s_001's last entry is the log's entry 3
     assert covering is not None and covering.size == 4
     assert json.loads(bundle)["checkpoint"] == covering.note
+
+
+def test_the_verified_reader_reads_a_session_against_the_latest_checkpoint_alone(store: Any) -> None:
+    _many_runs(store, 30)
+    reader = VerifiedStore(_no_full_read(store), TrustedKeys([_key().verifier]))
+    assert [item.seq for item in reader.read_session("s_004")] == [0, 1]
+    info = reader.session("s_004")
+    assert info is not None and info.entries == 2 and info.ended and info.verified == "chain"

@@ -81,20 +81,26 @@ def test_a_worker_killed_mid_call_is_taken_over_by_another_host_after_its_lease_
     # Worker B (this host, its own name): while A's lease may still bind, B is refused naming A.
     worker_b = {"TRUSS_DB": db, "TRUSS_HOST": "worker-b", "TRUSS_LEASE": LEASE}
     early = truss(home, "resume", "s1", env=worker_b)
+    refused = "is being driven by" in early.stderr
     if SystemClock().now_ms() < lease.expires_ms:  # finished before the lease ran out: it had to refuse
-        assert early.returncode == 3, early.stdout + early.stderr
+        assert early.returncode == 3 and refused, early.stdout + early.stderr
         assert f"session s1 is being driven by pid {lease.pid} on host worker-a" in early.stderr
         assert invocations(tmp_path)["count second"] == 1, "a refused driver sends nothing"
 
-    # Once A's lease expires the session is interrupted (A is on another host: its pid is not probed).
-    deadline = time.monotonic() + TIMEOUT
-    while _status(home, db, "s1") != "interrupted":
-        assert time.monotonic() < deadline, "the dead worker's lease never expired"
-    assert SystemClock().now_ms() >= lease.expires_ms
-
-    # B takes the session over. The second call's intent is recorded and its result is not, and
-    # `count` is not declared safe to re-send: it is in doubt, and B stops without sending it again.
-    resumed = _ok(truss(home, "resume", "s1", env=worker_b), 3)
+    if refused:
+        # Once A's lease expires the session is interrupted (A is on another host: its pid is not probed).
+        deadline = time.monotonic() + TIMEOUT
+        while _status(home, db, "s1") != "interrupted":
+            assert time.monotonic() < deadline, "the dead worker's lease never expired"
+        assert SystemClock().now_ms() >= lease.expires_ms
+        # B takes the session over.
+        resumed = _ok(truss(home, "resume", "s1", env=worker_b), 3)
+    else:
+        # On a loaded machine A's 3 s lease ran out before B asked: B took the session over at once.
+        assert SystemClock().now_ms() >= lease.expires_ms, early.stdout + early.stderr
+        resumed = _ok(early, 3)
+    # The second call's intent is recorded and its result is not, and `count` is not declared safe
+    # to re-send: it is in doubt, and B stops without sending it again.
     assert "in doubt    c2.0" in resumed.stdout and "truss resolve s1 c2.0" in resumed.stdout, resumed.stdout
     assert invocations(tmp_path) == {"count first": 1, "count second": 1}, "the in-doubt call was not re-sent"
     taken = _lease(db, "s1")

@@ -26,7 +26,7 @@ from truss._errors import InputError, StoreError, TrussError, UsageError, Verifi
 from truss.ledger.bundle import BundleReport, verify_bundle
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict
-from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations
+from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations, log_entries
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     Frontier,
@@ -47,6 +47,7 @@ __all__ = [
     "SessionInLog",
     "SinceReport",
     "SinceSource",
+    "session_in_log",
     "store_key_history",
     "stored_checkpoint_signers",
     "verify",
@@ -128,14 +129,7 @@ def verify_store(
         audit = LogAudit(store.checkpoints(), trusted, store.origin, node=store.node)
         extra.append(audit.check)
     else:
-        # One session needs one checkpoint: the latest (an index lookup). Only when that one does
-        # not open under the trusted keys are the earlier ones read, latest first.
-        latest = store.latest_checkpoint()
-        used = [latest] if latest is not None else []
-        in_log = SessionInLog(used, trusted, store.origin, store.node)
-        if in_log.checkpoint is None and latest is not None:
-            used = list(store.checkpoints())
-            in_log = SessionInLog(used, trusted, store.origin, store.node)
+        in_log, used = session_in_log(store, trusted)
         extra.append(in_log.check)
     if history.rotations:
         extra.append(history.check)
@@ -200,9 +194,8 @@ def _failed(report: VerifyReport, finding: tuple[str, str]) -> VerifyReport:
 
 def store_key_history(store: LedgerReader, trusted: TrustedKeys) -> KeyHistory | VerifyReport:
     """The key history in the store's ``@log`` session followed from ``trusted``, or a failing report."""
-    entries = list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
     try:
-        return follow_rotations(entries, trusted, origin=store.origin)
+        return follow_rotations(log_entries(store), trusted, origin=store.origin)
     except VerificationError as exc:
         return VerifyReport(
             ok=False,
@@ -373,6 +366,19 @@ class SessionInLog:
         except TrussError as exc:
             return "not_in_log", f"entry {item.seq}: the Merkle tree cannot prove it ({exc.message})"
         return "not_in_log", f"entry {item.seq}: it is not the leaf at log index {index}"
+
+
+def session_in_log(store: AuditSource, trusted: TrustedKeys) -> tuple[SessionInLog, list[StoredCheckpointLike]]:
+    """L6 for one session, and the stored checkpoints it read: one session needs one checkpoint,
+    the latest (an index lookup). Only when that one does not open under ``trusted`` are the
+    earlier ones read, latest first, so a session read costs the same at 20,000 checkpoints as at 20."""
+    latest = store.latest_checkpoint()
+    used: list[StoredCheckpointLike] = [latest] if latest is not None else []
+    in_log = SessionInLog(used, trusted, store.origin, store.node)
+    if in_log.checkpoint is None and latest is not None:
+        used = list(store.checkpoints())
+        in_log = SessionInLog(used, trusted, store.origin, store.node)
+    return in_log, used
 
 
 # -- --since ------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ __all__ = [
     "follow_rotations",
     "is_log_session",
     "join_request",
+    "log_entries",
     "log_session_start",
     "removal_record",
     "rotation_proofs",
@@ -428,6 +429,17 @@ class _HistorySource(Protocol):
     def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
 
     def node(self, level: int, index: int) -> bytes: ...
+
+
+class _LogReader(Protocol):
+    def session(self, session: str) -> Any: ...
+
+    def read_session(self, session: str, *, from_seq: int = 0) -> Iterable[StoredEntry]: ...
+
+
+def log_entries(store: _LogReader) -> list[StoredEntry]:
+    """The ``@log`` session's entries in order (none when the log has no such session yet)."""
+    return list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
 
 
 def rotation_proofs(store: _HistorySource, size: int) -> list[dict[str, Any]]:

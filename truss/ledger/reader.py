@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from truss._errors import InputError, TrussError, VerificationError
-from truss.ledger.audit import SessionInLog, store_key_history
+from truss.ledger.audit import session_in_log, store_key_history
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import open_verdict
@@ -135,7 +135,7 @@ class VerifiedStore:
 
         extra: list[EntryCheck] = [
             in_log,
-            SessionInLog(self.raw.checkpoints(), trusted, self.origin, self.raw.node).check,
+            session_in_log(self.raw, trusted)[0].check,
         ]
         if history.rotations:
             extra.append(history.check)
@@ -232,8 +232,13 @@ class VerifiedStore:
         rows = self.raw.sessions(limit=None if filtered else limit)
         want = None if principal is None else canonical(principal).decode("utf-8")
         out: list[SessionInfo] = []
+        if not rows:
+            return out
+        # Read once per listing, after the rows: every row's entries are inside this size.
+        trusted = self.history().trusted
+        size = self.raw.tree_size()
         for row in rows:
-            info = self._owned(self._ends(row))
+            info = self._owned(self._ends(row, trusted, size))
             if status is not None and info.status != status:
                 continue
             if want is not None and (info.principal is None or canonical(info.principal).decode("utf-8") != want):
@@ -243,9 +248,7 @@ class VerifiedStore:
                 break
         return out if limit is None else out[: max(0, limit)]
 
-    def _ends(self, row: SessionInfo) -> SessionInfo:
-        trusted = self.history().trusted
-        size = self.raw.tree_size()
+    def _ends(self, row: SessionInfo, trusted: TrustedKeys, size: int) -> SessionInfo:
         first = next(iter(self.raw.read_session(row.id)), None)
         last = first if row.entries <= 1 else next(iter(self.raw.read_session(row.id, from_seq=row.entries - 1)), None)
         if first is None or last is None:

@@ -268,20 +268,8 @@ class EntryVerifier:
 
     def _check(self, item: StoredEntry, lookahead: Iterator[StoredEntry] | None) -> None:
         entry = item.entry
-        _parse(item)  # V1
-        # V2: the bytes that were hashed and signed are exactly the canonical form of the entry.
-        try:
-            canonical_ok = entry_bytes(entry) == item.raw
-        except CanonicalError:
-            canonical_ok = False
-        if not canonical_ok:
-            raise _Failed("not_canonical", f"{_where(entry)}: its bytes are not the canonical form of the entry")
-        origin, session, trusted = self._origin, self._session, self._trusted
-        if origin is not None and entry["log"] != origin:  # V3
-            raise _Failed("wrong_log", f"{_where(entry)}: belongs to log {entry['log']!r}, not {origin!r}")
-        digest = hashlib.sha256(item.raw).hexdigest()
-        if digest != item.hash:  # V4
-            raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
+        _sound(item, self._origin)  # V1-V4
+        session = self._session
         sid: str = entry["session"]
         if session is not None and sid != session:  # V5
             raise _Failed("foreign_session", f"{_where(entry)}: an entry of another session among those of {session!r}")
@@ -322,12 +310,7 @@ class EntryVerifier:
             raise _Failed("index_gap", f"{_where(entry)}: log index {index} after {last_index}; entries missing")
         if index <= last_index:
             raise _Failed("index_order", f"{_where(entry)}: log index {index} is not after {last_index}")
-        if item.keyid not in trusted:  # V10
-            raise _Failed(
-                "untrusted_key", f"{_where(entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
-            )
-        if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
-            raise _Failed("bad_signature", f"{_where(entry)}: the signature does not verify")
+        _signed(item, self._trusted)  # V10
         if self._blobs is not None:  # V11
             for ref in dict.fromkeys(iter_refs(entry["body"])):
                 data = self._blobs(ref)
@@ -398,28 +381,40 @@ def verify_entries(
 def check_entry_alone(item: StoredEntry, trusted: TrustedKeys, *, origin: str) -> Finding | None:
     """V1-V4 and V10 for one entry read out of its chain (a range read): it is a well-formed,
     canonical entry of this log, signed by a trusted key. Its place in its chain is not checked."""
-    entry = item.entry
     try:
-        _parse(item)
-        try:
-            canonical_ok = entry_bytes(entry) == item.raw
-        except CanonicalError:
-            canonical_ok = False
-        if not canonical_ok:
-            raise _Failed("not_canonical", f"{_where(entry)}: its bytes are not the canonical form of the entry")
-        if entry["log"] != origin:
-            raise _Failed("wrong_log", f"{_where(entry)}: belongs to log {entry['log']!r}, not {origin!r}")
-        if hashlib.sha256(item.raw).hexdigest() != item.hash:
-            raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
-        if item.keyid not in trusted:
-            raise _Failed(
-                "untrusted_key", f"{_where(entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
-            )
-        if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
-            raise _Failed("bad_signature", f"{_where(entry)}: the signature does not verify")
+        _sound(item, origin)
+        _signed(item, trusted)
     except _Failed as failed:
         return failed.reason, failed.message
     return None
+
+
+def _sound(item: StoredEntry, origin: str | None) -> None:
+    """V1-V4: a well-formed, canonical entry of the log ``origin`` (any log when None) whose
+    stated hash is the hash of its bytes."""
+    entry = item.entry
+    _parse(item)  # V1
+    # V2: the bytes that were hashed and signed are exactly the canonical form of the entry.
+    try:
+        canonical_ok = entry_bytes(entry) == item.raw
+    except CanonicalError:
+        canonical_ok = False
+    if not canonical_ok:
+        raise _Failed("not_canonical", f"{_where(entry)}: its bytes are not the canonical form of the entry")
+    if origin is not None and entry["log"] != origin:  # V3
+        raise _Failed("wrong_log", f"{_where(entry)}: belongs to log {entry['log']!r}, not {origin!r}")
+    if hashlib.sha256(item.raw).hexdigest() != item.hash:  # V4
+        raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
+
+
+def _signed(item: StoredEntry, trusted: TrustedKeys) -> None:
+    """V10: signed by a key in ``trusted``, and the signature verifies."""
+    if item.keyid not in trusted:
+        raise _Failed(
+            "untrusted_key", f"{_where(item.entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
+        )
+    if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
+        raise _Failed("bad_signature", f"{_where(item.entry)}: the signature does not verify")
 
 
 def _turns_up(stream: Iterator[StoredEntry], session: str, seq: int) -> bool:

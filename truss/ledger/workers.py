@@ -14,12 +14,12 @@ decide what to do, not to decide trust: verification follows the statements from
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
 from truss._errors import StoreError
 from truss.ledger.entry import StoredEntry
-from truss.ledger.keyhistory import LOG_SESSION
+from truss.ledger.keyhistory import log_entries
 from truss.ledger.keys import IdentityKey
 from truss.ledger.note import Checkpoint, CheckpointStore, covering_checkpoint, sign_checkpoint
 
@@ -52,13 +52,9 @@ def worker_vkeys(entries: Iterable[StoredEntry]) -> set[str]:
     return workers
 
 
-def _log_entries(store: _WorkerStore) -> Sequence[StoredEntry]:
-    return list(store.read_session(LOG_SESSION)) if store.session(LOG_SESSION) is not None else []
-
-
 def is_worker_key(store: _WorkerStore, key: IdentityKey) -> bool:
     """True when the log admitted ``key`` as a worker key (so it signs entries, not checkpoints)."""
-    return key.verifier.vkey in worker_vkeys(_log_entries(store))
+    return key.verifier.vkey in worker_vkeys(log_entries(store))
 
 
 def end_checkpoint(store: _WorkerStore, key: IdentityKey, *, wait_ms: int = CHECKPOINT_WAIT_MS) -> Checkpoint:
@@ -69,7 +65,8 @@ def end_checkpoint(store: _WorkerStore, key: IdentityKey, *, wait_ms: int = CHEC
     if not is_worker_key(store, key):
         return sign_checkpoint(store, key)
     size, _ = store.tree_head()
-    covered = any(cp.size >= size for cp in store.checkpoints())
+    latest = store.latest_checkpoint()  # one index lookup, as ``sign_checkpoint`` does: not every checkpoint
+    covered = latest is not None and latest.size >= size
     if not covered and isinstance(store, CheckpointWaiter):
         covered = store.await_checkpoint(size, wait_ms)
     if not covered:

@@ -80,6 +80,23 @@ def _appends_assign_seq_prev_index_ts_and_sign(store: LedgerStore, key: Identity
     assert list(store.read_session("s_missing")) == []
 
 
+def _long_sessions_are_read_whole_from_any_seq(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
+    # Long enough to cross any page size a backend reads with (SQLite and PostgreSQL read a small
+    # first page, so that a session's first entry costs a few rows, then larger ones).
+    n = 1200
+    store.append("s_short", [_start()])
+    store.append("s_long", [_start(), *(Record("model_turn", {"n": i}) for i in range(1, n))])
+    store.append("s_short", [Record("model_turn", {"n": 1})])
+    assert [e.seq for e in store.read_session("s_long")] == list(range(n)), "a long session is read whole"
+    for start in (1, 7, 8, 9, 71, 72, 583, 584, 999, 1000, n - 1, n):
+        got = [e.seq for e in store.read_session("s_long", from_seq=start)]
+        assert got == list(range(start, n)), f"read_session(from_seq={start}) returns the rest of the session"
+    first = next(iter(store.read_session("s_long")), None)
+    assert first is not None and first.seq == 0 and first.kind == "session_started"
+    assert [e.seq for e in store.read_session("s_short")] == [0, 1], "the other session is not mixed in"
+    assert [e.index for e in store.read_range(0, n + 2)] == list(range(n + 2)), "a long range is read whole"
+
+
 def _payload(entry: StoredEntry) -> bytes:
     from truss.ledger.entry import entry_signing_payload
 
@@ -330,6 +347,7 @@ def _checked_appends_never_overspend_together(store: LedgerStore, key: IdentityK
 
 _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _appends_assign_seq_prev_index_ts_and_sign,
+    _long_sessions_are_read_whole_from_any_seq,
     _sessions_are_listed,
     _session_rules_are_enforced,
     _blobs_are_content_addressed_and_erasable,

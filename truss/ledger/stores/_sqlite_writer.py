@@ -200,49 +200,38 @@ class SqliteWriter:
 
     def write(self, sql_steps: Sequence[tuple[str, tuple[Any, ...]]]) -> list[int]:
         """Run statements in one durable transaction; returns each one's rowcount."""
-        self._check_open()
-        with self.lock:
-            conn = self._w
-            try:
-                self._set_sync(True)
-                begin(conn, self._db, self._busy_ms)
-                counts = [conn.execute(sql, params).rowcount for sql, params in sql_steps]
-                conn.execute("COMMIT")
-                return counts
-            except sqlite3.Error as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise store_error(self._db, self._busy_ms, "write", exc) from exc
+        return self._durably(lambda conn: [conn.execute(sql, params).rowcount for sql, params in sql_steps])
 
     def merge_checkpoint(self, size: int, note: str) -> None:
         """Merge ``note``'s signature lines into the checkpoint held at ``size`` (one transaction)."""
-        self._check_open()
-        with self.lock:
-            conn = self._w
-            try:
-                self._set_sync(True)
-                begin(conn, self._db, self._busy_ms)
-                row = conn.execute("SELECT note FROM checkpoints WHERE size = ?", (size,)).fetchone()
-                if row is not None:
-                    merged = merge_notes(str(row[0]), note)
-                    if merged != str(row[0]):
-                        conn.execute("UPDATE checkpoints SET note = ? WHERE size = ?", (merged, size))
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise store_error(self._db, self._busy_ms, "write", exc) from exc
+
+        def merge(conn: sqlite3.Connection) -> None:
+            row = conn.execute("SELECT note FROM checkpoints WHERE size = ?", (size,)).fetchone()
+            if row is not None:
+                merged = merge_notes(str(row[0]), note)
+                if merged != str(row[0]):
+                    conn.execute("UPDATE checkpoints SET note = ? WHERE size = ?", (merged, size))
+
+        self._durably(merge)
 
     def transaction(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
         """Run ``body`` in one durable write transaction (``BEGIN IMMEDIATE``; rolled back if it raises)."""
+
+        def with_leases(conn: sqlite3.Connection) -> _T:
+            conn.execute(LEASES_TABLE)
+            self._leases.clear()  # a lease written here: read it again at the next append
+            return body(conn)
+
+        return self._durably(with_leases)
+
+    def _durably(self, body: Callable[[sqlite3.Connection], _T]) -> _T:
+        """``body`` in one durable ``BEGIN IMMEDIATE`` transaction, committed, or rolled back if it raises."""
         self._check_open()
         with self.lock:
             conn = self._w
             try:
                 self._set_sync(True)
                 begin(conn, self._db, self._busy_ms)
-                conn.execute(LEASES_TABLE)
-                self._leases.clear()  # a lease written here: read it again at the next append
                 result = body(conn)
                 conn.execute("COMMIT")
                 return result

@@ -85,6 +85,7 @@ __all__ = [
 ]
 
 _PAGE = 1000
+_FIRST_PAGE = 8  # read_session's first page: what reading a session's first entry costs
 _NOW_MS: LiteralString = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _T = TypeVar("_T")
 _SESSION_SELECT: LiteralString = (
@@ -443,18 +444,19 @@ class PostgresStore:
             return StoredEntry(entry={"unreadable": True}, hash=digest, sig=sig, keyid=keyid, raw=raw or b"-")
 
     def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]:
-        """The session's entries in seq order from ``from_seq``, read a page at a time."""
-        seq = from_seq
+        """The session's entries in seq order from ``from_seq``, read a page at a time: the first
+        page small (a listing reads one entry of each session), the next ones growing to ``_PAGE``."""
+        seq, page = from_seq, _FIRST_PAGE
         while True:
             rows = self._rows(
                 "SELECT raw, sig, keyid, hash, seq FROM entries WHERE session = %s AND seq >= %s ORDER BY seq LIMIT %s",
-                (session, seq, _PAGE),
+                (session, seq, page),
             )
             for row in rows:
                 yield self._entry(row)
-            if len(rows) < _PAGE:
+            if len(rows) < page:
                 return
-            seq = int(rows[-1][4]) + 1
+            seq, page = int(rows[-1][4]) + 1, min(_PAGE, page * 8)
 
     def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]:
         """Entries with ``start <= index < stop`` in index order, read a page at a time."""
