@@ -32,7 +32,7 @@ augmentation (``params.task``): there the call is answered without a task.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -83,8 +83,6 @@ class ServeTask:
     updated_ms: int
     state: TaskState = "queued"
     cancel_asked: bool = False
-    message: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict[str, Any])
 
 
 def wants_task(protocol_version: str, capabilities: Any) -> bool:
