@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -196,3 +197,36 @@ async def test_connections_past_the_tunnel_bound_are_refused_as_busy(tmp_path: P
         await settle(events, 2)
     assert answer.startswith(b"HTTP/1.1 503 ")
     assert any(isinstance(e, EgressEvent) and e.reason == "busy" for e in events)
+
+
+async def test_bytes_a_client_sends_while_its_tunnel_opens_reach_the_upstream_in_order(tmp_path: Path) -> None:
+    # The client does not wait for "200 Connection established": what it streams meanwhile arrives
+    # while the tunnel's two sides are being set up, and must still reach the upstream byte for byte.
+    events: list[SandboxEvent] = []
+    payload = b"".join(i.to_bytes(4, "big") for i in range(1 << 20))  # 4 MiB, every offset distinct
+    received = bytearray()
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+
+    async def origin(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                while len(received) < len(payload):
+                    received.extend(await stream.receive())
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, origin)
+        async with running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _):
+            with anyio.fail_after(20):
+                async with await anyio.connect_unix(p) as stream:
+                    head = f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+                    await stream.send(head + payload[:1000])
+                    for start in range(1000, len(payload), 64 * 1024):
+                        await stream.send(payload[start : start + 64 * 1024])
+                    await stream.send_eof()
+                    while len(received) < len(payload):  # noqa: ASYNC110 - the origin reads in its own task
+                        await anyio.sleep(0.01)
+            await settle(events, 1)
+        tg.cancel_scope.cancel()
+    assert len(received) == len(payload)
+    assert bytes(received) == payload
