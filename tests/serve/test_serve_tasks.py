@@ -14,7 +14,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
-from tests.serve.conftest import Site, error_of, stdio_client_for, text_of
+from tests.serve.conftest import Site, error_of, stdio_client_for, text_of, truss_cmd
 from truss.mcp._serve_tasks import RUN_META, TASKS_EXTENSION
 
 pytestmark = pytest.mark.anyio
@@ -205,3 +205,40 @@ async def test_a_run_refused_by_a_quota_is_an_is_error_naming_the_quota_and_when
     assert error["kind"] == "quota" and error["quota"] == "one-run-a-day" and error["dimension"] == "runs"
     assert isinstance(error["frees_at_ms"], int) and error["retryable"] is True
     assert "one-run-a-day" in text_of(second)
+
+
+async def _approve(site: Site, session: str, call: str) -> None:
+    command = [*truss_cmd(), "--home", str(site.home), "approve", session, call]
+    done = await anyio.run_process(command, env=site.env, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def _waiting(state: TaskState) -> bool:
+    return RUN_META in (state.meta or {})
+
+
+async def test_a_suspended_task_resumes_once_the_operator_approves_and_completes_with_the_verdict(
+    serve_site: Site,
+) -> None:
+    async with task_client(serve_site) as client:
+        with anyio.fail_after(60):
+            handle = await start_task(client, {"contract": "asks"})
+        state = await poll_until(client, handle.task_id, _waiting)
+        await _approve(serve_site, handle.task_id, (state.meta or {})[RUN_META]["waiting"][0])
+        final = await poll_until(client, handle.task_id, lambda s: s.status == "completed")
+    assert final.result is not None and not final.result.get("isError"), final
+    assert final.result["structuredContent"]["status"] == "pass"
+
+
+async def test_a_task_approved_while_serve_mcp_was_down_resumes_when_polled_after_the_restart(
+    serve_site: Site,
+) -> None:
+    async with task_client(serve_site) as client:
+        with anyio.fail_after(60):
+            handle = await start_task(client, {"contract": "asks"})
+        state = await poll_until(client, handle.task_id, _waiting)
+    await _approve(serve_site, handle.task_id, (state.meta or {})[RUN_META]["waiting"][0])
+    async with task_client(serve_site) as client:
+        final = await poll_until(client, handle.task_id, lambda s: s.status == "completed")
+    assert final.result is not None and not final.result.get("isError"), final
+    assert final.result["structuredContent"]["status"] == "pass"
