@@ -369,7 +369,7 @@ class _Half(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         peer = self.peer
-        if peer is None or len(self.tunnel.halves) < 2:
+        if peer is None:
             self.early.append(data)
             return
         assert peer.transport is not None
