@@ -604,12 +604,20 @@ class ServeApp:
         return await self._answered_task(principal, task, run.answer, base, seen=run.answer.head)
 
     async def _answered_task(
-        self, principal: Principal, task: ServeTask, answer: RunAnswer, base: dict[str, Any], *, seen: str | None
+        self,
+        principal: Principal,
+        task: ServeTask,
+        answer: RunAnswer,
+        base: dict[str, Any],
+        *,
+        seen: str | None,
+        fresh: SessionView | None = None,
     ) -> dict[str, Any]:
-        """``seen``: the session head this process saw when the run suspended (None: it never saw it)."""
+        """``seen``: the session head this process saw when the run suspended (None: it never saw it);
+        ``fresh``: the session as just read, when ``answer`` was read with it (not read again)."""
         data = answer.to_json()
         if answer.status in _RESUMABLE:
-            await self._resume_if_moved(principal, task, seen)
+            await self._resume_if_moved(principal, task, seen, (fresh, answer.head) if fresh is not None else None)
             run = self._runs.get(task.task_id)
             if run is not None and not run.done.is_set():
                 return task_view(task.task_id, status="working", message="resumed: running", **base)
@@ -620,18 +628,24 @@ class ServeApp:
             note += " (cancellation was asked after the run started; this is how it ended)"
         return task_view(task.task_id, status="completed", message=note, result=_wire(_answer_result(answer)), **base)
 
-    async def _resume_if_moved(self, principal: Principal, task: ServeTask, seen: str | None) -> None:
+    async def _resume_if_moved(
+        self, principal: Principal, task: ServeTask, seen: str | None, current: tuple[SessionView, str | None] | None
+    ) -> None:
         """Resume a waiting session once something was recorded after its suspension (an approval,
         a resolution, a signal): the task follows the ledger, as a repeated call would. A suspension
         this process did not see (``seen`` None: it was restarted, or forgot the run) is resumed once
         per head, since what was recorded while it was down cannot be told apart; a resume that
-        still waits answers as before."""
-        view = await anyio.to_thread.run_sync(self.config.backend.lookup, task.task_id)
+        still waits answers as before. ``current``: the session and its head, when the caller just read them."""
+        view = current[0] if current else await anyio.to_thread.run_sync(self.config.backend.lookup, task.task_id)
         if view is None or not principal.owns(view.principal) or view.status not in _RESUMABLE:
             return
         if seen is None and view.status != "suspended":
             return  # interrupted: resumed by the caller's repeated truss_run_contract, as its message says
-        head = await anyio.to_thread.run_sync(lambda: self.config.backend.answer(task.task_id).head)
+        head = (
+            current[1]
+            if current
+            else await anyio.to_thread.run_sync(lambda: self.config.backend.answer(task.task_id).head)
+        )
         if head == seen or self._resume_tried.get(task.task_id) == head:
             return
         self._resume_tried[task.task_id] = head
@@ -659,7 +673,7 @@ class ServeApp:
         if view.status == "running":
             return task_view(task_id, status="working", message="running (recorded as running; its owner is "
                              "another process or it stopped without recording it)", **base)  # fmt: skip
-        return await self._answered_task(principal, task, answer, base, seen=None)
+        return await self._answered_task(principal, task, answer, base, seen=None, fresh=view)
 
     def _owned_task(self, principal: Principal, task_id: str) -> ServeTask | None:
         task = self._tasks.get(task_id)
