@@ -242,3 +242,24 @@ async def test_a_task_approved_while_serve_mcp_was_down_resumes_when_polled_afte
         final = await poll_until(client, handle.task_id, lambda s: s.status == "completed")
     assert final.result is not None and not final.result.get("isError"), final
     assert final.result["structuredContent"]["status"] == "pass"
+
+
+async def test_cancelling_a_task_serve_mcp_does_not_hold_leaves_its_waiting_run_waiting(serve_site: Site) -> None:
+    async with task_client(serve_site) as client:
+        with anyio.fail_after(60):
+            handle = await start_task(client, {"contract": "asks"})
+        state = await poll_until(client, handle.task_id, _waiting)
+    await _approve(serve_site, handle.task_id, (state.meta or {})[RUN_META]["waiting"][0])
+    # After a restart the task is only in the ledger: a cancel is acknowledged and starts nothing
+    # (a poll or a repeated call resumes an approved run), so the one run slot stays free.
+    flag = serve_site.flag("after-cancel")
+    async with task_client(serve_site, "--max-concurrent-runs", "1") as client:
+        with anyio.fail_after(60):
+            await client.session.send_request(CancelTask(params=TaskIdParams(taskId=handle.task_id)), types.EmptyResult)
+            other = await start_task(client, {"contract": "gated", "params": {"flag": str(flag)}})
+        assert not (other.status_message or "").startswith("queued"), other
+        flag.touch()
+        await poll_until(client, other.task_id, lambda s: s.status == "completed")
+        with anyio.fail_after(30):
+            status = await client.call_tool("truss_contract_status", {"session": handle.task_id})
+    assert not status.is_error and (status.structured_content or {})["status"] == "suspended", status

@@ -661,10 +661,7 @@ class ServeApp:
 
     async def _stored_task(self, principal: Principal, task_id: str, task: ServeTask | None = None) -> dict[str, Any]:
         """A task this process does not hold (a restart, or forgotten): answered from the ledger."""
-        try:
-            view = await self._owned(principal, task_id)
-        except NotFoundError:
-            raise MCPError(code=types.INVALID_PARAMS, message="unknown task") from None
+        view = await self._stored_session(principal, task_id)
         answer = await anyio.to_thread.run_sync(self.config.backend.answer, task_id)
         now = self.config.clock.now_ms()
         task = task or ServeTask(task_id, principal, created_ms=now, updated_ms=now, state="finished")
@@ -675,6 +672,14 @@ class ServeApp:
                              "another process or it stopped without recording it)", **base)  # fmt: skip
         return await self._answered_task(principal, task, answer, base, seen=None, fresh=view)
 
+    async def _stored_session(self, principal: Principal, task_id: str) -> SessionView:
+        """The caller's session behind a task this process does not hold; an unknown task (a JSON-RPC
+        invalid-params error) when there is none, or it is another principal's."""
+        try:
+            return await self._owned(principal, task_id)
+        except NotFoundError:
+            raise MCPError(code=types.INVALID_PARAMS, message="unknown task") from None
+
     def _owned_task(self, principal: Principal, task_id: str) -> ServeTask | None:
         task = self._tasks.get(task_id)
         return task if task is not None and task.principal == principal else None
@@ -684,14 +689,16 @@ class ServeApp:
         every response is for a key that is not outstanding: ignored, as the extension says; acknowledged."""
         principal = self._task_caller(ctx)
         if self._owned_task(principal, params.task_id) is None:
-            await self._stored_task(principal, params.task_id)  # an unknown task is an error
+            await self._stored_session(principal, params.task_id)  # an unknown task is an error
         return {}
 
     async def _tasks_cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskIdParams) -> dict[str, Any]:
         principal = self._task_caller(ctx)
         task = self._owned_task(principal, params.task_id)
         if task is None:
-            await self._stored_task(principal, params.task_id)  # an unknown task is an error; a stored one: ack
+            # An unknown task is an error; a stored one is acknowledged, and nothing is read or
+            # started for it (its status, and a resume once approved, are for tasks/get).
+            await self._stored_session(principal, params.task_id)
             return {}
         task.updated_ms = self.config.clock.now_ms()
         if task.state == "queued":
