@@ -83,6 +83,7 @@ class ServeTask:
     updated_ms: int
     state: TaskState = "queued"
     cancel_asked: bool = False
+    resume_tried: str | None = None  # the session head the last resume from tasks/get saw
 
 
 def wants_task(protocol_version: str, capabilities: Any) -> bool:

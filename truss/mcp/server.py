@@ -234,7 +234,6 @@ class ServeApp:
         self._runs: OrderedDict[str, _Run] = OrderedDict()
         self._tasks: OrderedDict[str, ServeTask] = OrderedDict()
         self._queued: OrderedDict[str, tuple[ServeTask, str | None, Starter]] = OrderedDict()
-        self._resume_tried: dict[str, str | None] = {}  # task id -> the session head its last resume saw
         self._tools = [types.Tool.model_validate(d) for d in tool_definitions()]
         self.server: Server[Any] = Server(
             "truss",
@@ -532,6 +531,7 @@ class ServeApp:
         if task is None or task.principal != principal:
             task = ServeTask(session_id, principal, created_ms=now, updated_ms=now, state="finished")
             self._tasks[session_id] = task
+            self._forget_old_tasks()
         run = self._runs.get(session_id)
         if run is not None and not run.done.is_set():
             task.state = "running"
@@ -646,9 +646,9 @@ class ServeApp:
             if current
             else await anyio.to_thread.run_sync(lambda: self.config.backend.answer(task.task_id).head)
         )
-        if head == seen or self._resume_tried.get(task.task_id) == head:
+        if head in (seen, task.resume_tried):
             return
-        self._resume_tried[task.task_id] = head
+        task.resume_tried = head
         backend = self.config.backend
         session_id = task.task_id
 
@@ -665,7 +665,8 @@ class ServeApp:
         answer = await anyio.to_thread.run_sync(self.config.backend.answer, task_id)
         now = self.config.clock.now_ms()
         task = task or ServeTask(task_id, principal, created_ms=now, updated_ms=now, state="finished")
-        self._tasks.setdefault(task_id, task)
+        if self._tasks.setdefault(task_id, task) is task:
+            self._forget_old_tasks()
         base: dict[str, Any] = {"created_ms": task.created_ms, "updated_ms": task.updated_ms}
         if view.status == "running":
             return task_view(task_id, status="working", message="running (recorded as running; its owner is "
