@@ -14,7 +14,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
-from tests.serve.conftest import Site, error_of, stdio_client_for, text_of, truss_cmd
+from tests.serve.conftest import Site, error_of, stdio_client_for, structured, text_of, truss_cmd
 from truss.mcp._serve_tasks import RUN_META, TASKS_EXTENSION
 
 pytestmark = pytest.mark.anyio
@@ -263,3 +263,22 @@ async def test_cancelling_a_task_serve_mcp_does_not_hold_leaves_its_waiting_run_
         with anyio.fail_after(30):
             status = await client.call_tool("truss_contract_status", {"session": handle.task_id})
     assert not status.is_error and (status.structured_content or {})["status"] == "suspended", status
+
+
+async def test_a_task_another_serve_mcp_drives_polls_as_working_and_completes_from_the_shared_ledger(
+    serve_site: Site,
+) -> None:
+    flag = serve_site.flag("other-process")
+    async with task_client(serve_site) as driver, task_client(serve_site) as other:
+        with anyio.fail_after(60):
+            handle = await start_task(driver, {"contract": "gated", "params": {"flag": str(flag)}})
+            while True:  # until the driver has recorded the session's start
+                status = structured(await driver.call_tool("truss_contract_status", {"session": handle.task_id}))
+                if status["head"]:
+                    break
+                await anyio.sleep(0.05)
+        state = await get(other, handle.task_id)
+        assert state.status == "working" and "recorded as running" in (state.status_message or ""), state
+        flag.touch()
+        final = await poll_until(other, handle.task_id, lambda s: s.status == "completed")
+    assert final.result is not None and final.result["structuredContent"]["status"] == "pass", final

@@ -662,7 +662,6 @@ class ServeApp:
     async def _stored_task(self, principal: Principal, task_id: str, task: ServeTask | None = None) -> dict[str, Any]:
         """A task this process does not hold (a restart, or forgotten): answered from the ledger."""
         view = await self._stored_session(principal, task_id)
-        answer = await anyio.to_thread.run_sync(self.config.backend.answer, task_id)
         now = self.config.clock.now_ms()
         task = task or ServeTask(task_id, principal, created_ms=now, updated_ms=now, state="finished")
         if self._tasks.setdefault(task_id, task) is task:
@@ -671,6 +670,8 @@ class ServeApp:
         if view.status == "running":
             return task_view(task_id, status="working", message="running (recorded as running; its owner is "
                              "another process or it stopped without recording it)", **base)  # fmt: skip
+        # Read only for a run that no longer runs: a poll of one another replica drives reads its row alone.
+        answer = await anyio.to_thread.run_sync(self.config.backend.answer, task_id)
         return await self._answered_task(principal, task, answer, base, seen=None, fresh=view)
 
     async def _stored_session(self, principal: Principal, task_id: str) -> SessionView:
