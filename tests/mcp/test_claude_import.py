@@ -74,3 +74,10 @@ def test_a_long_filesystem_path_in_args_is_not_taken_for_a_secret() -> None:
     with pytest.raises(ContractError, match="looks like a secret"):
         convert({"mcpServers": {"x": {"command": "x", "args": ["ghp_abcdefghijklmnopqrstuvwxyz0123456789"]}}},
                 source="f.json")  # fmt: skip
+
+
+def test_passwords_taken_out_of_two_urls_of_one_client_name_its_variable_once() -> None:
+    args = ["postgresql://app:one@db1/a", "postgresql://app:two@db2/b"]
+    (server,) = convert({"mcpServers": {"pg": {"command": "mcp-server-postgres", "args": args}}}, source="f.json")
+    assert server.table["args"] == ["postgresql://app@db1/a", "postgresql://app@db2/b"]
+    assert server.table["secret_env"] == ["PGPASSWORD"]

@@ -201,7 +201,7 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
             literal[key] = value
     if literal:
         server.table["env"] = literal
-    secret += [name for name in moved if name not in secret]
+    secret += [name for name in dict.fromkeys(moved) if name not in secret]  # two URLs of one client: one variable
     if secret:
         server.table["secret_env"] = secret
 
