@@ -84,6 +84,7 @@ class Redactor:
         self._values: set[str] = set()
         self._owners: dict[str, set[str]] = {}  # value -> the servers it was given to
         self._labels: dict[str, str] = {}  # value -> what it is, for a refusal (never the value)
+        self._configured: set[str] = set()  # values the environment gave (their owners are fixed)
         for server in contract.mcp.servers:
             names = list(server.secret_env)
             names += [h.secret_env for h in server.headers.values() if not isinstance(h, str)]
@@ -105,10 +106,17 @@ class Redactor:
             self._values.add(value)
             self._pattern = None
 
-    def _learn(self, value: str, server: str | None, label: str) -> None:
+    def _learn(self, value: str, server: str | None, label: str, *, configured: bool = True) -> None:
+        """Know ``value`` as given to ``server`` (None: to no server). A value seen in a call's
+        ``secret_args`` (``configured=False``) never adds an owner to one the config already gave
+        out: else a model could send a provider key or another server's token through that field."""
         if len(value) < _MIN_SCRUB_LEN:
             return
         self.remember(value)
+        if not configured and value in self._configured:
+            return
+        if configured:
+            self._configured.add(value)
         owners = self._owners.setdefault(value, set())
         if server is not None:
             owners.add(server)
@@ -143,7 +151,7 @@ class Redactor:
                 holder = _as_dict(holder.get(part)) if holder is not None else None
             if holder is not None and path[-1] in holder:
                 for text in _strings(holder[path[-1]], keys=False):
-                    self._learn(text, server, f"a secret_args value given to server {server!r}")
+                    self._learn(text, server, f"a secret_args value given to server {server!r}", configured=False)
                 holder[path[-1]] = REDACTED
         return self.scrub(out)
 

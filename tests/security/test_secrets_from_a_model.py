@@ -56,6 +56,7 @@ secret_env = ["TOKEN_A"]
 name = "b"
 command = "unused"
 allow_tools = ["echo"]
+secret_args = ["password"]
 """
 
 FINAL = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}]}
@@ -126,3 +127,19 @@ async def test_a_model_forwarding_one_servers_token_to_another_server_is_denied(
         store.close()
     assert TOKEN_A.encode() not in bundle
     assert files_containing(tmp_path, TOKEN_A.encode()) == []
+
+
+async def test_a_known_secret_in_another_servers_secret_arg_is_denied_not_given_to_that_server(tmp_path: Path) -> None:
+    # Redacting a secret_args field learns its value as given to that server; a value the config
+    # gave to none (a provider key) or to another server must stay foreign to it all the same.
+    outcome, fake, store, bundle = await _run(tmp_path, "model_passing_known_secrets_as_another_servers_secret_arg")
+    try:
+        assert fake.calls == []
+        denied = _denials(store, outcome.session)
+        assert [(d["tool"], d["code"]) for d in denied] == [("mcp:b:echo", "secret")] * 2
+        assert "MODEL_KEY" in denied[0]["reason"] and "TOKEN_A" in denied[1]["reason"]
+    finally:
+        store.close()
+    for secret in (KEY, TOKEN_A):
+        assert secret.encode() not in bundle
+        assert files_containing(tmp_path, secret.encode()) == []
