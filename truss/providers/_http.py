@@ -145,7 +145,8 @@ def as_list(value: Any) -> list[Any] | None:
 MAX_TOKEN_COUNT = 2**32
 """The largest usage figure a provider may report for one turn (four billion tokens, far past any
 context window). A larger one is a bad answer: summed over turns and recorded, it would pass the
-2**53 the ledger's canonical JSON can hold and end the run with an internal error."""
+2**53 the ledger's canonical JSON can hold and end the run with an internal error. A turn's few
+counts added together (Anthropic's input and cache counts) stay far below 2**53 under this bound."""
 
 
 def token_count(value: Any, what: str, poster: JsonPoster) -> int:

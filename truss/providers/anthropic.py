@@ -25,7 +25,6 @@ import httpx2
 from truss._clock import Clock
 from truss._errors import ProviderError
 from truss.contract.providers import ANTHROPIC
-from truss.ledger.canonical import INT_LIMIT
 from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_arguments, as_list, as_object, token_count
 from truss.providers.base import StopReason, ToolCall, TurnRequest, TurnResponse, Usage
 
@@ -127,8 +126,6 @@ class AnthropicProvider:
             token_count(usage.get(key), f"usage.{key}", self._http)
             for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
         )
-        if input_tokens >= INT_LIMIT:  # three counts, each below the bound, may still add up past it
-            raise self._http.invalid("usage.input_tokens with the cache counts adds up to 2**53 or more")
         output_tokens = token_count(usage.get("output_tokens"), "usage.output_tokens", self._http)
         return TurnResponse(
             text="\n".join(texts),
