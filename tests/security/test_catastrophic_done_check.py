@@ -16,17 +16,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, truss_cmd
-from tests.durability.support import cli, make_home
+from tests.durability.support import cli
 from tests.security._support import DATA, HERE
 
 ANSWERS = HERE / "servers" / "answers.py"
 ATTACK = DATA / "results" / "result_of_34_xs_against_a_catastrophic_done_check.json"
 BOUND_S = 60  # the old code never finished; the new one takes a few seconds
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return make_home(tmp_path / "home")
 
 
 def _contract(tmp_path: Path, regex: str) -> Path:

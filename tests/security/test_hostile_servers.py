@@ -24,21 +24,12 @@ from tests.durability.support import cli, entries
 from tests.durability.test_tasks import TASKS_SERVER
 from tests.gate.support import files_containing
 from tests.security._support import DATA, HERE, PASS_WHATEVER, truss
-from truss.ledger.keys import IdentityKey
 
 ANSWERS = HERE / "servers" / "answers.py"
 SERVERS = DATA / "servers"
 SECRET = "tok-5b1f0c9e-its-own-secret"
 # A run that would hang is stopped here; every case below ends in a few seconds when it works.
 BOUND_S = 60
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
-    return path
 
 
 def answers_contract(

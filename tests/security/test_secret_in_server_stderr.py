@@ -12,17 +12,8 @@ import pytest
 from tests.gate.support import files_containing
 from tests.security._support import hostile_contract, truss
 from tests.security.servers.hostile import COPIES
-from truss.ledger.keys import IdentityKey
 
 SECRET = "hostile-secret-7f3a9c2e-value"
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
-    return path
 
 
 @pytest.mark.parametrize("verbose", [False, True], ids=["quiet", "verbose"])

@@ -11,20 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.durability.support import cli
 from tests.providers._support import LoopbackServer, Reply
 from tests.security._support import DATA, hostile_contract, truss, unsafe_characters
-from truss.ledger.keys import IdentityKey
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
-    return path
 
 
 def test_a_tool_result_with_terminal_escapes_is_shown_escaped_by_ledger_show(tmp_path: Path, home: Path) -> None:
