@@ -22,22 +22,15 @@ from tests.providers._support import LoopbackServer, RecordingSleep, Reply
 from tests.security._support import DATA, HOSTILE, hostile_contract, truss
 from truss.contract import Contract, load_contract_text
 from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.stores.sqlite import SqliteStore
 from truss.ledger.verification import verify_ledger
 from truss.providers import Provider, make_provider
 from truss.runtime import Runtime
-from truss.session import run_contract
+from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
 
 MODEL_ATTACKS = sorted(p.name for p in DATA.glob("model_tool_arguments_*.json"))
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    path = tmp_path / "home"
-    path.mkdir(mode=0o700)
-    IdentityKey.create(path / "identity.key")
-    return path
 
 
 def test_every_model_attack_file_is_exercised() -> None:
@@ -54,33 +47,7 @@ async def test_model_arguments_without_a_canonical_form_are_denied_and_the_run_f
     arguments = reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
     if provider == "anthropic":  # the same value, as Anthropic sends it: already parsed
         reply = _anthropic_tool_use(arguments)
-    clock = ManualClock()
-    store, key = new_store(tmp_path, clock)
-    fake = FakeTransport(_echo, tools=[mounted_tool("hostile", "echo")])
-    model = LoopbackServer().start()
-    try:
-        model.reply(Reply(body=reply), Reply(body=_final(provider)))
-        base = model.url + ("/v1" if provider == "openai" else "")
-        contract = load_contract_text(CONTRACT.format(provider=provider, base_url=base), source="t.toml", environ={})
-
-        def factory(c: Contract) -> Provider:
-            return make_provider(c, environ={"MODEL_KEY": "sk-k"}, clock=clock, sleep=RecordingSleep())
-
-        with anyio.fail_after(30):
-            outcome = await run_contract(
-                Runtime(
-                    store=store,
-                    key=key,
-                    clock=clock,
-                    home=tmp_path / "h",
-                    environ={"MODEL_KEY": "sk-k"},
-                    connector=fake_connector(fake),
-                    provider=factory,
-                ),
-                contract,
-            )
-    finally:
-        model.close()
+    outcome, fake, store, key = await _run(tmp_path, provider, Reply(body=reply), Reply(body=_final(provider)))
     assert (outcome.status, outcome.exit_code) == ("pass", 0)
     assert fake.calls == []
     [denied] = [e for e in store.read_session(outcome.session) if e.kind == "mcp_tool_denied"]
@@ -97,33 +64,7 @@ async def test_a_token_count_the_ledger_cannot_record_is_an_invalid_answer_and_t
     if provider == "anthropic":
         reply = _anthropic_tool_use("{}")
         reply["usage"] = {"input_tokens": 2**52, "cache_read_input_tokens": 2**52, "output_tokens": 1}
-    clock = ManualClock()
-    store, key = new_store(tmp_path, clock)
-    fake = FakeTransport(_echo, tools=[mounted_tool("hostile", "echo")])
-    model = LoopbackServer().start()
-    try:
-        model.reply(Reply(body=reply))
-        base = model.url + ("/v1" if provider == "openai" else "")
-        contract = load_contract_text(CONTRACT.format(provider=provider, base_url=base), source="t.toml", environ={})
-
-        def factory(c: Contract) -> Provider:
-            return make_provider(c, environ={"MODEL_KEY": "sk-k"}, clock=clock, sleep=RecordingSleep())
-
-        with anyio.fail_after(30):
-            outcome = await run_contract(
-                Runtime(
-                    store=store,
-                    key=key,
-                    clock=clock,
-                    home=tmp_path / "h",
-                    environ={"MODEL_KEY": "sk-k"},
-                    connector=fake_connector(fake),
-                    provider=factory,
-                ),
-                contract,
-            )
-    finally:
-        model.close()
+    outcome, fake, store, key = await _run(tmp_path, provider, Reply(body=reply))
     assert (outcome.status, outcome.exit_code) == ("error", 4)
     assert fake.calls == []
     [verdict] = [e for e in store.read_session(outcome.session) if e.kind == "verdict"]
@@ -152,6 +93,34 @@ pass_without_checks = true
 
 async def _echo(tool: MountedTool, arguments: Mapping[str, Any]) -> ToolResult:
     return text_result("echo")
+
+
+async def _run(
+    tmp_path: Path, provider: str, *replies: Reply
+) -> tuple[RunOutcome, FakeTransport, SqliteStore, IdentityKey]:
+    """A run of ``CONTRACT`` whose model (a loopback server) answers with ``replies``; a fake echo tool."""
+    clock = ManualClock()
+    store, key = new_store(tmp_path, clock)
+    fake = FakeTransport(_echo, tools=[mounted_tool("hostile", "echo")])
+    model = LoopbackServer().start()
+    environ = {"MODEL_KEY": "sk-k"}
+    try:
+        model.reply(*replies)
+        base = model.url + ("/v1" if provider == "openai" else "")
+        contract = load_contract_text(CONTRACT.format(provider=provider, base_url=base), source="t.toml", environ={})
+
+        def factory(c: Contract) -> Provider:
+            return make_provider(c, environ=environ, clock=clock, sleep=RecordingSleep())
+
+        with anyio.fail_after(30):
+            outcome = await run_contract(
+                Runtime(store=store, key=key, clock=clock, home=tmp_path / "h", environ=environ,
+                        connector=fake_connector(fake), provider=factory),
+                contract,
+            )  # fmt: skip
+    finally:
+        model.close()
+    return outcome, fake, store, key
 
 
 def _anthropic_tool_use(arguments_text: str) -> dict[str, Any]:
