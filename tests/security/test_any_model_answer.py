@@ -26,11 +26,12 @@ from tests.gate.support import fake_connector, new_store
 from tests.providers._support import LoopbackServer, Recorded, RecordingSleep, Reply
 from tests.security.test_any_server_answer import _values  # pyright: ignore[reportPrivateUsage]
 from truss.contract import Contract, load_contract_text
-from truss.ledger.keys import TrustedKeys
+from truss.ledger.keys import IdentityKey, TrustedKeys
+from truss.ledger.stores.sqlite import SqliteStore
 from truss.ledger.verification import verify_ledger
 from truss.providers import Provider, make_provider
 from truss.runtime import Runtime
-from truss.session import run_contract
+from truss.session import RunOutcome, run_contract
 from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
 
@@ -114,6 +115,34 @@ def _first_then_final(provider: str, body: str) -> LoopbackServer:
     return server
 
 
+def _run(tmp_path: Path, provider: str, body: str) -> tuple[RunOutcome, SqliteStore, IdentityKey]:
+    """A whole run whose model answers its first turn with ``body`` and then with a final answer."""
+    server = _first_then_final(provider, body).start()
+    clock = ManualClock()
+    store, key = new_store(tmp_path, clock)
+    environ = {"TEST_MODEL_KEY": KEY}
+    base_url = server.url + ("/v1" if provider == "openai" else "")
+    contract = load_contract_text(CONTRACT.format(provider=provider, base_url=base_url), source="c.toml", environ={})
+    fake = FakeTransport(_echo, tools=[mounted_tool("srv", "echo")])
+
+    def factory(c: Contract) -> Provider:
+        return make_provider(c, environ=environ, clock=clock, sleep=RecordingSleep())
+
+    async def main() -> RunOutcome:
+        with anyio.fail_after(30):
+            runtime = Runtime(store=store, key=key, clock=clock, home=tmp_path / "home", environ=environ,
+                              connector=fake_connector(fake), provider=factory)  # fmt: skip
+            return await run_contract(runtime, contract)
+
+    try:
+        return anyio.run(main), store, key
+    except BaseException:
+        store.close()
+        raise
+    finally:
+        server.close()
+
+
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(answer=model_answers())
@@ -130,32 +159,14 @@ def test_any_answer_a_model_sends_reaches_a_verdict_and_the_ledger_verifies(
 ) -> None:
     provider, body = answer
     tmp_path = Path(tempfile.mkdtemp(dir=tmp_path))  # a ledger of its own: the manual clock repeats ids
-    server = _first_then_final(provider, body).start()
-    clock = ManualClock()
-    store, key = new_store(tmp_path, clock)
-    environ = {"TEST_MODEL_KEY": KEY}
-    base_url = server.url + ("/v1" if provider == "openai" else "")
-    contract = load_contract_text(CONTRACT.format(provider=provider, base_url=base_url), source="c.toml", environ={})
-    fake = FakeTransport(_echo, tools=[mounted_tool("srv", "echo")])
-
-    def factory(c: Contract) -> Provider:
-        return make_provider(c, environ=environ, clock=clock, sleep=RecordingSleep())
-
-    async def main() -> Any:
-        with anyio.fail_after(30):
-            runtime = Runtime(store=store, key=key, clock=clock, home=tmp_path / "home", environ=environ,
-                              connector=fake_connector(fake), provider=factory)  # fmt: skip
-            return await run_contract(runtime, contract)
-
+    outcome, store, key = _run(tmp_path, provider, body)
     try:
-        outcome = anyio.run(main)
         assert outcome.status in ("pass", "fail", "error")
         entries = list(store.read_session(outcome.session))
         assert [e.kind for e in entries][-2:] == ["verdict", "session_ended"]
         assert verify_ledger(store, TrustedKeys([key.verifier]), session=outcome.session).ok
     finally:
         store.close()
-        server.close()
 
 
 def test_a_usage_figure_of_two_to_the_62_is_a_bad_response_not_an_internal_error(tmp_path: Path) -> None:
@@ -163,28 +174,11 @@ def test_a_usage_figure_of_two_to_the_62_is_a_bad_response_not_an_internal_error
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 2**62, "completion_tokens": 1},
     })  # fmt: skip
-    server = _first_then_final("openai", body).start()
-    clock = ManualClock()
-    store, key = new_store(tmp_path, clock)
-    environ = {"TEST_MODEL_KEY": KEY}
-    contract = load_contract_text(CONTRACT.format(provider="openai", base_url=server.url + "/v1"), source="c.toml",
-                                  environ={})  # fmt: skip
-
-    def factory(c: Contract) -> Provider:
-        return make_provider(c, environ=environ, clock=clock, sleep=RecordingSleep())
-
-    async def main() -> Any:
-        with anyio.fail_after(30):
-            runtime = Runtime(store=store, key=key, clock=clock, home=tmp_path / "home", environ=environ,
-                              connector=fake_connector(FakeTransport(_echo, tools=[])), provider=factory)  # fmt: skip
-            return await run_contract(runtime, contract)
-
+    outcome, store, _ = _run(tmp_path, "openai", body)
     try:
-        outcome = anyio.run(main)
         assert outcome.status == "error"
         assert outcome.verdict is not None and outcome.verdict["error"]["cause"] == "provider"
         detail = outcome.verdict["error"]["detail"]  # the provider's bad_response, as for negative usage
         assert "not a valid response" in detail and "usage.prompt_tokens" in detail
     finally:
         store.close()
-        server.close()
