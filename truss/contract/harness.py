@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from truss.contract.fields import Model, duration_ms
-from truss.contract.layers import parse_layer, read_toml_file
+from truss.contract.layers import harness_settings, parse_layer, read_toml_file
 from truss.contract.models import Harness
 from truss.contract.validation import from_validation
 
@@ -34,7 +34,7 @@ def harness_from_text(text: str, *, file: str) -> Harness:
     table: Any = layer.data.get("harness")
     if table is None:
         return Harness()
-    data = {"harness": table}
+    data = {"harness": harness_settings(table)}  # ``db`` is read by truss.contract.harness_db
     try:
         return HarnessConfig.model_validate(data).harness
     except ValidationError as exc:

@@ -44,6 +44,7 @@ __all__ = [
     "decode_toml_bytes",
     "error_in",
     "field_keys",
+    "harness_settings",
     "merge_layers",
     "parse_layer",
     "read_toml_file",
@@ -278,6 +279,15 @@ def _deep_merge(base: Any, top: Any) -> Any:
     return top
 
 
+def harness_settings(table: Any) -> Any:
+    """The operator config's ``[harness]`` table as the ``Harness`` model reads it: without ``db``,
+    which says where the record goes, not what a run may do (``truss.contract.harness_db``), so it
+    is neither hashed nor validated with the rest. Anything but a table is returned as it is."""
+    if not isinstance(table, dict):
+        return table
+    return {k: v for k, v in cast(dict[str, Any], table).items() if k != "db"}
+
+
 def merge_layers(config: Layer | None, agent: Layer | None, contract: Layer, overlay: Layer | None) -> dict[str, Any]:
     if config is not None:
         for key in config.data:
@@ -331,10 +341,8 @@ def merge_layers(config: Layer | None, agent: Layer | None, contract: Layer, ove
     if config is not None:
         config_servers = {s["name"]: s for s in servers_of(config)}
         effective = {k: v for k, v in config.data.items() if k != "mcp" and k not in OPERATOR_ONLY}
-        harness: Any = effective.get("harness")
-        if isinstance(harness, dict) and "db" in harness:
-            # Where the record goes, not what the run may do: not hashed (truss.contract.harness_db).
-            effective["harness"] = {k: v for k, v in cast(dict[str, Any], harness).items() if k != "db"}
+        if "harness" in effective:
+            effective["harness"] = harness_settings(effective["harness"])
     if agent is not None:
         effective = _deep_merge(effective, agent.data)
     effective = _deep_merge(effective, {k: v for k, v in contract.data.items() if k != "mcp"})
