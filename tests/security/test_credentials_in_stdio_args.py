@@ -24,6 +24,7 @@ ATTACKS = sorted((DATA / "contracts").glob("*_in_stdio_args.toml"))
 def test_every_stdio_args_attack_file_is_exercised() -> None:
     assert [p.name for p in ATTACKS] == [
         "api_key_option_in_stdio_args.toml",
+        "password_and_token_query_in_stdio_args.toml",
         "password_flag_in_stdio_args.toml",
         "password_in_stdio_args.toml",
     ]
@@ -40,6 +41,14 @@ def test_a_credential_in_stdio_args_is_refused_by_contract_check_naming_secret_e
     assert "secret_env" in checked.stderr
     assert "CANARY" not in checked.stdout + checked.stderr
     assert "Traceback" not in checked.stderr
+
+
+def test_the_rewrite_suggested_for_an_arg_with_several_credentials_holds_none_of_them(tmp_path: Path) -> None:
+    contract = DATA / "contracts" / "password_and_token_query_in_stdio_args.toml"
+    checked = cli(tmp_path / "home", "contract", "check", str(contract))
+    assert checked.returncode == 2, checked.stdout
+    assert "write args[2] as 'postgresql://app@127.0.0.1/shop'" in checked.stderr
+    assert "CANARY" not in checked.stdout + checked.stderr
 
 
 def test_a_password_in_stdio_args_is_refused_by_run_and_nothing_is_recorded(tmp_path: Path) -> None:
@@ -79,6 +88,16 @@ def test_mcp_import_turns_a_password_in_a_url_arg_into_a_secret_env_suggestion(t
     assert server.args[-1] == "postgresql://app@127.0.0.1/shop"
     assert server.secret_env == ["PGPASSWORD"]
     assert "PGPASSWORD" in written  # the note tells the operator what to export
+
+
+def test_mcp_import_takes_every_credential_out_of_an_arg_that_holds_a_password_and_a_token(tmp_path: Path) -> None:
+    out = tmp_path / "imported.toml"
+    source = DATA / "imports" / "password_and_token_query_in_stdio_args.json"
+    done = cli(tmp_path / "home", "mcp", "import", str(source), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    written = out.read_text(encoding="utf-8")
+    assert "CANARY" not in written + done.stdout + done.stderr
+    assert '"postgresql://app@127.0.0.1/shop"' in written
 
 
 def test_mcp_import_refuses_an_api_key_option_in_args_naming_secret_env(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -99,6 +99,19 @@ def credentials_in_args(args: list[str]) -> list[ArgCredential]:
 
 
 def _credential_in_arg(index: int, arg: str) -> ArgCredential | None:
+    """The first credential in ``arg``, with ``without`` free of every one of them: the rewrite is
+    shown in the error and written by ``mcp import``, so it may not keep a second credential."""
+    first = _first_credential_in_arg(index, arg)
+    rest = None if first is None else first.without
+    for _ in range(len(arg)):  # each pass removes a credential, so this ends long before the bound
+        found = None if rest is None else _first_credential_in_arg(index, rest)
+        if found is None:
+            break
+        rest = found.without
+    return None if first is None else replace(first, without=rest)
+
+
+def _first_credential_in_arg(index: int, arg: str) -> ArgCredential | None:
     for match in _URL_RE.finditer(arg):
         url = match.group(0)
         try:
