@@ -243,14 +243,14 @@ _UNKNOWN_TEXT = {
 def _check_argument(name: str, condition: ArgCondition, arguments: Mapping[str, Any]) -> _Outcome:
     if name not in arguments:
         return _Outcome(_V.UNKNOWN, name, "missing")
-    return _check_value(name, condition, arguments[name], 0)
+    return _check_value(name, condition, arguments[name])
 
 
-_MAX_EACH_DEPTH = 8  # 'each' inside 'each': arrays of arrays; a contract does not nest deeper
+def _check_value(name: str, condition: ArgCondition, value: Any) -> _Outcome:
+    """Kleene AND of the conditions on one value: any failure fails, else any unknown is unknown.
 
-
-def _check_value(name: str, condition: ArgCondition, value: Any, depth: int) -> _Outcome:
-    """Kleene AND of the conditions on one value: any failure fails, else any unknown is unknown."""
+    ``each`` recurses once per level the contract nests it, never deeper than the value's own
+    arrays: the contract (trusted, its TOML nested at most ``truss.contract.MAX_NESTING`` deep) bounds the depth."""
     given = condition.model_fields_set
     fails = False
     unknown: _Why | None = None
@@ -319,14 +319,14 @@ def _check_value(name: str, condition: ArgCondition, value: Any, depth: int) -> 
                 record(number <= condition.max)
 
     if condition.each is not None:
-        if not isinstance(value, list) or depth >= _MAX_EACH_DEPTH:
+        if not isinstance(value, list):
             unknown = unknown or "type"
         else:
             # Every element must pass: one failing element fails the condition; otherwise the
             # first element that cannot be tested makes it unknown (and names that element).
             element_unknown: _Outcome | None = None
             for index, element in enumerate(cast(list[Any], value)):
-                outcome = _check_value(f"{name}[{index}]", condition.each, element, depth + 1)
+                outcome = _check_value(f"{name}[{index}]", condition.each, element)
                 if outcome.value is _V.FAILS:
                     record(False)
                     break
