@@ -40,6 +40,7 @@ SECTIONS: dict[type[BaseModel], str] = {
     models.Reviewer: "[[done.checks.reviewers]]",
     models.LedgerSettings: "[ledger]",
     models.Harness: "[harness]",
+    models.Quota: "[[quotas]]",
 }
 # Inline tables: their keys are written in the row of the key that holds them.
 INLINE: dict[type[BaseModel], tuple[str, str]] = {
