@@ -11,6 +11,7 @@ from pathlib import Path
 from tests.conftest import REPO, truss_cmd
 from tests.durability.support import make_home
 from truss.contract import harness_from_text, keep_ms
+from truss.contract.harness_db import operator_db_from_text
 from truss.ledger.keys import IdentityKey
 from truss.ledger.stores import open_store
 from truss.testing import ManualClock
@@ -36,3 +37,12 @@ def test_ledger_sweep_reads_keep_from_a_config_that_names_its_ledger(tmp_path: P
 def test_the_harness_table_without_a_contract_leaves_db_to_its_own_reader() -> None:
     harness = harness_from_text('[harness]\ndb = "postgresql://truss@db/truss"\nkeep = "1d"\n', file="config.toml")
     assert keep_ms(harness) == 86_400_000
+
+
+def test_a_db_url_with_ordinary_libpq_parameters_is_taken_as_written(tmp_path: Path) -> None:
+    url = (
+        "postgresql://truss@db.internal/truss?sslmode=verify-full&application_name=truss&service=ledger"
+        "&passfile=/etc/truss/pgpass&connect_timeout=5&sslkey=/etc/truss/client.key"
+    )
+    text = f'[harness]\ndb = "{url}"\n'
+    assert operator_db_from_text(text, file="config.toml", home=tmp_path) == url

@@ -71,8 +71,6 @@ def _credential_in(url: str) -> str | None:
     if at and ":" in user_part:
         return "a password in the user info"
     for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-        if name.lower() in {"user", "dbname", "host", "port", "service", "passfile", "sslmode", "application_name"}:
-            continue
         if (
             _PASSWORD_PARAM.search(name)
             or CREDENTIAL_QUERY_RE.match(name)
