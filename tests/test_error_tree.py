@@ -33,7 +33,9 @@ def problems(doc: str) -> list[str]:
             found.append(f"{name} is drawn but is no TrussError")
             continue
         base = cls.__mro__[1].__name__
-        if depth and base != stack[depth - 1]:
+        if not depth and cls is not errors.TrussError:
+            found.append(f"{name} is drawn as a root but is a {base}")
+        elif depth and base != stack[depth - 1]:
             found.append(f"{name} is drawn under {stack[depth - 1]} but is a {base}")
         if hit.group(3) and cls.exit_code != int(hit.group(3)):
             found.append(f"{name} is drawn with exit {hit.group(3)} but exits {cls.exit_code}")
@@ -49,7 +51,13 @@ def test_the_check_finds_a_class_drawn_under_the_wrong_base() -> None:
     # The drawing as it was: InDoubtError last under RuntimeFailure.
     doc = (errors.__doc__ or "").replace("    │   └── InDoubtError                an intent", "", 1)
     doc = doc.replace(
-        "        └── ReplayDivergenceError ",
-        "        ├── ReplayDivergenceError ",
-    ).replace("did not record\n", "did not record\n        └── InDoubtError                x\n", 1)
+        "    │   └── ReplayDivergenceError ",
+        "    │   ├── ReplayDivergenceError ",
+    ).replace("did not record\n", "did not record\n    │   └── InDoubtError                x\n", 1)
     assert problems(doc) == ["InDoubtError is drawn under RuntimeFailure but is a RunSuspended"]
+
+
+def test_the_check_finds_a_class_drawn_outside_the_tree() -> None:
+    # The drawing as it was: QuotaExceededError at the left margin, below the tree's last branch.
+    doc = (errors.__doc__ or "").replace("    └── QuotaExceededError    ", "    QuotaExceededError        ", 1)
+    assert problems(doc) == ["QuotaExceededError is drawn as a root but is a TrussError"]

@@ -16,21 +16,21 @@ specific first, so the CLI and serve-mcp need exactly one handler::
     ├── SessionBusyError                exit 3: another process holds the session's lease
     ├── RunSuspended                    exit 3: waiting for approval, a signal, a task or `resolve`
     │   └── InDoubtError                an intent without a result that may not be re-sent
-    └── RuntimeFailure                  exit 4: the work could not be done
-        ├── StoreError                  the ledger store failed
-        │   ├── StoreConflictError      another writer recorded this step (UNIQUE violated)
-        │   └── StoreBusyError          the store is locked by another process for too long
-        ├── McpError                    an MCP server or transport failed (server, tool, retryable)
-        │   ├── ServerStartError        could not start or connect a server
-        │   │   ├── SandboxError        a server's sandbox cannot be set up (cause, remedy)
-        │   │   └── LoginRequiredError  exit 5: an OAuth server needs `truss mcp login` first
-        │   ├── ToolNotAdvertisedError  an allowlisted tool the server does not list
-        │   ├── PinMismatchError        a tool definition differs from its pin (expected, actual)
-        │   └── ToolCallError           a call failed (timeout, connection closed, protocol error)
-        ├── ProviderError               a model provider failed (status, retryable)
-        ├── WitnessError                witnesses did not cosign a checkpoint to the quorum (retryable)
-        └── ReplayDivergenceError       a resumed run asked for something the ledger did not record
-    QuotaExceededError                  exit 6: a quota across runs has no room for this run (yet)
+    ├── RuntimeFailure                  exit 4: the work could not be done
+    │   ├── StoreError                  the ledger store failed
+    │   │   ├── StoreConflictError      another writer recorded this step (UNIQUE violated)
+    │   │   └── StoreBusyError          the store is locked by another process for too long
+    │   ├── McpError                    an MCP server or transport failed (server, tool, retryable)
+    │   │   ├── ServerStartError        could not start or connect a server
+    │   │   │   ├── SandboxError        a server's sandbox cannot be set up (cause, remedy)
+    │   │   │   └── LoginRequiredError  exit 5: an OAuth server needs `truss mcp login` first
+    │   │   ├── ToolNotAdvertisedError  an allowlisted tool the server does not list
+    │   │   ├── PinMismatchError        a tool definition differs from its pin (expected, actual)
+    │   │   └── ToolCallError           a call failed (timeout, connection closed, protocol error)
+    │   ├── ProviderError               a model provider failed (status, retryable)
+    │   ├── WitnessError                witnesses did not cosign a checkpoint to the quorum (retryable)
+    │   └── ReplayDivergenceError       a resumed run asked for something the ledger did not record
+    └── QuotaExceededError              exit 6: a quota across runs has no room for this run (yet)
 
 Tests assert on types and fields, never on message text. ``diagnostics()`` is the one-paragraph
 text users see: what is wrong, where, and what to do about it. Messages never hold secret values:
