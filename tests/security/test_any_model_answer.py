@@ -143,13 +143,17 @@ def _run(tmp_path: Path, provider: str, body: str) -> tuple[RunOutcome, SqliteSt
         server.close()
 
 
+USAGE_OF_2_62 = json.dumps({
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 2**62, "completion_tokens": 1},
+})  # fmt: skip
+"""An OpenAI answer with a usage figure past what a ledger entry can hold (one of the property's cases too)."""
+
+
 @pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(answer=model_answers())
-@example(answer=("openai", json.dumps({
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 2**62, "completion_tokens": 1},
-})))  # fmt: skip
+@example(answer=("openai", USAGE_OF_2_62))
 @example(answer=("anthropic", json.dumps({
     "content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn",
     "usage": {"input_tokens": 2**52, "output_tokens": 1, "cache_read_input_tokens": 2**52},
@@ -170,11 +174,7 @@ def test_any_answer_a_model_sends_reaches_a_verdict_and_the_ledger_verifies(
 
 
 def test_a_usage_figure_of_two_to_the_62_is_a_bad_response_not_an_internal_error(tmp_path: Path) -> None:
-    body = json.dumps({
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 2**62, "completion_tokens": 1},
-    })  # fmt: skip
-    outcome, store, _ = _run(tmp_path, "openai", body)
+    outcome, store, _ = _run(tmp_path, "openai", USAGE_OF_2_62)
     try:
         assert outcome.status == "error"
         assert outcome.verdict is not None and outcome.verdict["error"]["cause"] == "provider"
