@@ -29,6 +29,27 @@ def _command_modules() -> list[str]:
     return sorted(f"truss_cli.{m.name}" for m in pkgutil.iter_modules(truss_cli.__path__) if m.name.startswith("cmd_"))
 
 
+# The top-level commands in the order ``build_parser`` registers them: (name, module, help). ``truss
+# --help`` and a command's own parse read this table, so starting the CLI imports only the chosen
+# command's module (tests/cli/test_basics.py checks the table against every module's ``register``).
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("contract", "cmd_contract", "check a contract or show its effective form"),
+    ("replay", "cmd_durable", "re-derive a finished session from its ledger alone and recompute its verdict"),
+    ("resolve", "cmd_durable", "answer an in-doubt call (sent, but its result never recorded)"),
+    ("signal", "cmd_durable", "deliver the result a pending async call waits for"),
+    ("init", "cmd_init", "create the Truss home and its identity key (idempotent)"),
+    ("key", "cmd_key", "the identity key that signs this home's ledger"),
+    ("ledger", "cmd_ledger", "list, show, verify, export, checkpoint and prune the signed ledger"),
+    ("mcp", "cmd_mcp", "list, probe and import MCP servers"),
+    ("run", "cmd_run", "run a contract: every tool call through the gate, ending in a signed verdict"),
+    ("resume", "cmd_run", "continue a suspended or interrupted session"),
+    ("approve", "cmd_run", "approve (or --deny) a call waiting for approval"),
+    ("sessions", "cmd_run", "list sessions with their status"),
+    ("serve-mcp", "cmd_serve", "serve contracts to other harnesses over MCP (stdio or Streamable HTTP)"),
+    ("status", "cmd_status", "unfinished sessions (with the command that moves each on) and every quota's use"),
+    ("witness", "cmd_witness", "run a C2SP witness that cosigns other logs' checkpoints (init, serve, show)"),
+)
+
 Handler = Callable[[argparse.Namespace, Ctx], int]
 
 
@@ -39,17 +60,52 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}", remedy=f"See '{self.prog} --help'")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _LazyParser(_Parser):
+    """A top-level command's place in ``truss``'s parser: it holds the name and help the command list
+    shows, and only when argparse picks it does it import the command's module, build the real parser
+    and hand the rest of the command line to it (so errors and ``--help`` are the real parser's)."""
+
+    def __init__(self, *args: Any, command: str, module: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._command = command
+        self._module = module
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        real = _register(_Parser(prog="truss"), [f"truss_cli.{self._module}"]).choices[self._command]
+        return real.parse_known_args(*args, **kwargs)
+
+
+def _register(parser: argparse.ArgumentParser, modules: Sequence[str]) -> Any:
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in modules:
+        module: Any = importlib.import_module(name)
+        module.register(sub)
+    return sub
+
+
+def _top_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="truss",
         description="Run agent contracts with third-party MCP tools through one audited gate.",
         epilog="Exit codes: 0 ok, 1 verdict fail or verification failure, 2 bad input, 3 suspended, 4 runtime error.",
     )
     _add_globals(parser)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name in _command_modules():
-        module: Any = importlib.import_module(name)
-        module.register(sub)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole parser, every command's module imported (the docs check walks it)."""
+    parser = _top_parser()
+    _register(parser, _command_modules())
+    return parser
+
+
+def _lazy_parser() -> argparse.ArgumentParser:
+    """The parser ``main`` uses: the same commands, each built only if it is the one being run."""
+    parser = _top_parser()
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_LazyParser)
+    for name, module, help_text in COMMANDS:
+        sub.add_parser(name, help=help_text, command=name, module=module)
     return parser
 
 
@@ -96,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verbose = "-v" in args_list or "--verbose" in args_list
     json_out = "--json" in args_list
     try:
-        parser = build_parser()
+        parser = _lazy_parser()
         args = parser.parse_args(args_list)
         ctx = Ctx.from_options(args.home, args.db, args.key, verbose=args.verbose, json_out=args.json)
         handler: Handler | None = getattr(args, "handler", None)

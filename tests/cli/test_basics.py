@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,6 +133,18 @@ def test_help_does_not_import_the_mcp_sdk(truss_home: Path) -> None:
     assert not {m for m in modules if m.split(".")[0] in ("mcp", "mcp_types")}
 
 
+def test_help_lists_the_commands_without_importing_any_command_module(truss_home: Path) -> None:
+    modules = _modules_after(["--help"], truss_home)
+    assert "truss_cli.main" in modules
+    assert not {m for m in modules if m.startswith("truss_cli.cmd_")}
+
+
+def test_a_command_imports_its_own_module_and_no_other_command_module(truss_home: Path) -> None:
+    assert _truss("--home", str(truss_home), "init").returncode == 0
+    modules = _modules_after(["ledger", "verify"], truss_home)
+    assert {m for m in modules if m.startswith("truss_cli.cmd_")} == {"truss_cli.cmd_ledger"}
+
+
 _HEAVY = ("mcp", "mcp_types", "httpx2", "pydantic", "pydantic_core")
 
 
@@ -146,6 +159,24 @@ def test_commands_that_read_no_contract_import_neither_pydantic_nor_the_sdk_nor_
     assert "truss_cli.main" in modules
     assert not {m for m in modules if m.split(".")[0] in _HEAVY}
     assert not {m for m in modules if m.startswith(("truss.contract", "truss.mcp"))}
+
+
+def test_the_static_command_table_is_what_every_command_module_registers_in_order() -> None:
+    import argparse
+    import importlib
+    import pkgutil
+
+    import truss_cli
+    from truss_cli.main import COMMANDS
+
+    registered: list[tuple[str, str, str | None]] = []
+    for info in sorted(pkgutil.iter_modules(truss_cli.__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            sub = argparse.ArgumentParser(prog="truss").add_subparsers()
+            module: Any = importlib.import_module(f"truss_cli.{info.name}")
+            module.register(sub)
+            registered.extend((a.dest, info.name, a.help) for a in sub._choices_actions)  # pyright: ignore[reportPrivateUsage]
+    assert list(COMMANDS) == registered
 
 
 def test_contract_check_does_not_import_the_mcp_sdk(truss_home: Path) -> None:
