@@ -9,14 +9,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import traceback
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from truss_cli._ctx import Ctx
 from truss_cli._term import safe_human
 
 from truss._errors import TrussError, UsageError
+
+if TYPE_CHECKING:  # Ctx (dataclasses, json) and traceback load only once a command runs or fails
+    from truss_cli._ctx import Ctx
 
 
 def _command_modules() -> list[str]:
@@ -50,7 +51,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("witness", "cmd_witness", "run a C2SP witness that cosigns other logs' checkpoints (init, serve, show)"),
 )
 
-Handler = Callable[[argparse.Namespace, Ctx], int]
+Handler = Callable[[argparse.Namespace, "Ctx"], int]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -154,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = _lazy_parser()
         args = parser.parse_args(args_list)
+        from truss_cli._ctx import Ctx
+
         ctx = Ctx.from_options(args.home, args.db, args.key, verbose=args.verbose, json_out=args.json)
         handler: Handler | None = getattr(args, "handler", None)
         if handler is None:
@@ -169,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:  # the last line of defence: a paragraph, not a traceback
         if verbose:
+            import traceback
+
             sys.stderr.write(safe_human(traceback.format_exc()))
         sys.stderr.write(
             f"truss: internal error: {type(exc).__name__}: {safe_human(str(exc))}. This is a bug in Truss; "
@@ -182,6 +187,8 @@ def _report(exc: TrussError, *, verbose: bool, json_out: bool) -> int:
     from truss.redaction import scrub_secrets  # tokens Truss learned while running (OAuth) never show
 
     if verbose:
+        import traceback
+
         sys.stderr.write(safe_human(scrub_secrets(traceback.format_exc())))
     if json_out:
         import json
