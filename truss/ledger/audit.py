@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from truss._errors import InputError, StoreError, TrussError, UsageError, VerificationError
-from truss.ledger.bundle import BundleReport, verify_bundle
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict
 from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations, log_entries
@@ -39,7 +38,9 @@ from truss.ledger.merkle import (
 )
 from truss.ledger.note import Checkpoint, StoredCheckpointLike, open_checkpoint
 from truss.ledger.verification import EntryCheck, LedgerReader, VerifyReport, verify_ledger
-from truss.ledger.witnessed import check_checkpoint_signers
+
+if TYPE_CHECKING:  # bundles and witness policies load only when verified (start-up of `ledger verify`)
+    from truss.ledger.bundle import BundleReport
 
 __all__ = [
     "AuditSource",
@@ -103,6 +104,8 @@ def verify(
                 "a bundle is verified whole: session= and payloads= apply to a store",
                 remedy="call verify(bundle_bytes, trusted)",
             )
+        from truss.ledger.bundle import verify_bundle
+
         return verify_bundle(bytes(evidence), keys)
     return verify_store(evidence, keys, session=session, payloads=payloads)
 
@@ -220,6 +223,8 @@ def stored_checkpoint_signers(
     signed by a key allowed at its size (only matters after a rotation)."""
     if not report.ok or not history.rotations:
         return report
+    from truss.ledger.witnessed import check_checkpoint_signers
+
     held = store.checkpoints() if checkpoints is None else checkpoints
     notes = [(cp.note.encode("utf-8"), f"the stored checkpoint of size {cp.size}") for cp in held]
     finding = check_checkpoint_signers(notes, history.checkpoint_keys, store.origin)
