@@ -25,7 +25,6 @@ from truss_cli._ctx import Ctx
 
 import truss
 from truss._errors import BundleFormatError, NotFoundError, UsageError
-from truss.ledger.bundle import MAX_BUNDLE_BYTES, export_bundle, verify_bundle
 from truss.ledger.entry import StoredEntry, iter_refs
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.stores import redact_url
@@ -97,6 +96,8 @@ def _read_session(ctx: Ctx, session: str, helpers: LedgerHelpers) -> tuple[list[
 
 
 def _read_bundle(path_text: str) -> bytes:
+    from truss.ledger.bundle import MAX_BUNDLE_BYTES  # the bundle code loads only for report (start-up)
+
     path = Path(path_text)
     try:
         size = path.stat().st_size
@@ -108,6 +109,8 @@ def _read_bundle(path_text: str) -> bytes:
 
 
 def _export(ctx: Ctx, session: str, *, payloads: bool) -> bytes:
+    from truss.ledger.bundle import export_bundle
+
     with ctx.open_runtime() as runtime:
         key = runtime.signer
         # As `truss ledger export` does: a session no checkpoint covers yet gets one signed now.
@@ -140,6 +143,8 @@ def write_report(args: argparse.Namespace, ctx: Ctx, *, helpers: LedgerHelpers) 
         )
     if args.bundle and args.no_payloads:
         raise UsageError("truss ledger report: --no-payloads applies to SESSION; a bundle is shown as it is")
+    from truss.ledger.bundle import verify_bundle
+
     trusted = helpers.trusted_from_args(args, ctx)
     data = _read_bundle(args.bundle) if args.bundle else _export(ctx, args.session, payloads=not args.no_payloads)
     checked = verify_bundle(data, trusted)

@@ -9,21 +9,22 @@ import argparse
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from truss_cli._ctx import Ctx
 
 from truss._errors import BundleFormatError, UsageError
 from truss.ledger.audit import store_key_history as store_history
 from truss.ledger.audit import stored_checkpoint_signers
-from truss.ledger.bundle import MAX_BUNDLE_BYTES
 from truss.ledger.keyhistory import KeyHistory, KeyPeriod, bundle_key_history, follow_rotations
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import root_at
 from truss.ledger.note import MAX_NOTE_BYTES, parse_checkpoint, parse_note
 from truss.ledger.stores import LedgerStore
-from truss.ledger.tlog_policy import Policy
-from truss.ledger.witnessed import PolicyReport, verify_with_policy
+
+if TYPE_CHECKING:  # the policy language and its checks load only when a policy or note is given
+    from truss.ledger.tlog_policy import Policy
+    from truss.ledger.witnessed import PolicyReport
 
 __all__ = [
     "add_policy_args",
@@ -93,6 +94,9 @@ def policy_for_store(
 ) -> PolicyReport:
     """W1-W5 for a home's ledger: the latest checkpoint (or the first covering ``session`` that
     meets the quorum) must meet it; every stored checkpoint and every note is checked for forks."""
+    from truss.ledger.tlog_policy import Policy
+    from truss.ledger.witnessed import PolicyReport, verify_with_policy
+
     active = policy or Policy.empty()
     stored = sorted(store.checkpoints(), key=lambda cp: cp.size)
     candidates = stored
@@ -136,6 +140,8 @@ def _keys_for(history: KeyHistory) -> Callable[[int], Sequence[VerifierKey]]:
 
 
 def _first_witnessed(candidates: list[Any], policy: Policy, history: KeyHistory, origin: str) -> Any:
+    from truss.ledger.witnessed import verify_with_policy
+
     for cp in candidates:
         report = verify_with_policy(
             policy,
@@ -159,6 +165,10 @@ def policy_for_bundle(
     data: bytes, trusted: TrustedKeys, policy: Policy | None, notes: list[tuple[bytes, str]]
 ) -> PolicyReport:
     """W1-W5 for a verified bundle: its checkpoint must meet the quorum; notes are fork-checked."""
+    from truss.ledger.bundle import MAX_BUNDLE_BYTES
+    from truss.ledger.tlog_policy import Policy
+    from truss.ledger.witnessed import verify_with_policy
+
     if len(data) > MAX_BUNDLE_BYTES:
         raise BundleFormatError("the bundle is too large")
     doc: Any = json.loads(data)
@@ -177,6 +187,9 @@ def policy_for_bundle(
 
 def policy_for_notes(trusted: TrustedKeys, policy: Policy | None, notes: list[tuple[bytes, str]]) -> PolicyReport:
     """W1-W3 and W5 for notes alone (no ledger): each must meet the quorum; no two may fork."""
+    from truss.ledger.tlog_policy import Policy
+    from truss.ledger.witnessed import verify_with_policy
+
     if not notes:
         raise UsageError("truss ledger verify: give --checkpoint NOTE to check notes on their own")
     try:

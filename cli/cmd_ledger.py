@@ -17,9 +17,8 @@ import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from truss_cli import _panel_view
 from truss_cli._ctx import VERIFIED_NOTE, Ctx, row_limit, table, verified_cell
 from truss_cli._witnessed import (
     add_policy_args,
@@ -35,7 +34,6 @@ from truss_cli._witnessed import (
 from truss._errors import BundleFormatError, KeyFileError, NotFoundError, UsageError, VerificationError, WitnessError
 from truss.keyring import trust_root
 from truss.ledger import audit
-from truss.ledger.bundle import MAX_BUNDLE_BYTES, export_bundle
 from truss.ledger.entry import StoredEntry
 from truss.ledger.envelope import open_verdict, parse_envelope
 from truss.ledger.keyhistory import is_log_session
@@ -43,10 +41,12 @@ from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.note import MAX_NOTE_BYTES
 from truss.ledger.stores import LedgerStore, SessionInfo
 from truss.ledger.verification import VerifyReport
-from truss.ledger.witnessed import PolicyReport
 from truss.ledger.workers import end_checkpoint
 from truss.runtime import Runtime
 from truss.turns import RequestFold
+
+if TYPE_CHECKING:  # the bundle, witness-policy and panel code load in the handlers that use them
+    from truss.ledger.witnessed import PolicyReport
 
 LEDGER_PARSERS: dict[str, argparse.ArgumentParser] = {}
 """The ``ledger`` sub-parsers by name, filled by ``register``."""
@@ -294,6 +294,8 @@ def show_session(args: argparse.Namespace, ctx: Ctx) -> int:
 
 def _panel(store: LedgerStore, item: StoredEntry, out: dict[str, Any], lines: list[str], *, payloads: bool) -> None:
     """A reviewer panel's claims, citations, findings and answers (``cli/_panel_view.py``)."""
+    from truss_cli import _panel_view
+
     if item.kind == "verdict":
         lines.extend(_panel_view.verdict_lines(item.body))
     elif item.kind == "panel_review":
@@ -565,6 +567,8 @@ def _read_input(path_text: str, what: str, limit: int) -> bytes:
 
 
 def export_session(args: argparse.Namespace, ctx: Ctx) -> int:
+    from truss.ledger.bundle import export_bundle
+
     with ctx.open_runtime() as runtime:
         key = runtime.signer
         data = export_bundle(
@@ -660,6 +664,8 @@ def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
         ctx.emit({"ok": True, "policy": witnessed.to_json()}, _witnessed_line(witnessed))
         return 0
     if args.bundle:
+        from truss.ledger.bundle import MAX_BUNDLE_BYTES
+
         data = _read_input(args.bundle, "bundle", MAX_BUNDLE_BYTES)
         report = audit.verify(data, trusted)
         if report.ok and (policy is not None or notes):
