@@ -25,7 +25,6 @@ import hashlib
 import importlib
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -522,6 +521,8 @@ def _write_private(path: Path, text: str) -> None:
     )
     if os.path.lexists(path):
         raise exists
+    import tempfile  # only when a key is written: verifying never loads it (start-up)
+
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
     except OSError as exc:
