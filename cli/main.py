@@ -106,7 +106,7 @@ def _lazy_parser() -> argparse.ArgumentParser:
     parser = _top_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_LazyParser)
     for name, module, help_text in COMMANDS:
-        sub.add_parser(name, help=help_text, command=name, module=module)
+        sub.add_parser(name, help=help_text, add_help=False, command=name, module=module)  # the real one has -h
     return parser
 
 
