@@ -146,6 +146,14 @@ def test_a_command_imports_its_own_module_and_no_other_command_module(truss_home
     assert {m for m in modules if m.startswith("truss_cli.cmd_")} == {"truss_cli.cmd_ledger"}
 
 
+def test_ledger_verify_of_a_store_loads_no_bundle_witness_policy_or_panel_code(truss_home: Path) -> None:
+    assert _truss("--home", str(truss_home), "init").returncode == 0
+    modules = _modules_after(["ledger", "verify"], truss_home)
+    assert "truss.ledger.audit" in modules
+    lazy = {"truss.ledger.bundle", "truss.ledger.witnessed", "truss.ledger.tlog_policy", "truss._claims"}
+    assert not (lazy | {"truss_cli._panel_view", "tempfile", "traceback"}) & modules
+
+
 _HEAVY = ("mcp", "mcp_types", "httpx2", "pydantic", "pydantic_core")
 
 
