@@ -20,6 +20,7 @@ from truss.ledger.merkle import (
     leaf_hash,
     node_hash,
     root_at,
+    root_with_leaves,
     verify_consistency,
     verify_inclusion,
 )
@@ -318,3 +319,35 @@ def test_any_entries_prove_inclusion_and_extend_every_earlier_tree(entries: list
     assert verify_inclusion(leaf_hash(entries[index]), index, size, tree.inclusion_proof(index), tree.root())
     old = data.draw(st.integers(0, size))
     assert verify_consistency(old, size, tree.root(old), tree.root(), tree.consistency_proof(old))
+
+
+@given(st.integers(1, 80), st.data())
+def test_a_root_recomputed_from_any_known_leaves_is_the_tree_root_and_a_changed_leaf_is_not(
+    size: int, data: st.DataObject
+) -> None:
+    tree = _tree(size)
+    leaves = _leaves(size)
+    known = data.draw(st.sets(st.integers(0, size - 1)))
+    given_leaves = {index: leaves[index] for index in known}
+    assert root_with_leaves(given_leaves, size, tree.get_node) == tree.root(size) == ref_mth(leaves)
+    if known:
+        changed = data.draw(st.sampled_from(sorted(known)))
+        assert root_with_leaves({**given_leaves, changed: _flip(leaves[changed])}, size, tree.get_node) != tree.root()
+
+
+def test_a_root_from_adjacent_leaves_reads_only_the_subtrees_beside_them() -> None:
+    tree = _tree(1000)
+    reads: list[tuple[int, int]] = []
+
+    def get_node(level: int, index: int) -> bytes:
+        reads.append((level, index))
+        return tree.get_node(level, index)
+
+    leaves = _leaves(1000)
+    assert root_with_leaves({i: leaves[i] for i in range(300, 700)}, 1000, get_node) == tree.root()
+    assert len(reads) <= 2 * 10  # O(log n) stored subtrees, not one proof (~10 nodes) per leaf
+
+
+def test_a_known_leaf_outside_the_tree_is_refused() -> None:
+    with pytest.raises(ValueError):
+        root_with_leaves({5: _leaves(6)[5]}, 5, _tree(5).get_node)

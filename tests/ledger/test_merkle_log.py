@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from tests.ledger.test_bundle import Ledger, build_ledger, trusted
+from truss._errors import VerificationError
 from truss.ledger.audit import LogAudit, SessionInLog
 from truss.ledger.note import sign_checkpoint_note
+from truss.ledger.reader import VerifiedStore
 from truss.ledger.verification import verify_ledger
 
 
@@ -107,3 +109,24 @@ def test_a_session_whose_stored_tree_was_altered_is_not_proven(ledger: Ledger) -
     in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.node)
     report = verify_ledger(store, trusted(), session="s_verdict", extra=[in_log.check])
     assert not report.ok and report.reason == "not_in_log" and report.index == 5
+
+
+def test_the_verified_reader_proves_a_session_in_batches_and_reads_it_whole(ledger: Ledger) -> None:
+    store = ledger.store
+    read = list(VerifiedStore(store, trusted()).read_session("s_verdict"))
+    assert [e.seq for e in read] == list(range(9))
+    assert read == list(store.read_session("s_verdict"))
+
+
+def test_the_verified_reader_refuses_a_session_whose_proof_reads_an_altered_node_naming_the_entry(
+    ledger: Ledger,
+) -> None:
+    # Leaf 3 is s_other's; the batch proof of s_verdict reads it as the sibling of its leaf 2 (seq 1).
+    _sql(ledger, "UPDATE nodes SET hash = ? WHERE level = 0 AND idx = 3", b"\x09" * 32)
+    yielded: list[int] = []
+    with pytest.raises(VerificationError) as refused:
+        for item in VerifiedStore(ledger.store, trusted()).read_session("s_verdict"):
+            yielded.append(item.seq)
+    assert refused.value.fields.get("reason") == "not_in_log"
+    assert refused.value.fields.get("index") == 2 and refused.value.fields.get("seq") == 1
+    assert yielded == []  # nothing of the batch is read before it is proven

@@ -33,6 +33,7 @@ from truss.ledger.merkle import (
     inclusion_proof,
     leaf_hash,
     root_at,
+    root_with_leaves,
     verify_consistency,
     verify_inclusion,
 )
@@ -338,6 +339,13 @@ class SessionInLog:
     the stored nodes) against the latest stored checkpoint whose signed note verifies under the
     trusted keys, or, for entries appended after that checkpoint, equal to the stored leaf
     (``not_in_log``). Without any trusted checkpoint only the stored leaves are compared.
+
+    ``batch=True`` (the verified reader): ``check`` only notes the leaves the checkpoint covers,
+    and ``settle`` proves all those noted since the last ``settle`` at once, by recomputing the
+    checkpoint's root from them (``merkle.root_with_leaves``: O(log n) stored nodes per batch of
+    adjacent entries instead of per entry). A batch that does not prove is proven entry by entry,
+    so the finding names the first entry that is not in the log. The caller must not use an
+    entry before the ``settle`` after its ``check`` returned ``None``.
     """
 
     def __init__(
@@ -346,7 +354,12 @@ class SessionInLog:
         trusted: TrustedKeys,
         origin: str,
         node: Callable[[int, int], bytes],
+        *,
+        batch: bool = False,
     ) -> None:
+        self._batch = batch
+        self._pending: dict[int, tuple[bytes, Any]] = {}  # log index -> (leaf hash, seq), not yet proven
+        self.failed: tuple[Any, int] | None = None  # (seq, log index) of the entry ``settle`` found
         self._node = node
         self.checkpoint: Checkpoint | None = None
         for cp in sorted(checkpoints, key=lambda c: c.size, reverse=True):
@@ -357,11 +370,38 @@ class SessionInLog:
                 continue  # an unusable checkpoint proves nothing; LogAudit (--all) names it
         self.proven = 0
 
+    def settle(self) -> tuple[str, str] | None:
+        """Prove the leaves ``check`` noted since the last call (``batch=True``); ``None`` when they all are."""
+        pending, self._pending = self._pending, {}
+        cp = self.checkpoint
+        if not pending or cp is None:
+            return None
+        try:
+            if root_with_leaves({index: leaf for index, (leaf, _) in pending.items()}, cp.size, self._node) == cp.root:
+                self.proven += len(pending)
+                return None
+        except TrussError:
+            pass  # a stored node is missing: the entry it cannot prove is named below
+        for index in sorted(pending):  # the first entry that does not prove is the finding
+            leaf, seq = pending[index]
+            try:
+                proven = verify_inclusion(leaf, index, cp.size, inclusion_proof(index, cp.size, self._node), cp.root)
+            except TrussError as exc:
+                self.failed = (seq, index)
+                return "not_in_log", f"entry {seq}: the Merkle tree cannot prove it ({exc.message})"
+            if not proven:
+                self.failed = (seq, index)
+                return "not_in_log", f"entry {seq}: it is not the leaf at log index {index}"
+        return "not_in_log", f"the entries from log index {min(pending)}: the stored Merkle nodes disagree about them"
+
     def check(self, item: StoredEntry) -> tuple[str, str] | None:
         leaf = leaf_hash(item.raw)
         index = item.index
         try:
             cp = self.checkpoint
+            if self._batch and cp is not None and 0 <= index < cp.size:
+                self._pending[index] = (leaf, item.seq)
+                return None
             if cp is not None and index < cp.size:
                 if verify_inclusion(leaf, index, cp.size, inclusion_proof(index, cp.size, self._node), cp.root):
                     self.proven += 1
@@ -373,16 +413,18 @@ class SessionInLog:
         return "not_in_log", f"entry {item.seq}: it is not the leaf at log index {index}"
 
 
-def session_in_log(store: AuditSource, trusted: TrustedKeys) -> tuple[SessionInLog, list[StoredCheckpointLike]]:
+def session_in_log(
+    store: AuditSource, trusted: TrustedKeys, *, batch: bool = False
+) -> tuple[SessionInLog, list[StoredCheckpointLike]]:
     """L6 for one session, and the stored checkpoints it read: one session needs one checkpoint,
     the latest (an index lookup). Only when that one does not open under ``trusted`` are the
     earlier ones read, latest first, so a session read costs the same at 20,000 checkpoints as at 20."""
     latest = store.latest_checkpoint()
     used: list[StoredCheckpointLike] = [latest] if latest is not None else []
-    in_log = SessionInLog(used, trusted, store.origin, store.node)
+    in_log = SessionInLog(used, trusted, store.origin, store.node, batch=batch)
     if in_log.checkpoint is None and latest is not None:
         used = list(store.checkpoints())
-        in_log = SessionInLog(used, trusted, store.origin, store.node)
+        in_log = SessionInLog(used, trusted, store.origin, store.node, batch=batch)
     return in_log, used
 
 

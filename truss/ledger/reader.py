@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Any
 
 from truss._errors import InputError, TrussError, VerificationError
-from truss.ledger.audit import session_in_log, store_key_history
+from truss.ledger.audit import SessionInLog, session_in_log, store_key_history
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import open_verdict
@@ -48,6 +48,7 @@ from truss.ledger.verification import EntryCheck, EntryVerifier, SessionFacts, c
 __all__ = ["VerifiedStore", "unverified"]
 
 TrustSource = TrustedKeys | Callable[[], TrustedKeys]
+_PROOF_BATCH = 512  # entries proven in the log at once (L6): bounded memory, O(log n) nodes per batch
 
 
 def unverified(store: LedgerStore) -> LedgerStore:
@@ -133,10 +134,9 @@ class VerifiedStore:
                 return "not_in_log", f"entry {item.seq}: log index {item.index} is past the log's {sizes[0]} entries"
             return None
 
-        extra: list[EntryCheck] = [
-            in_log,
-            session_in_log(self.raw, trusted)[0].check,
-        ]
+        # L6 in batches: an entry is yielded once the batch it is in proved against the checkpoint.
+        proof = session_in_log(self.raw, trusted, batch=True)[0]
+        extra: list[EntryCheck] = [in_log, proof.check]
         if history.rotations:
             extra.append(history.check)
         verifier = EntryVerifier(trusted, blobs=self._blob_checked, session=session, origin=self.origin, extra=extra)
@@ -144,6 +144,7 @@ class VerifiedStore:
         first: StoredEntry | None = None
         last: StoredEntry | None = None
         listed_head: str | None = None  # the hash of the entry the row (read before the entries) ends at
+        checked: list[StoredEntry] = []  # passed every step but L6, which settles per batch
         try:
             for item in stream:
                 finding = verifier.check(item, stream)
@@ -154,7 +155,11 @@ class VerifiedStore:
                 if row is not None and item.seq == row.entries - 1:
                     listed_head = item.hash
                 if item.seq >= from_seq:
-                    yield item
+                    checked.append(item)
+                if len(checked) >= _PROOF_BATCH or verifier.count % _PROOF_BATCH == 0:
+                    yield from self._settled(session, proof, checked)
+                    checked = []
+            yield from self._settled(session, proof, checked)
         except VerificationError:
             raise
         except TrussError as exc:
@@ -174,8 +179,22 @@ class VerifiedStore:
                     f"the store lists {row.entries} entries ending at {row.head[:12]}..., the chain holds {count}",
                 ),
             )
-        if first is not None and last is not None and on_last is not None:
-            on_last(first, last)
+        if first is not None and last is not None:
+            if count == row.entries and last.hash == row.head:
+                # The whole chain just verified: the facts ``session`` derives from it are known,
+                # so a read followed by ``session`` (resume, approve) verifies the chain once.
+                self._remember((session, count, last.hash), _info(row, SessionFacts.of(first, last), "chain"))
+            if on_last is not None:
+                on_last(first, last)
+
+    @staticmethod
+    def _settled(session: str, proof: SessionInLog, checked: list[StoredEntry]) -> list[StoredEntry]:
+        """The batch once its entries are proven in the log (L6); refused when one is not."""
+        finding = proof.settle()
+        if finding is not None:
+            seq, index = proof.failed or (None, None)
+            raise _refused(session, finding, seq=seq, index=index)
+        return checked
 
     def _grew(self, session: str, row: SessionInfo, count: int, listed_head: str | None) -> bool:
         """Whether a chain longer than the row read before it is the row's chain with entries another
@@ -206,11 +225,14 @@ class VerifiedStore:
             pass
         if not found:
             raise _refused(session, ("head_mismatch", "its session record names no entries"))
+        self._remember(key, found[0])
+        return self._owned(found[0])
+
+    def _remember(self, key: tuple[str, int, str], info: SessionInfo) -> None:
         with self._lock:
             if len(self._facts) > 4096:
                 self._facts.clear()
-            self._facts[key] = found[0]
-        return self._owned(found[0])
+            self._facts[key] = info
 
     def _owned(self, info: SessionInfo) -> SessionInfo:
         """R2: a ``running`` session whose owner is gone (lease expired, released, or its pid dead
