@@ -73,6 +73,7 @@ from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import IdentityKey
+from truss.ledger.reader import unverified
 from truss.ledger.stores.base import Lease, LedgerStore
 from truss.ledger.workers import end_checkpoint
 from truss.loop import LoopResult, run_loop
@@ -188,13 +189,20 @@ async def run_contract(
 async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | None = None) -> RunOutcome:
     """Continue a suspended or interrupted session from its record (see the module docstring)."""
     store = runtime.store
-    info = None if is_log_session(session) else store.session(session)  # the log's own session is no run
+    entries: list[StoredEntry] | None = None
+    listed = None if is_log_session(session) else unverified(store).session(session)  # the log's own is no run
+    if listed is not None and not (listed.ended or listed.status in TERMINAL):
+        # What the store lists decides only the order of the reads: a session to resume is read
+        # (and verified) once, whole, and its facts below come from that same read.
+        entries = list(store.read_session(session))
+    info = None if listed is None else store.session(session)
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
     if info.status in TERMINAL or info.ended:
         return outcome_of(store, session)
-    entries: list[StoredEntry] = list(store.read_session(session))
+    if entries is None:
+        entries = list(store.read_session(session))
     waiting = pending_approvals(entries)
     if waiting:
         raise RunSuspended(
@@ -234,11 +242,10 @@ def approve_call(
 ) -> StoredEntry:
     """Record a person's decision on a call waiting for approval (``approval_decided``)."""
     store = runtime.store
-    info = store.session(session)
-    if info is None:
+    if unverified(store).session(session) is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
-    entries: list[StoredEntry] = list(store.read_session(session))
+    entries: list[StoredEntry] = list(store.read_session(session))  # verified whole, once
     requested = {str(e.body.get("call")): e for e in entries if e.kind == "approval_requested"}
     decided = {str(e.body.get("call")) for e in entries if e.kind == "approval_decided"}
     if call not in requested:
