@@ -12,7 +12,7 @@ import anyio.lowlevel
 import pytest
 
 from tests.gate.support import ListProvider, calls, contract_from, fake_connector, kinds_of, new_store
-from truss._errors import NotFoundError, RunSuspended, UsageError
+from truss._errors import NotFoundError, RunSuspended, UsageError, VerificationError
 from truss.contract import Contract
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.verification import verify_entries
@@ -23,6 +23,8 @@ from truss.testing import FakeTransport, ManualClock, mounted_tool, text_result
 from truss.tools import MountedTool, ToolResult
 
 pytestmark = pytest.mark.anyio
+
+TAMPERED = Path(__file__).parent / "tampered_records"
 
 TEXT = """
 [contract]
@@ -151,6 +153,28 @@ async def test_a_denied_approval_reaches_the_model_as_a_denial(tmp_path: Path) -
     assert denial["is_error"] is True and "not today" in denial["text"]
     denied = [e for e in w.store.read_session(first.session) if e.kind == "mcp_tool_denied"]
     assert [d.body["code"] for d in denied] == ["approval_denied"]
+
+
+@pytest.mark.parametrize("attack", sorted(p.stem for p in TAMPERED.glob("*.sql")))
+async def test_resume_of_a_record_tampered_after_approval_is_refused_and_sends_nothing(
+    tmp_path: Path, attack: str
+) -> None:
+    import sqlite3
+    from contextlib import closing
+
+    w = World(tmp_path)
+    first = await w.run()
+    approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=True)
+    sent, asked = list(w.transport.calls), len(w.model.requests)
+    with closing(sqlite3.connect(w.store.db)) as conn, conn:
+        changed = conn.executescript((TAMPERED / f"{attack}.sql").read_text(encoding="utf-8"))
+        assert changed.connection.total_changes > 0, attack
+    with pytest.raises(VerificationError) as refused:
+        await w.resume(first.session)
+    assert refused.value.exit_code == 1 and first.session in refused.value.message
+    # Verified before anything is replayed: no server call, no model turn, nothing appended.
+    assert w.transport.calls == sent and len(w.model.requests) == asked
+    assert kinds_of(w.store, first.session)[-1] == "approval_decided"
 
 
 async def test_resume_before_a_decision_stays_suspended_and_records_nothing(tmp_path: Path) -> None:
