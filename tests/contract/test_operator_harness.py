@@ -46,3 +46,32 @@ def test_a_db_url_with_ordinary_libpq_parameters_is_taken_as_written(tmp_path: P
     )
     text = f'[harness]\ndb = "{url}"\n'
     assert operator_db_from_text(text, file="config.toml", home=tmp_path) == url
+
+
+def test_a_libpq_key_value_db_in_the_config_is_refused_without_echoing_its_password(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "home")
+    config = '[harness]\ndb = "host=db.internal dbname=truss password=canary-pw-7731"\n'
+    (home / "config.toml").write_text(config, encoding="utf-8")
+    before = sorted(p.name for p in home.iterdir())
+    listed = _truss(home, "ledger", "list")
+    assert listed.returncode == 2, listed.stderr
+    assert "key=value connection string" in listed.stderr and "config.toml" in listed.stderr
+    assert "canary-pw-7731" not in listed.stderr + listed.stdout
+    assert "Traceback" not in listed.stderr
+    assert sorted(p.name for p in home.iterdir()) == before  # no file named after the string
+
+
+def test_a_libpq_key_value_db_on_the_command_line_is_refused_without_echoing_its_password(tmp_path: Path) -> None:
+    home = make_home(tmp_path / "home")
+    before = sorted(p.name for p in home.iterdir())
+    listed = _truss(home, "--db", "host=db.internal password=canary-pw-7731", "ledger", "list")
+    assert listed.returncode == 2, listed.stderr
+    assert "key=value connection string" in listed.stderr
+    assert "canary-pw-7731" not in listed.stderr + listed.stdout
+    assert sorted(p.name for p in home.iterdir()) == before
+    assert not list(Path(REPO).glob("host=*"))
+
+
+def test_a_sqlite_path_with_an_equals_sign_is_still_a_path(tmp_path: Path) -> None:
+    text = '[harness]\ndb = "runs/mode=test.db"\n'
+    assert operator_db_from_text(text, file="config.toml", home=tmp_path) == str(tmp_path / "runs/mode=test.db")

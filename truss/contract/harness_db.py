@@ -51,6 +51,16 @@ def operator_db_from_text(text: str, *, file: str, home: Path) -> str | None:
             where,
             remedy='Write e.g. db = "postgresql://truss@db.internal/truss", or remove it for HOME/ledger.db',
         )
+    from truss.ledger.stores import looks_like_conninfo
+
+    if looks_like_conninfo(value):
+        raise layer.error(
+            "[harness] db looks like a libpq key=value connection string, which would be taken as a file "
+            "name (the value is not shown: it may hold a password)",
+            where,
+            remedy='Write a URL, e.g. db = "postgresql://truss@db.internal/truss", and give the password '
+            "through PGPASSWORD, a passfile or a libpq service file",
+        )
     found = _SCHEME.match(value)
     if found is None or len(found.group(1)) == 1:  # a path (a Windows drive letter is not a scheme)
         return value if Path(value).is_absolute() else str(home / value)

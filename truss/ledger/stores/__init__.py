@@ -37,6 +37,7 @@ __all__ = [
     "SessionInfo",
     "StoreOpener",
     "StoredCheckpoint",
+    "looks_like_conninfo",
     "open_store",
     "redact_url",
     "register_store",
@@ -48,6 +49,11 @@ __all__ = [
 # RFC 3986 section 3.1; one letter is a drive (C:\...) on other systems, so it counts as a path.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@?#]*@")
+# libpq's other connection-string form, ``host=db dbname=truss password=...``: without a scheme it
+# would be taken as a SQLite path, and a password in it would end up in a file name.
+_CONNINFO = re.compile(
+    r"(?:^|\s)(?:host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options)\s*=", re.IGNORECASE
+)
 
 
 def _open_sqlite(url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool) -> LedgerStore:
@@ -93,6 +99,11 @@ def store_scheme(url: str | os.PathLike[str]) -> str:
     return found.group(1).lower() if found else "sqlite"
 
 
+def looks_like_conninfo(text: str) -> bool:
+    """Whether ``text`` is libpq's ``key=value`` connection string (which Truss refuses) rather than a path."""
+    return _SCHEME.match(text) is None and _CONNINFO.search(text) is not None
+
+
 def redact_url(url: str | os.PathLike[str]) -> str:
     """``url`` as it may appear in a message: any ``user:password@`` is replaced by ``***@``."""
     return _USERINFO.sub(r"\1***@", os.fspath(url))
@@ -136,6 +147,14 @@ def open_store(
     text = os.fspath(url)
     if not text.strip():
         raise _UsageError("--db is empty", remedy="give a path, sqlite:///PATH or memory:", what="db")
+    if looks_like_conninfo(text):
+        raise _UsageError(
+            "--db looks like a libpq key=value connection string, which would be taken as a file name "
+            "(the value is not shown: it may hold a password)",
+            remedy="give a postgresql:// URL (docs/postgresql.md), its password through PGPASSWORD, a passfile "
+            "or a service file",
+            what="db",
+        )
     scheme = store_scheme(url)
     with _lock:
         opener = _registry.get(scheme)
