@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlsplit
 
+from truss._conninfo import looks_like_conninfo
 from truss.contract.fields import CREDENTIAL_ENV_RE, CREDENTIAL_HEADER_RE, CREDENTIAL_QUERY_RE
 from truss.contract.layers import parse_layer, read_toml_file
 
@@ -51,8 +52,6 @@ def operator_db_from_text(text: str, *, file: str, home: Path) -> str | None:
             where,
             remedy='Write e.g. db = "postgresql://truss@db.internal/truss", or remove it for HOME/ledger.db',
         )
-    from truss.ledger.stores import looks_like_conninfo
-
     if looks_like_conninfo(value):
         raise layer.error(
             "[harness] db looks like a libpq key=value connection string, which would be taken as a file "

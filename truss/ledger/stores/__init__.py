@@ -25,6 +25,7 @@ import re
 import threading
 from typing import TYPE_CHECKING
 
+from truss._conninfo import looks_like_conninfo
 from truss._errors import UsageError as _UsageError
 from truss.ledger.stores.base import LedgerStore, SessionInfo, StoredCheckpoint, StoreOpener
 
@@ -37,7 +38,6 @@ __all__ = [
     "SessionInfo",
     "StoreOpener",
     "StoredCheckpoint",
-    "looks_like_conninfo",
     "open_store",
     "redact_url",
     "register_store",
@@ -49,11 +49,6 @@ __all__ = [
 # RFC 3986 section 3.1; one letter is a drive (C:\...) on other systems, so it counts as a path.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@?#]*@")
-# libpq's other connection-string form, ``host=db dbname=truss password=...``: without a scheme it
-# would be taken as a SQLite path, and a password in it would end up in a file name.
-_CONNINFO = re.compile(
-    r"(?:^|\s)(?:host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options)\s*=", re.IGNORECASE
-)
 
 
 def _open_sqlite(url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool) -> LedgerStore:
@@ -97,11 +92,6 @@ def store_scheme(url: str | os.PathLike[str]) -> str:
         return "sqlite"
     found = _SCHEME.match(url)
     return found.group(1).lower() if found else "sqlite"
-
-
-def looks_like_conninfo(text: str) -> bool:
-    """Whether ``text`` is libpq's ``key=value`` connection string (which Truss refuses) rather than a path."""
-    return _SCHEME.match(text) is None and _CONNINFO.search(text) is not None
 
 
 def redact_url(url: str | os.PathLike[str]) -> str:
