@@ -228,6 +228,7 @@ PURE = [
     "truss/elicitation.py",
     "truss/contract/",
     "truss/_regex.py",
+    "truss/_conninfo.py",
     "truss/_pointer.py",
     "truss/_registry.py",
     "truss/_sandbox_profile.py",
