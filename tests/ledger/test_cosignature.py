@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import struct
 
 import pytest
@@ -25,8 +26,10 @@ from truss.ledger.note import open_checkpoint, parse_checkpoint, parse_note, sig
 
 ROOT = bytes(range(32))
 
+# Outside CI an older cryptography skips these; under CI (which installs a current one) they must run.
 needs_mldsa = pytest.mark.skipif(
-    not mldsa44_available(), reason="the installed cryptography has no ML-DSA-44 (install cryptography 46 or later)"
+    not mldsa44_available() and not os.environ.get("CI"),
+    reason="the installed cryptography has no ML-DSA-44 (install cryptography 46 or later)",
 )
 
 
