@@ -25,7 +25,7 @@ import re
 import threading
 from typing import TYPE_CHECKING
 
-from truss._conninfo import looks_like_conninfo
+from truss._conninfo import looks_like_conninfo as _looks_like_conninfo
 from truss._errors import UsageError as _UsageError
 from truss.ledger.stores.base import LedgerStore, SessionInfo, StoredCheckpoint, StoreOpener
 
@@ -137,7 +137,7 @@ def open_store(
     text = os.fspath(url)
     if not text.strip():
         raise _UsageError("--db is empty", remedy="give a path, sqlite:///PATH or memory:", what="db")
-    if looks_like_conninfo(text):
+    if _looks_like_conninfo(text):
         raise _UsageError(
             "--db looks like a libpq key=value connection string, which would be taken as a file name "
             "(the value is not shown: it may hold a password)",
