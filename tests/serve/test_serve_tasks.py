@@ -217,15 +217,21 @@ def _waiting(state: TaskState) -> bool:
     return RUN_META in (state.meta or {})
 
 
+async def _suspended_task(client: Client) -> tuple[str, str]:
+    """Start the "asks" contract as a task and wait for its suspension: its task id and the waiting call."""
+    with anyio.fail_after(60):
+        handle = await start_task(client, {"contract": "asks"})
+    state = await poll_until(client, handle.task_id, _waiting)
+    return handle.task_id, (state.meta or {})[RUN_META]["waiting"][0]
+
+
 async def test_a_suspended_task_resumes_once_the_operator_approves_and_completes_with_the_verdict(
     serve_site: Site,
 ) -> None:
     async with task_client(serve_site) as client:
-        with anyio.fail_after(60):
-            handle = await start_task(client, {"contract": "asks"})
-        state = await poll_until(client, handle.task_id, _waiting)
-        await _approve(serve_site, handle.task_id, (state.meta or {})[RUN_META]["waiting"][0])
-        final = await poll_until(client, handle.task_id, lambda s: s.status == "completed")
+        task_id, call = await _suspended_task(client)
+        await _approve(serve_site, task_id, call)
+        final = await poll_until(client, task_id, lambda s: s.status == "completed")
     assert final.result is not None and not final.result.get("isError"), final
     assert final.result["structuredContent"]["status"] == "pass"
 
@@ -234,12 +240,10 @@ async def test_a_task_approved_while_serve_mcp_was_down_resumes_when_polled_afte
     serve_site: Site,
 ) -> None:
     async with task_client(serve_site) as client:
-        with anyio.fail_after(60):
-            handle = await start_task(client, {"contract": "asks"})
-        state = await poll_until(client, handle.task_id, _waiting)
-    await _approve(serve_site, handle.task_id, (state.meta or {})[RUN_META]["waiting"][0])
+        task_id, call = await _suspended_task(client)
+    await _approve(serve_site, task_id, call)
     async with task_client(serve_site) as client:
-        final = await poll_until(client, handle.task_id, lambda s: s.status == "completed")
+        final = await poll_until(client, task_id, lambda s: s.status == "completed")
     assert final.result is not None and not final.result.get("isError"), final
     assert final.result["structuredContent"]["status"] == "pass"
 
