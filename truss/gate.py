@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
-
-import anyio
 
 from truss import _faults
 from truss import budget as budget_mod
@@ -76,9 +74,9 @@ _TASK_WAIT = "waiting for a task to finish (truss resume polls it again)"
 
 @dataclass
 class _Budget:
+    # Read, charged and swapped with no await in between: on the run's one event loop no other call
+    # can interleave, so concurrent calls never overspend and no lock is needed.
     state: BudgetState
-    # Charging is synchronous under the lock, so an uncontended acquire need not yield to the loop.
-    lock: anyio.Lock = field(default_factory=lambda: anyio.Lock(fast_acquire=True))
 
 
 class Gate:
@@ -115,14 +113,13 @@ class Gate:
         return self._budget.state
 
     async def charge(self, charge: Callable[[BudgetState], _T]) -> _T:
-        """Apply a budget function to the shared state under the lock; swap it in when charged."""
-        async with self._budget.lock:
-            result = charge(self._budget.state)
-            if isinstance(result, Charged):
-                self._budget.state = result.state
-            elif isinstance(result, Exceeded) and result.state is not None:
-                self._budget.state = result.state  # tokens a provider already spent count even past the limit
-            return result
+        """Apply a budget function to the shared state; swap it in when charged (atomically: no await)."""
+        result = charge(self._budget.state)
+        if isinstance(result, Charged):
+            self._budget.state = result.state
+        elif isinstance(result, Exceeded) and result.state is not None:
+            self._budget.state = result.state  # tokens a provider already spent count even past the limit
+        return result
 
     async def _charge_call(self, tool: str) -> Charged | Exceeded:
         return await self.charge(lambda state: budget_mod.charge_call(state, self.contract, tool, self.clock.now_ms()))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from truss._pointer import resolve_pointer
 from truss.contract import Contract
@@ -47,9 +47,20 @@ class TaskTransport(Protocol):
         ...
 
 
+_RUNS_TASKS: dict[type, bool] = {}
+
+
 def task_transport(transport: object) -> TaskTransport | None:
-    """``transport`` when it can run tasks, else None (every call is then a plain call)."""
-    return transport if isinstance(transport, TaskTransport) else None
+    """``transport`` when it can run tasks, else None (every call is then a plain call).
+
+    Decided once per transport class, from the methods the class defines: this runs on every call,
+    and a runtime protocol check costs more than the rest of a call's policy decision.
+    """
+    kind = type(transport)
+    runs = _RUNS_TASKS.get(kind)
+    if runs is None:
+        runs = _RUNS_TASKS[kind] = all(callable(getattr(kind, name, None)) for name in ("start_task", "task_result"))
+    return cast(TaskTransport, transport) if runs else None
 
 
 def pending_task(intent: StoredEntry, task_id: str) -> Record:
