@@ -58,6 +58,7 @@ _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 @functools.lru_cache(maxsize=256)  # budgets re-read the same few durations on every call
+@functools.lru_cache(maxsize=256)  # a contract's few durations are read on every call (budget, timeouts)
 def parse_duration_ms(text: str) -> int:
     """``"30s"`` -> 30000. Units: ms, s, m, h, d; a positive integer before the unit.
 
