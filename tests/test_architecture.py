@@ -229,6 +229,7 @@ PURE = [
     "truss/contract/",
     "truss/_regex.py",
     "truss/_conninfo.py",
+    "truss/_credentials.py",
     "truss/_pointer.py",
     "truss/_registry.py",
     "truss/_sandbox_profile.py",

@@ -116,7 +116,7 @@ def test_an_unknown_scheme_is_a_usage_error_that_lists_the_known_ones_and_hides_
 
 
 def test_redact_url_hides_user_info_and_leaves_paths_alone() -> None:
-    assert redact_url("postgresql://u:pw@host/db") == "postgresql://***@host/db"
+    assert redact_url("postgresql://u:pw@host/db") == "postgresql://u:***@host/db"
     assert redact_url("/srv/a@b/ledger.db") == "/srv/a@b/ledger.db"
 
 

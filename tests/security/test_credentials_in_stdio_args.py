@@ -90,14 +90,16 @@ def test_mcp_import_turns_a_password_in_a_url_arg_into_a_secret_env_suggestion(t
     assert "PGPASSWORD" in written  # the note tells the operator what to export
 
 
-def test_mcp_import_takes_every_credential_out_of_an_arg_that_holds_a_password_and_a_token(tmp_path: Path) -> None:
+def test_mcp_import_refuses_an_arg_with_a_password_and_a_token_rather_than_drop_the_token(tmp_path: Path) -> None:
+    # Moving the password into PGPASSWORD and writing the URL without the token would lose the
+    # token without a word; both are named and nothing is written.
     out = tmp_path / "imported.toml"
     source = DATA / "imports" / "password_and_token_query_in_stdio_args.json"
     done = cli(tmp_path / "home", "mcp", "import", str(source), "-o", str(out))
-    assert done.returncode == 0, done.stderr
-    written = out.read_text(encoding="utf-8")
-    assert "CANARY" not in written + done.stdout + done.stderr
-    assert '"postgresql://app@127.0.0.1/shop"' in written
+    assert done.returncode == 2, done.stderr
+    assert "args[2]" in done.stderr and "user info" in done.stderr and "'token'" in done.stderr
+    assert "CANARY" not in done.stdout + done.stderr
+    assert not out.exists()
 
 
 def test_mcp_import_refuses_an_api_key_option_in_args_naming_secret_env(tmp_path: Path) -> None:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import warnings
-from dataclasses import dataclass, replace
 from typing import Annotated, Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -23,13 +21,11 @@ from truss._pointer import pointer_problem
 __all__ = [
     "CREDENTIAL_ENV_RE",
     "CREDENTIAL_HEADER_RE",
-    "CREDENTIAL_QUERY_RE",
     "ENV_NAME_RE",
     "NAME_RE",
     "PIN_RE",
     "SERVER_NAME_RE",
     "TOOL_REF_RE",
-    "ArgCredential",
     "Duration",
     "EnvName",
     "Glob",
@@ -41,7 +37,6 @@ __all__ = [
     "Regex",
     "check_env_name",
     "check_tool_ref",
-    "credentials_in_args",
     "duration_ms",
     "toml_type",
 ]
@@ -54,90 +49,8 @@ TOOL_REF_RE = re.compile(r"^mcp:[a-z0-9][a-z0-9_-]{0,31}:.+\Z")
 CREDENTIAL_ENV_RE = re.compile(r"(?i)token|secret|passw(?:or)?d|api_?key|access_?key|private_?key|credential|cookie")
 """Environment names whose literal values would be credentials (refused in ``env``: use ``secret_env``)."""
 CREDENTIAL_HEADER_RE = re.compile(r"(?i)^(?:proxy-)?authorization\Z|^cookie\Z|token|secret|api-?key|password")
-"""Header names whose literal values would be credentials (refused: use ``{ secret_env = ... }``)."""
-CREDENTIAL_QUERY_RE = re.compile(r"(?i)^(?:key|auth|sig|signature|code|credentials?)\Z")
-"""Query parameters that carry credentials in URLs (besides the header names above): ?key=, ?sig=, ?auth=."""
-
-
-_URL_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
-_CREDENTIAL_WORD = r"(?:password|passwd|pwd|pass|secret|token|api[-_]?key|access[-_]?key|private[-_]?key)"
-_CREDENTIAL_OPTION_RE = re.compile(rf"(?i)^(-{{0,2}}(?:[A-Za-z0-9]+[-_.])*{_CREDENTIAL_WORD})=(.+)\Z", re.DOTALL)
-_CREDENTIAL_FLAG_RE = re.compile(rf"(?i)^--?(?:[A-Za-z0-9]+[-_.])*{_CREDENTIAL_WORD}\Z")
-_PASSWORD_ENV = {"postgres": "PGPASSWORD", "postgresql": "PGPASSWORD", "mysql": "MYSQL_PWD", "mariadb": "MYSQL_PWD",
-                 "redis": "REDISCLI_AUTH", "rediss": "REDISCLI_AUTH"}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ArgCredential:
-    """A credential written in a stdio server's ``args``: which arg, what it is (never the value), the
-    arg as it could be written without it (None: drop it), and a variable its client reads it from."""
-
-    index: int
-    what: str
-    without: str | None
-    env: str | None = None
-
-
-def credentials_in_args(args: list[str]) -> list[ArgCredential]:
-    """Credentials in a command line, which the recorded contract would hold: a password in a URL's
-    user info (``postgresql://app:s3cret@host/db``), a credential query parameter (``?token=...``),
-    an option whose name ends in a credential word with its value (``--api-key=...``,
-    ``password=...``), or such a flag followed by its value (``--password s3cret``)."""
-    found: list[ArgCredential] = []
-    skip_next = False
-    for index, arg in enumerate(args):
-        if skip_next:
-            skip_next = False
-            continue
-        problem = _credential_in_arg(index, arg)
-        if problem is not None:
-            found.append(problem)
-        elif _CREDENTIAL_FLAG_RE.match(arg) and index + 1 < len(args) and not args[index + 1].startswith("-"):
-            found.append(ArgCredential(index + 1, f"the value of {arg}", None))
-            skip_next = True
-    return found
-
-
-def _credential_in_arg(index: int, arg: str) -> ArgCredential | None:
-    """The first credential in ``arg``, with ``without`` free of every one of them: the rewrite is
-    shown in the error and written by ``mcp import``, so it may not keep a second credential."""
-    first = _first_credential_in_arg(index, arg)
-    rest = None if first is None else first.without
-    for _ in range(len(arg)):  # each pass removes a credential, so this ends long before the bound
-        found = None if rest is None else _first_credential_in_arg(index, rest)
-        if found is None:
-            break
-        rest = found.without
-    return None if first is None else replace(first, without=rest)
-
-
-def _first_credential_in_arg(index: int, arg: str) -> ArgCredential | None:
-    for match in _URL_RE.finditer(arg):
-        url = match.group(0)
-        try:
-            parts = urlsplit(url)
-        except ValueError:
-            continue
-        userinfo, at, host = parts.netloc.rpartition("@")
-        if at and ":" in userinfo:
-            user = userinfo.partition(":")[0]
-            clean = urlunsplit(parts._replace(netloc=f"{user}@{host}" if user else host))
-            env = _PASSWORD_ENV.get(parts.scheme.lower())
-            return ArgCredential(index, "a password in a URL", arg.replace(url, clean), env)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        secret = [n for n, v in query if v and (CREDENTIAL_HEADER_RE.search(n) or CREDENTIAL_QUERY_RE.match(n))]
-        if secret:
-            kept = urlencode([(n, v) for n, v in query if n not in secret])
-            clean = urlunsplit(parts._replace(query=kept))
-            return ArgCredential(index, f"the URL query parameter {secret[0]!r}", arg.replace(url, clean))
-    tokens = arg.split(" ")
-    for position, token in enumerate(tokens):
-        option = _CREDENTIAL_OPTION_RE.match(token)
-        if option is not None:
-            name = option.group(1)
-            rest = " ".join(t for i, t in enumerate(tokens) if i != position)
-            return ArgCredential(index, f"the value of {name}", rest or None)
-    return None
+"""Header names whose literal values would be credentials (refused: use ``{ secret_env = ... }``).
+Credentials in URLs and command lines follow the one rule of ``truss._credentials``."""
 
 
 def _check_duration(value: str) -> str:

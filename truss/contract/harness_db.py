@@ -9,9 +9,10 @@ contract: ``truss.contract.layers`` drops it before merging, and a contract's ha
 whichever ledger records it. It is read on its own, before any contract is loaded (``ledger
 list`` and ``sessions`` need the ledger without a contract).
 
-A password never appears in it: user info with a password, or a query parameter named like a
-credential, is refused with the file and line (``ContractError``, exit 2), the value not echoed.
-Give it through ``PGPASSWORD``, a passfile or a libpq service file. Reads the config file only.
+A password never appears in it: a credential by the rule of ``truss._credentials`` (user info
+with a password, a query parameter named like a credential) is refused with the file and line
+(``ContractError``, exit 2), the value not echoed. Give it through ``PGPASSWORD``, a passfile or a
+libpq service file. Reads the config file only.
 """
 
 from __future__ import annotations
@@ -19,16 +20,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import parse_qsl, urlsplit
 
 from truss._conninfo import looks_like_conninfo
-from truss.contract.fields import CREDENTIAL_ENV_RE, CREDENTIAL_HEADER_RE, CREDENTIAL_QUERY_RE
+from truss._credentials import url_credentials
 from truss.contract.layers import parse_layer, read_toml_file
 
 __all__ = ["operator_db", "operator_db_from_text"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
-_PASSWORD_PARAM = re.compile(r"(?i)passw(?:or)?d|passfile_contents")
 
 
 def operator_db(home: Path | str) -> str | None:
@@ -63,28 +62,12 @@ def operator_db_from_text(text: str, *, file: str, home: Path) -> str | None:
     found = _SCHEME.match(value)
     if found is None or len(found.group(1)) == 1:  # a path (a Windows drive letter is not a scheme)
         return value if Path(value).is_absolute() else str(home / value)
-    problem = _credential_in(value)
-    if problem is not None:
+    problems = url_credentials(value)
+    if problems:
         raise layer.error(
-            f"[harness] db holds a credential ({problem}); a config file never holds a password",
+            f"[harness] db holds a credential ({'; '.join(problems)}); a config file never holds a password",
             where,
             remedy="Remove it from the URL and give it through PGPASSWORD, a passfile (~/.pgpass or "
             "PGPASSFILE) or a libpq service file (service=NAME)",
         )
     return value
-
-
-def _credential_in(url: str) -> str | None:
-    parts = urlsplit(url)
-    user_part, at, _ = parts.netloc.rpartition("@")
-    if at and ":" in user_part:
-        return "a password in the user info"
-    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-        if (
-            _PASSWORD_PARAM.search(name)
-            or CREDENTIAL_QUERY_RE.match(name)
-            or CREDENTIAL_HEADER_RE.search(name)
-            or CREDENTIAL_ENV_RE.search(name)
-        ):
-            return f"the query parameter {name!r}"
-    return None

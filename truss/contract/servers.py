@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
-from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
+from truss._credentials import credentials_in_args, redact_url, url_credentials
 from truss.contract.fields import (
     CREDENTIAL_ENV_RE,
     CREDENTIAL_HEADER_RE,
-    CREDENTIAL_QUERY_RE,
     PIN_RE,
     SERVER_NAME_RE,
     Duration,
@@ -32,7 +31,6 @@ from truss.contract.fields import (
     NonNegativeInt,
     Pointer,
     check_env_name,
-    credentials_in_args,
 )
 from truss.contract.sandbox import Sandbox
 
@@ -144,7 +142,8 @@ class OAuth(Model):
     def _issuer(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https?://[^\s?#@]+\Z", value):
             raise ValueError(
-                f"issuer {value!r} must be the authorization server's http(s) URL, without query or user info"
+                f"issuer {redact_url(value)!r} must be the authorization server's http(s) URL, "
+                "without query or user info"
             )
         return value
 
@@ -153,7 +152,8 @@ class OAuth(Model):
     def _metadata_url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"^https://[^\s/?#@]+/[^\s?#]+\Z", value):
             raise ValueError(
-                f"client_metadata_url {value!r} must be an https URL with a path (a client ID metadata document)"
+                f"client_metadata_url {redact_url(value)!r} must be an https URL with a path "
+                "(a client ID metadata document)"
             )
         return value
 
@@ -259,14 +259,10 @@ class Server(Model):
         # The effective contract is recorded and exported: a credential in the URL would be too.
         if value is None:
             return value
-        parts = urlsplit(value)
-        found = "user info" if "@" in parts.netloc else None
-        for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-            if CREDENTIAL_HEADER_RE.search(name) or CREDENTIAL_QUERY_RE.match(name):
-                found = f"query parameter {name!r}"
-        if found is not None:
+        found = url_credentials(value)
+        if found:
             raise ValueError(
-                f"url holds a credential ({found}); the contract is recorded, so send it as a header "
+                f"url holds a credential ({'; '.join(found)}); the contract is recorded, so send it as a header "
                 'from the environment instead: headers = { Authorization = { secret_env = "VARIABLE", '
                 'format = "Bearer {}" } }'
             )

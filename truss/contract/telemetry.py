@@ -9,8 +9,9 @@ an overlay that holds ``[telemetry]`` is refused (``truss.contract.layers``).
 Every key may be left out: an unset key is taken from the standard ``OTEL_*`` environment
 variables, else from its default (``truss.telemetry.settings`` resolves them). Secrets follow the
 servers' rule: a header whose name says it carries a credential must come from the environment
-(``{ secret_env = "VAR", format = "Bearer {}" }``), and an endpoint URL may hold no user info or
-credential query parameter. Pure, but for ``load_telemetry_config`` reading the config file.
+(``{ secret_env = "VAR", format = "Bearer {}" }``), and an endpoint URL may hold no credential
+(``truss._credentials``: user info, a credential query parameter). Pure, but for
+``load_telemetry_config`` reading the config file.
 """
 
 from __future__ import annotations
@@ -18,18 +19,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import Field, ValidationError, field_validator
 
-from truss.contract.fields import (
-    CREDENTIAL_ENV_RE,
-    CREDENTIAL_HEADER_RE,
-    CREDENTIAL_QUERY_RE,
-    Duration,
-    Model,
-    PositiveInt,
-)
+from truss._credentials import url_credentials
+from truss.contract.fields import CREDENTIAL_HEADER_RE, Duration, Model, PositiveInt
 from truss.contract.layers import parse_layer, read_toml_file
 from truss.contract.servers import SecretHeader
 from truss.contract.validation import from_validation
@@ -44,14 +38,10 @@ def check_endpoint_url(value: str, *, what: str = "otlp_endpoint") -> str:
     """``value`` when it is an http(s) URL without credentials; the reason in a ``ValueError`` otherwise."""
     if not re.match(r"^https?://[^\s/?#]+[^\s]*\Z", value):
         raise ValueError(f"{what} must be an http:// or https:// URL (with a host)")  # no value: it may hold a secret
-    parts = urlsplit(value)
-    found = "user info" if "@" in parts.netloc else None
-    for name, _ in parse_qsl(parts.query, keep_blank_values=True):
-        if CREDENTIAL_HEADER_RE.search(name) or CREDENTIAL_QUERY_RE.match(name) or CREDENTIAL_ENV_RE.search(name):
-            found = f"query parameter {name!r}"
-    if found is not None:
+    found = url_credentials(value)
+    if found:
         raise ValueError(
-            f"{what} holds a credential ({found}); send it as a header from the environment instead: "
+            f"{what} holds a credential ({'; '.join(found)}); send it as a header from the environment instead: "
             'headers = { Authorization = { secret_env = "VARIABLE", format = "Bearer {}" } }'
         )
     return value

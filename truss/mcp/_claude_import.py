@@ -32,9 +32,9 @@ from typing import Any
 
 import tomli_w
 
+from truss._credentials import credentials_in_args, url_credentials
 from truss._errors import ContractError
 from truss._json import as_mapping, str_list
-from truss.contract.fields import credentials_in_args
 
 __all__ = ["ImportedServer", "ProbedTool", "contract_name", "convert", "render_toml"]
 
@@ -241,8 +241,10 @@ def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems
         return
     if _has_var(url):
         problems.append(f"{where}.url: ${{...}} is not substituted into URLs")
-    elif re.search(r"://[^/@]*:[^/@]*@", url) or re.search(r"[?&](key|token|api_key|access_token|secret)=", url, re.I):
-        problems.append(f"{where}.url: holds credentials; send them in a header from an environment variable")
+    elif found := url_credentials(url):
+        problems.append(
+            f"{where}.url: holds a credential ({'; '.join(found)}); send it in a header from an environment variable"
+        )
     server.table["transport"] = "http"
     server.table["url"] = url
     headers: Mapping[str, Any] | None = as_mapping(entry.get("headers") or {})

@@ -15,7 +15,7 @@ inside its write transaction, passes ``truss.testing.check_ledger_store``, and r
 opener: ``register_store("postgresql", open_postgresql)``. Schemes are case-insensitive; an
 unknown one is refused, never taken for a path. The registry holds openers, not modules: the
 SQLite and memory backends are imported on first use, so importing this package loads neither
-sqlite3 nor PyNaCl. Error messages show a URL without its user-info (``user:password@``).
+sqlite3 nor PyNaCl. Error messages show a URL without its credentials (``redact_url``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from truss._conninfo import looks_like_conninfo as _looks_like_conninfo
+from truss._credentials import redact_url as _redact_url
 from truss._errors import UsageError as _UsageError
 from truss.ledger.stores.base import LedgerStore, SessionInfo, StoredCheckpoint, StoreOpener
 
@@ -48,7 +49,6 @@ __all__ = [
 
 # RFC 3986 section 3.1; one letter is a drive (C:\...) on other systems, so it counts as a path.
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
-_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@?#]*@")
 
 
 def _open_sqlite(url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool) -> LedgerStore:
@@ -64,6 +64,9 @@ def _open_memory(url: str, /, *, key: IdentityKey | None, clock: Clock, create: 
 
 
 def _open_postgresql(url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool) -> LedgerStore:
+    from truss.ledger.stores._pg_url import parse_postgres_url
+
+    parse_postgres_url(url)  # a credential in the URL is refused whether or not psycopg is installed
     try:
         from truss.ledger.stores.postgresql import open_postgresql
     except ImportError as exc:  # the optional extra is not installed
@@ -95,8 +98,9 @@ def store_scheme(url: str | os.PathLike[str]) -> str:
 
 
 def redact_url(url: str | os.PathLike[str]) -> str:
-    """``url`` as it may appear in a message: any ``user:password@`` is replaced by ``***@``."""
-    return _USERINFO.sub(r"\1***@", os.fspath(url))
+    """``url`` as it may appear in a message: each credential in it (a password, a credential query
+    parameter's value: the rule of ``truss._credentials``) replaced by ``***``; a path as it is."""
+    return _redact_url(os.fspath(url))
 
 
 def register_store(scheme: str, opener: StoreOpener, *, replace: bool = False) -> None:

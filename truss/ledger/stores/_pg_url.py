@@ -2,8 +2,9 @@
 
 Truss's own parameters (``schema``, ``checkpoint_interval``) are taken out; the rest goes to
 libpq unchanged, so everything libpq accepts works (``host=/run/postgresql`` for a socket,
-``service=``, ``sslmode=``...). A password is refused in the URL (user info or a query
-parameter), as credentials are refused in server URLs of contracts: it would be recorded in
+``service=``, ``sslmode=``...). A credential is refused in the URL by the rule that refuses one in
+a contract's server URLs (``truss._credentials``: a password in the user info, libpq's
+``password`` or ``sslpassword`` or any credential-named query parameter): it would be recorded in
 shell history, config files and error messages. It comes from ``PGPASSWORD``, a passfile or a
 service file instead. Errors show the URL without its query and never echo a credential.
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from truss._clock import parse_duration_ms
+from truss._credentials import UNPARSABLE_URL, redact_url, url_credentials
 from truss._errors import UsageError
 
 __all__ = ["DEFAULT_CHECKPOINT_INTERVAL_MS", "DEFAULT_SCHEMA", "PostgresTarget", "parse_postgres_url"]
@@ -25,8 +27,6 @@ DEFAULT_CHECKPOINT_INTERVAL_MS = 1000
 DEFAULT_SCHEMA = "truss"
 _SCHEMES = ("postgresql", "postgres")
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-# Query parameters that would carry a credential (libpq's password and sslpassword among them).
-_CREDENTIAL_PARAM = re.compile(r"(?i)passw(?:or)?d|token|secret|api_?key|^key$|credential")
 
 
 @dataclass(frozen=True)
@@ -48,28 +48,23 @@ def parse_postgres_url(url: str) -> PostgresTarget:
 
     Raises ``UsageError`` (exit 2) naming the problem, never echoing a credential.
     """
+    shown = urlunsplit(urlsplit(redact_url(url))._replace(query="", fragment=""))
+    problems = url_credentials(url)
+    if problems[:1] == [UNPARSABLE_URL]:
+        raise _usage(shown, "not a URL Truss can parse", "write postgresql://[USER@]HOST[:PORT]/DATABASE")
     parts = urlsplit(url)
     if parts.scheme.lower() not in _SCHEMES:
-        raise _usage(url, "not a postgresql:// URL", "write postgresql://[USER@]HOST[:PORT]/DATABASE")
-    user_part, at, host_part = parts.netloc.rpartition("@")
-    shown_netloc = parts.netloc
-    if at and ":" in user_part:
-        shown = urlunsplit((parts.scheme, f"{user_part.split(':', 1)[0]}:***@{host_part}", parts.path, "", ""))
+        raise _usage(shown, "not a postgresql:// URL", "write postgresql://[USER@]HOST[:PORT]/DATABASE")
+    if problems:
         raise _usage(
             shown,
-            "the URL holds a password",
+            f"the URL holds a credential ({'; '.join(problems)})",
             "give the password through PGPASSWORD, a passfile (~/.pgpass or PGPASSFILE) or a libpq service "
             "file, never in --db, TRUSS_DB or a config file",
         )
     schema, interval = DEFAULT_SCHEMA, DEFAULT_CHECKPOINT_INTERVAL_MS
     kept: list[tuple[str, str]] = []
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
-        if _CREDENTIAL_PARAM.search(name):
-            raise _usage(
-                urlunsplit((parts.scheme, shown_netloc, parts.path, "", "")),
-                f"the query parameter {name!r} would put a credential in the URL",
-                "give the password through PGPASSWORD, a passfile (~/.pgpass or PGPASSFILE) or a libpq service file",
-            )
         if name == "schema":
             if not _IDENTIFIER.fullmatch(value):
                 raise _usage(url, f"schema {value!r} is not a lower-case SQL identifier", "use [a-z_][a-z0-9_]*")
@@ -81,7 +76,6 @@ def parse_postgres_url(url: str) -> PostgresTarget:
     if not any(name == "application_name" for name, _ in kept):
         kept.append(("application_name", "truss"))
     conninfo = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept), ""))
-    shown = urlunsplit((parts.scheme, shown_netloc, parts.path, "", ""))
     return PostgresTarget(conninfo=conninfo, schema=schema, checkpoint_interval_ms=interval, shown=shown)
 
 
