@@ -95,6 +95,7 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
         11,
     ),
     "literal_token_in_env": ("literal_token_in_env.toml", "mcp.servers[0].env", 8),
+    "literal_mysql_pwd_in_env": ("literal_mysql_pwd_in_env.toml", "mcp.servers[0].env", 8),
     "missing_allowlist": ("missing_allowlist.toml", "mcp.servers[0].allow_tools", 5),
     "missing_intent": ("missing_intent.toml", "contract.intent", 1),
     "missing_required_param": ("missing_required_param.toml", "contract.params.service", 6),
@@ -375,7 +376,7 @@ def test_pipe_given_as_contract_is_refused_without_blocking(tmp_path: Path) -> N
         load_contract(fifo)
 
 
-@pytest.mark.parametrize("name", ["literal_authorization_header", "literal_token_in_env"])
+@pytest.mark.parametrize("name", ["literal_authorization_header", "literal_token_in_env", "literal_mysql_pwd_in_env"])
 def test_a_literal_credential_is_refused_without_echoing_it(
     name: str, truss_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -384,7 +385,7 @@ def test_a_literal_credential_is_refused_without_echoing_it(
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(["--home", str(truss_home), "--json", "contract", "check", f"{name}.toml"])
     assert code == 2
-    for secret in ("sk-live-0123456789abcdef", "ghp_0123456789abcdef"):
+    for secret in ("sk-live-0123456789abcdef", "ghp_0123456789abcdef", "CANARY"):
         assert secret not in out.getvalue() + err.getvalue()
 
 

@@ -76,8 +76,25 @@ def test_a_long_filesystem_path_in_args_is_not_taken_for_a_secret() -> None:
                 source="f.json")  # fmt: skip
 
 
-def test_passwords_taken_out_of_two_urls_of_one_client_name_its_variable_once() -> None:
-    args = ["postgresql://app:one@db1/a", "postgresql://app:two@db2/b"]
+def test_one_password_taken_out_of_two_urls_of_one_client_names_its_variable_once() -> None:
+    args = ["postgresql://app:same@db1/a", "postgresql://app:same@db2/b"]
     (server,) = convert({"mcpServers": {"pg": {"command": "mcp-server-postgres", "args": args}}}, source="f.json")
     assert server.table["args"] == ["postgresql://app@db1/a", "postgresql://app@db2/b"]
     assert server.table["secret_env"] == ["PGPASSWORD"]
+
+
+def test_two_different_passwords_for_one_variable_are_refused_not_folded_into_one() -> None:
+    # Regression: both became secret_env = ["PGPASSWORD"], and one of the two passwords was lost.
+    args = ["postgresql://app:pw-one-1@db1/a", "postgresql://app:pw-two-2@db2/b"]
+    with pytest.raises(ContractError) as info:
+        convert({"mcpServers": {"pg": {"command": "mcp-server-postgres", "args": args}}}, source="f.json")
+    [problem] = info.value.problems
+    assert "mcpServers.pg.args[0]" in problem and "mcpServers.pg.args[1]" in problem
+    assert "pw-one-1" not in problem and "pw-two-2" not in problem
+
+
+def test_a_password_moved_into_a_variable_of_a_literal_env_value_is_refused() -> None:
+    entry = {"command": "mcp-server-mysql", "args": ["mysql://app:pw@db/a"], "env": {"MYSQL_PWD": "other"}}
+    with pytest.raises(ContractError) as info:
+        convert({"mcpServers": {"my": entry}}, source="f.json")
+    assert any("mcpServers.my.env.MYSQL_PWD" in p for p in info.value.problems)

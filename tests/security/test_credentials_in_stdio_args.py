@@ -110,3 +110,32 @@ def test_mcp_import_refuses_an_api_key_option_in_args_naming_secret_env(tmp_path
     assert "args[0]" in done.stderr and "secret_env" in done.stderr
     assert "CANARY" not in done.stdout + done.stderr
     assert not out.exists()
+
+
+FOLDS = {
+    "two_passwords_for_one_variable_in_one_server.json": ("mcpServers.postgres.args[2]", "mcpServers.postgres.args[3]"),
+    "two_passwords_for_one_variable_in_two_servers.json": ("mcpServers.shop.args[2]", "mcpServers.stats.args[2]"),
+    "password_in_a_url_beside_its_variable_passed_through.json": (
+        "mcpServers.postgres.args[2]",
+        "mcpServers.postgres.env.PGPASSWORD",
+    ),
+}
+
+
+def test_every_import_attack_file_is_exercised() -> None:
+    tried = {"api_key_option_in_stdio_args.json", "password_and_token_query_in_stdio_args.json"}
+    tried |= {"password_in_stdio_args.json", *FOLDS}
+    assert sorted(p.name for p in (DATA / "imports").glob("*.json")) == sorted(tried)
+
+
+@pytest.mark.parametrize("source", sorted(FOLDS), ids=[Path(n).stem for n in sorted(FOLDS)])
+def test_mcp_import_refuses_two_credentials_for_one_variable_naming_both_places(tmp_path: Path, source: str) -> None:
+    # Truss passes one PGPASSWORD: keeping one of two different passwords would lose the other silently.
+    out = tmp_path / "imported.toml"
+    done = cli(tmp_path / "home", "--json", "mcp", "import", str(DATA / "imports" / source), "-o", str(out))
+    assert done.returncode == 2, done.stdout
+    assert "CANARY" not in done.stdout + done.stderr
+    [problem] = json.loads(done.stdout)["problems"]
+    first, second = FOLDS[source]
+    assert first in problem and second in problem and "PGPASSWORD" in problem
+    assert not out.exists()

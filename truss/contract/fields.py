@@ -46,7 +46,9 @@ SERVER_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 PIN_RE = re.compile(r"^sha256:[0-9a-f]{64}\Z")
 TOOL_REF_RE = re.compile(r"^mcp:[a-z0-9][a-z0-9_-]{0,31}:.+\Z")
-CREDENTIAL_ENV_RE = re.compile(r"(?i)token|secret|passw(?:or)?d|api_?key|access_?key|private_?key|credential|cookie")
+CREDENTIAL_ENV_RE = re.compile(
+    r"(?i)token|secret|passw(?:or)?d|_pwd\Z|api_?key|access_?key|private_?key|credential|cookie"
+)
 """Environment names whose literal values would be credentials (refused in ``env``: use ``secret_env``)."""
 CREDENTIAL_HEADER_RE = re.compile(r"(?i)^(?:proxy-)?authorization\Z|^cookie\Z|token|secret|api-?key|password")
 """Header names whose literal values would be credentials (refused: use ``{ secret_env = ... }``).

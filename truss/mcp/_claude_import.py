@@ -10,6 +10,9 @@ does not import the ``mcp`` SDK. The rules (docs/mcp.md):
   such place named, and nothing is written;
 - ``${...}`` anywhere else (command, args, url, part of a value) is refused: Truss never
   substitutes into commands, URLs or env;
+- a URL's password (the arg's one credential) moves into its client's variable (``PGPASSWORD``);
+  two different values for one variable anywhere in the file are refused naming both places, as
+  Truss passes one value per variable (``_Variables``);
 - ``allow_tools`` is the operator's decision. Without tools (no probe), the emitted server has
   ``allow_tools = []``, which ``truss contract check`` refuses until someone fills it in. With the
   advertised tools (``truss mcp import --probe``), read-only tools are listed with their pins
@@ -38,7 +41,9 @@ from truss._json import as_mapping, str_list
 
 __all__ = ["ImportedServer", "ProbedTool", "contract_name", "convert", "render_toml"]
 
-_SECRET_KEY = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I)
+_SECRET_KEY = re.compile(
+    r"(TOKEN|SECRET|PASSW|_PWD\Z|API_?KEY|ACCESS_?KEY|PRIVATE|CREDENTIAL|AUTH|COOKIE|SESSION)", re.I
+)
 _SECRET_SHAPES = [
     re.compile(p)
     for p in (
@@ -120,6 +125,7 @@ def convert(data: Any, *, source: str) -> list[ImportedServer]:
     problems: list[str] = []
     out: list[ImportedServer] = []
     taken: set[str] = set()
+    book = _Variables()
     for raw_name, spec in servers.items():
         where = f"mcpServers.{raw_name}"
         entry = as_mapping(spec)
@@ -133,13 +139,14 @@ def convert(data: Any, *, source: str) -> list[ImportedServer]:
             server.notes.append(f"renamed from {raw_name!r} (server names are [a-z0-9_-])")
         kind = str(entry.get("type") or ("http" if "url" in entry else "stdio")).lower()
         if kind == "stdio":
-            _stdio(entry, where, server, problems)
+            _stdio(entry, where, server, problems, book)
         elif kind in ("http", "streamable-http", "streamablehttp"):
-            _http(entry, where, server, problems)
+            _http(entry, where, server, problems, book)
         else:
             problems.append(f"{where}: transport {kind!r} is not supported (Truss speaks stdio and Streamable HTTP)")
             continue
         out.append(server)
+    problems += book.conflicts()
     if problems:
         raise ContractError(
             f"{len(problems)} problem(s) importing {source}: " + "; ".join(problems),
@@ -150,7 +157,45 @@ def convert(data: Any, *, source: str) -> list[ImportedServer]:
     return out
 
 
-def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str]) -> None:
+@dataclass
+class _Variables:
+    """Which places of the file would take a value from each of Truss's environment variables.
+
+    Truss passes a variable under its own name to every server that lists it, so two passwords
+    moved out of URLs into one variable (``PGPASSWORD``), or one moved into a variable the file
+    already passes as ``${VAR}``, would silently become one value: ``conflicts`` names both places.
+    """
+
+    moved: dict[str, list[tuple[str, str]]] = field(default_factory=dict[str, list[tuple[str, str]]])
+    passed: dict[str, list[str]] = field(default_factory=dict[str, list[str]])
+
+    def move(self, variable: str, where: str, password: str) -> None:
+        self.moved.setdefault(variable, []).append((where, password))
+
+    def pass_through(self, variable: str, where: str) -> None:
+        self.passed.setdefault(variable, []).append(where)
+
+    def conflicts(self) -> list[str]:
+        out: list[str] = []
+        for variable, places in self.moved.items():
+            first_where, first = places[0]
+            other = next((w for w, password in places[1:] if password != first), None)
+            if other is not None:
+                out.append(
+                    f"{first_where} and {other} hold two different passwords that would both become {variable}: "
+                    f"Truss passes one {variable}, so one password would be lost; give one of these servers its "
+                    "password another way (a passfile or service file its client reads) and import again"
+                )
+            for passed in self.passed.get(variable, []):
+                out.append(
+                    f"{first_where} holds a password that would become {variable}, which {passed} already passes "
+                    f"as ${{{variable}}}: one of the two would be lost; take the password out of the URL (if "
+                    f"{variable} holds it) or give it another way, and import again"
+                )
+        return out
+
+
+def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str], book: _Variables) -> None:
     command = entry.get("command")
     if not isinstance(command, str) or not command:
         problems.append(f"{where}.command: a stdio server needs a command")
@@ -168,7 +213,7 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
             problems.append(f"{where}.args[{i}]: ${{...}} is not substituted into arguments")
         elif _looks_secret("", arg) and len(arg) >= 20:
             problems.append(f"{where}.args[{i}]: looks like a secret; pass it through an environment variable")
-    arg_list, moved = _credentials_out_of_args(arg_list, where, server, problems)
+    arg_list, moved = _credentials_out_of_args(arg_list, where, server, problems, book)
     if arg_list:
         server.table["args"] = arg_list
     if isinstance(entry.get("cwd"), str):
@@ -193,21 +238,29 @@ def _stdio(entry: Mapping[str, Any], where: str, server: ImportedServer, problem
                 )
             else:
                 secret.append(key)
+                book.pass_through(key, path)
         elif _has_var(value):
             problems.append(f"{path}: only a whole value ${{VAR}} can become secret_env")
         elif _looks_secret(key, value):
             problems.append(f"{path}: a literal secret; write it as ${{{key}}} and export it")
         else:
             literal[key] = value
+    for name in dict.fromkeys(moved):
+        if name in literal:
+            problems.append(
+                f"{where}.env.{name} is a literal value, and a password in the args would become {name} "
+                f"too: one of the two would be lost; remove one of them and import again"
+            )
     if literal:
         server.table["env"] = literal
-    secret += [name for name in dict.fromkeys(moved) if name not in secret]  # two URLs of one client: one variable
+    # Two URLs of one client with one password: one variable (different passwords: _Variables.conflicts).
+    secret += [name for name in dict.fromkeys(moved) if name not in secret]
     if secret:
         server.table["secret_env"] = secret
 
 
 def _credentials_out_of_args(
-    args: list[str], where: str, server: ImportedServer, problems: list[str]
+    args: list[str], where: str, server: ImportedServer, problems: list[str], book: _Variables
 ) -> tuple[list[str], list[str]]:
     """``args`` without the credentials it holds, and the variables that now carry them (``secret_env``).
 
@@ -219,9 +272,10 @@ def _credentials_out_of_args(
     moved: list[str] = []
     for found in credentials_in_args(args):
         path = f"{where}.args[{found.index}]"
-        if found.without is not None and found.env is not None:
+        if found.without is not None and found.env is not None and found.password:
             out[found.index] = found.without
             moved.append(found.env)
+            book.move(found.env, path, found.password)
             server.notes.append(
                 f"args[{found.index}] held {found.what}: it was taken out; export {found.env} (read by the "
                 "server's client library) with it, and Truss passes it to this server only (secret_env)"
@@ -234,7 +288,7 @@ def _credentials_out_of_args(
     return out, moved
 
 
-def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str]) -> None:
+def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems: list[str], book: _Variables) -> None:
     url = entry.get("url")
     if not isinstance(url, str) or not re.match(r"^https?://\S+\Z", url):
         problems.append(f"{where}.url: an http server needs an http:// or https:// url")
@@ -261,6 +315,7 @@ def _http(entry: Mapping[str, Any], where: str, server: ImportedServer, problems
         if embedded and not _has_var(embedded.group(1) + embedded.group(3)):
             fmt = embedded.group(1) + "{}" + embedded.group(3)
             spec: dict[str, str] = {"secret_env": embedded.group(2)}
+            book.pass_through(embedded.group(2), path)
             if fmt != "{}":
                 spec["format"] = fmt
             out[key] = spec
