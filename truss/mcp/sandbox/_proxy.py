@@ -20,10 +20,13 @@ drops ``Proxy-*`` headers, so a second request on the same connection cannot rea
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import ipaddress
+import queue
 import socket
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,7 +123,15 @@ class _Count:
 
 
 class EgressProxy:
-    """Serves one sandbox's Unix socket until cancelled; ``flush`` reports the summaries."""
+    """Serves one sandbox's listening socket until cancelled; ``flush`` reports the summaries.
+
+    The event loop only accepts. Each accepted connection is then handled in a worker thread
+    with blocking sockets (read the head, decide, resolve, connect, answer), and an allowed one
+    is relayed by two of them, one per direction, each a ``recv``/``send`` loop: a message
+    crossing the proxy costs a thread wakeup and two system calls, not an event-loop turn with
+    its callbacks, futures and transports (the proxy's cost is per round trip, so this is the
+    path to keep short). Workers are pooled; events go back to the loop, which alone reports.
+    """
 
     def __init__(
         self,
@@ -137,26 +148,78 @@ class EgressProxy:
         self.clock = clock
         self.on_event = on_event
         self.max_events = max_events
+        self.max_tunnels = max_tunnels
         self.reported = 0
         self.summary: dict[tuple[str, int, str], _Count] = {}
-        self._tunnels = anyio.Semaphore(max_tunnels)
         self._send, self._receive = anyio.create_memory_object_stream[SandboxEvent](max_events + MAX_SUMMARY_KEYS + 1)
+        self._lock = threading.Lock()
+        self._live: set[_Conn] = set()  # connections not yet reported
+        self._tunnels = 0
+        self._pending = 0  # connections before their tunnel (head, decision, connect)
+        self._done: collections.deque[EgressEvent] = collections.deque()  # reported by workers, for the loop
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._pool = _Pool(max_tunnels * 2 + _MAX_PENDING)
+        self._stopping = False
+        self._rules_seen: dict[tuple[str, int], HostRule | None] = {}
 
     async def serve(self, listener: anyio.abc.SocketListener) -> None:
-        """Accept on ``listener``'s socket and handle each connection in a task of its own, until cancelled."""
+        """Accept on ``listener``'s socket and hand each connection to a worker, until cancelled."""
         raw: socket.socket = listener.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610 - anyio, not Django
         loop = asyncio.get_running_loop()
+        self._loop, self._loop_thread = loop, threading.get_ident()
+        raw.setblocking(False)
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(self._deliver)
-            while True:
-                try:
-                    client, _ = await loop.sock_accept(raw)
-                except (ConnectionAbortedError, InterruptedError):
-                    continue
-                client.setblocking(False)
-                if client.family in (socket.AF_INET, socket.AF_INET6):
-                    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
-                tg.start_soon(self._handle, client)
+            # A reader callback that accepts every pending connection: no future, no task switch
+            # and no epoll registration per connection.
+            loop.add_reader(raw.fileno(), self._accept, raw)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                loop.remove_reader(raw.fileno())
+                self._stop()
+
+    def _accept(self, raw: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = raw.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # ECONNABORTED, or out of descriptors: try again on the next wakeup
+                return
+            self._admit(client)
+
+    def _admit(self, client: socket.socket) -> None:
+        if client.family in (socket.AF_INET, socket.AF_INET6):
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
+        conn = _Conn(client, self.clock)
+        with self._lock:
+            admitted = self._pending < _MAX_PENDING and not self._stopping
+            if admitted:
+                self._pending += 1
+                self._live.add(conn)
+        if admitted and self._pool.run(self._handle, conn):
+            return
+        if admitted:
+            with self._lock:
+                self._pending -= 1
+                self._live.discard(conn)
+        with contextlib.suppress(OSError):
+            client.send(_answer_bytes(503, "too many connections through this sandbox's proxy"), socket.MSG_DONTWAIT)
+        client.close()
+        self._record(self._event(conn, "refused", "busy"))
+
+    def _stop(self) -> None:
+        """On cancellation: report what is still open (bytes so far) and cut it off; end the workers."""
+        with self._lock:
+            self._stopping = True
+            live = list(self._live)
+        for conn in live:
+            self._finish(conn, "allowed" if conn.tunnel else "failed", None if conn.tunnel else "stopped")
+            conn.cut()
+        self._pool.stop()
+        self._drain()
 
     async def _deliver(self) -> None:
         async for event in self._receive:
@@ -172,6 +235,7 @@ class EgressProxy:
     async def flush(self) -> None:
         """Report what was counted past the bound, and any event still queued, in order."""
         with anyio.CancelScope(shield=True):
+            self._drain()
             while True:
                 try:
                     queued = self._receive.receive_nowait()
@@ -185,6 +249,35 @@ class EgressProxy:
             self.summary.clear()
             self._send.close()
             self._receive.close()
+
+    def _event(self, conn: _Conn, decision: str, reason: str | None) -> EgressEvent:
+        duration = int((self.clock.monotonic() - conn.started) * 1000)
+        up, down = conn.counts
+        return EgressEvent(self.server, conn.host, conn.port, decision, reason, up, down, duration, conn.method)
+
+    def _finish(self, conn: _Conn, decision: str, reason: str | None) -> None:
+        """Report ``conn`` once (from a worker, or from the loop when the proxy stops)."""
+        with self._lock:
+            if conn not in self._live:
+                return
+            self._live.discard(conn)
+            if conn.tunnel:
+                self._tunnels -= 1
+            else:
+                self._pending -= 1
+            self._done.append(self._event(conn, decision, reason))
+        loop = self._loop
+        if loop is not None and threading.get_ident() != self._loop_thread:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is listening any more
+                loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                event = self._done.popleft()
+            except IndexError:
+                return
+            self._record(event)
 
     def _record(self, event: EgressEvent) -> None:
         if self.reported < self.max_events:
@@ -200,226 +293,243 @@ class EgressProxy:
         count.bytes_up += event.bytes_up
         count.bytes_down += event.bytes_down
 
-    async def _handle(self, client: socket.socket) -> None:
-        started = self.clock.monotonic()
-        host, port, method = "", 0, ""
-        up = down = 0
-
-        def done(decision: str, reason: str | None) -> None:
-            self._record(
-                EgressEvent(
-                    self.server,
-                    host,
-                    port,
-                    decision,
-                    reason,
-                    up,
-                    down,
-                    int((self.clock.monotonic() - started) * 1000),
-                    method,
-                )
-            )
-
-        loop = asyncio.get_running_loop()
-        with client:
-            try:
-                with anyio.fail_after(_HEAD_TIMEOUT_S):
-                    head, rest = await _read_head(loop, client)
-                method, host, port, forward = _parse(head)
-            except (_BadRequest, TimeoutError, OSError) as exc:
-                with contextlib.suppress(OSError):
-                    client.send(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
-                done("refused", "bad_request" if isinstance(exc, _BadRequest) else "incomplete_request")
-                return
-            rule = match_host(self.rules, host, port)
-            if rule is None:
-                await _answer(loop, client, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
-                done("refused", "not_allowed")
-                return
-            if self._tunnels.value == 0:
-                await _answer(loop, client, 503, "too many connections through this sandbox's proxy")
-                done("refused", "busy")
-                return
-            async with self._tunnels:
-                try:
-                    address = await _resolve(host, port, literal=rule.is_literal)
-                except _Internal:
-                    await _answer(loop, client, 403, f"{host} resolves to an internal address")
-                    done("refused", "resolves_to_internal")
-                    return
-                except OSError:
-                    await _answer(loop, client, 502, f"cannot resolve {host}")
-                    done("failed", "resolve_failed")
-                    return
-                try:
-                    with anyio.fail_after(_CONNECT_TIMEOUT_S):
-                        upstream = await _connect(loop, address, port)
-                except (OSError, TimeoutError):
-                    await _answer(loop, client, 502, f"cannot connect to {host}:{port}")
-                    done("failed", "connect_failed")
-                    return
-                with upstream:
-                    try:
-                        if method == "CONNECT":
-                            await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
-                        else:
-                            await loop.sock_sendall(upstream, forward)
-                            up += len(forward)
-                        if rest:
-                            await loop.sock_sendall(upstream, rest)
-                            up += len(rest)
-                    except OSError:
-                        done("allowed", "closed_early")
-                        return
-                    tunnel = _Tunnel(loop)
-                    try:
-                        await tunnel.run(client, upstream)
-                    finally:
-                        up += tunnel.counts[0]
-                        down += tunnel.counts[1]
-                        done("allowed", None)
-
-
-class _Tunnel:
-    """The bytes of one allowed connection, both ways, copied in the event loop's callbacks.
-
-    Each side is an asyncio transport whose protocol writes what it receives straight to the
-    other side's transport: no task switch, no await and no extra copy per chunk (the proxy's
-    cost is per round trip, so this is the data path to keep short). A side whose peer cannot
-    keep up stops reading until the peer's buffer drains (the transports' flow control); an end
-    of stream is passed on as a half close; the tunnel ends when both ways have ended or either
-    connection is lost, and the sockets are closed (by the caller) after it.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.counts = [0, 0]  # bytes client -> upstream, upstream -> client
-        self.ended = [False, False]
-        self.finished = loop.create_future()  # both ways ended, or a connection lost
-        self.closed = loop.create_future()  # both transports closed
-        self.halves: list[_Half] = []
-        self.lost = 0
-
-    async def run(self, client: socket.socket, upstream: socket.socket) -> None:
-        # The transports own duplicates of the caller's sockets, which close them as before.
-        sides: list[asyncio.Transport] = []
+    def _rule(self, host: str, port: int) -> HostRule | None:
+        """``match_host``, remembered per (host, port): it depends on nothing else, and costs a few IP parses."""
+        key = (host, port)
         try:
-            for index, sock in enumerate((client, upstream)):
-                half = _Half(self, index)
-                self.halves.append(half)
-                transport, _ = await self.loop.connect_accepted_socket(lambda h=half: h, sock.dup())
-                sides.append(transport)
-            for half in self.halves:
-                half.ready()
-            await self.finished
-            for transport in sides:
-                transport.close()  # after what is still buffered for it is sent
-            with anyio.move_on_after(_CLOSE_TIMEOUT_S):
-                await self.closed
+            return self._rules_seen[key]
+        except KeyError:
+            pass
+        rule = match_host(self.rules, host, port)
+        if len(self._rules_seen) < MAX_SUMMARY_KEYS:
+            self._rules_seen[key] = rule
+        return rule
+
+    def _handle(self, conn: _Conn) -> None:
+        """One connection, in a worker thread: head, decision, resolve, connect, answer, relay."""
+        try:
+            self._handle_open(conn)
         finally:
-            for transport in sides:
-                transport.abort()  # a peer that reads nothing does not keep its transport alive
-            for future in (self.finished, self.closed):
-                if not future.done():
-                    future.cancel()
+            self._finish(conn, "failed", "stopped")  # a no-op once reported
+            conn.cut()
+            conn.close()
 
-    def end(self, index: int) -> None:
-        self.ended[index] = True
-        if all(self.ended):
-            self.finish()
-
-    def finish(self) -> None:
-        if not self.finished.done():
-            self.finished.set_result(None)
-
-    def gone(self) -> None:
-        self.lost += 1
-        self.finish()
-        if self.lost == 2 and not self.closed.done():
-            self.closed.set_result(None)
-
-
-class _Half(asyncio.Protocol):
-    """One side of a ``_Tunnel``: ``index`` 0 is the client, 1 the upstream."""
-
-    def __init__(self, tunnel: _Tunnel, index: int) -> None:
-        self.tunnel = tunnel
-        self.index = index
-        self.transport: asyncio.Transport | None = None
-        self.early: list[bytes] = []  # what arrived before the other side's transport existed
-        self.early_eof = False
-
-    @property
-    def peer(self) -> _Half | None:
-        halves = self.tunnel.halves
-        other = halves[1 - self.index] if len(halves) == 2 else None
-        return other if other is not None and other.transport is not None else None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def ready(self) -> None:
-        """Both transports exist: pass on what arrived before."""
-        early, self.early = self.early, []
-        for data in early:
-            self.data_received(data)
-        if self.early_eof:
-            self.eof_received()
-
-    def data_received(self, data: bytes) -> None:
-        peer = self.peer
-        if peer is None:
-            self.early.append(data)
+    def _handle_open(self, conn: _Conn) -> None:
+        client = conn.client
+        try:
+            head, rest = _read_head(client, self.clock.monotonic() + _HEAD_TIMEOUT_S, self.clock)
+            conn.method, conn.host, conn.port, forward = _parse(head)
+        except (_BadRequest, OSError) as exc:
+            with contextlib.suppress(OSError):
+                client.settimeout(_HEAD_TIMEOUT_S)
+                client.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+            self._finish(conn, "refused", "bad_request" if isinstance(exc, _BadRequest) else "incomplete_request")
             return
-        assert peer.transport is not None
-        if not peer.transport.is_closing():
-            self.tunnel.counts[self.index] += len(data)
-            peer.transport.write(data)
+        host, port = conn.host, conn.port
+        rule = self._rule(host, port)
+        if rule is None:
+            _answer(client, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
+            self._finish(conn, "refused", "not_allowed")
+            return
+        with self._lock:
+            opened = self._tunnels < self.max_tunnels and not self._stopping and conn in self._live
+            if opened:
+                self._tunnels += 1
+                self._pending -= 1
+                conn.tunnel = True
+        if not opened:
+            _answer(client, 503, "too many connections through this sandbox's proxy")
+            self._finish(conn, "refused", "busy")
+            return
+        try:
+            address = _resolve(host, port, literal=rule.is_literal)
+        except _Internal:
+            _answer(client, 403, f"{host} resolves to an internal address")
+            self._finish(conn, "refused", "resolves_to_internal")
+            return
+        except OSError:
+            _answer(client, 502, f"cannot resolve {host}")
+            self._finish(conn, "failed", "resolve_failed")
+            return
+        try:
+            upstream = conn.upstream = _connect(address, port)
+        except OSError:
+            _answer(client, 502, f"cannot connect to {host}:{port}")
+            self._finish(conn, "failed", "connect_failed")
+            return
+        try:
+            client.settimeout(_HEAD_TIMEOUT_S)
+            if conn.method == "CONNECT":
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            else:
+                upstream.sendall(forward)
+                conn.counts[0] += len(forward)
+            if rest:
+                upstream.sendall(rest)
+                conn.counts[0] += len(rest)
+            client.settimeout(None)
+            upstream.settimeout(None)
+        except OSError:
+            self._finish(conn, "allowed", "closed_early")
+            return
+        if not self._pool.run(_relay, conn, upstream, client, 1):
+            self._finish(conn, "allowed", "closed_early")  # cannot happen: the pool has room for every tunnel
+            return
+        _relay(conn, client, upstream, 0)
+        conn.ended[1].wait()
+        self._finish(conn, "allowed", None)
 
-    def eof_received(self) -> bool:
-        peer = self.peer
-        if peer is None:
-            self.early_eof = True
-            return True
-        assert peer.transport is not None
-        if not peer.transport.is_closing() and peer.transport.can_write_eof():
-            peer.transport.write_eof()
-        self.tunnel.end(self.index)
-        return True  # keep this side open: the other way may still be sending
 
-    def pause_writing(self) -> None:
-        peer = self.peer
-        if peer is not None and peer.transport is not None:
-            peer.transport.pause_reading()
+_MAX_PENDING = 64  # connections past accept and before their tunnel (a slow head holds one for 10 s)
+_CHUNK = 64 * 1024
 
-    def resume_writing(self) -> None:
-        peer = self.peer
-        if peer is not None and peer.transport is not None and not peer.transport.is_closing():
-            peer.transport.resume_reading()
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.tunnel.gone()
+class _Conn:
+    """One connection's state, shared by its worker threads and, when the proxy stops, the loop."""
+
+    def __init__(self, client: socket.socket, clock: Clock) -> None:
+        self.client = client
+        self.upstream: socket.socket | None = None
+        self.clock = clock
+        self.started = clock.monotonic()
+        self.host, self.port, self.method = "", 0, ""
+        self.counts = [0, 0]  # bytes client -> upstream, upstream -> client
+        self.tunnel = False
+        self.ended = (threading.Event(), threading.Event())
+        self.stalled_since: list[float | None] = [None, None]  # a send waiting for its peer to read
+        self.lock = threading.Lock()  # a shutdown never meets a close (a reused descriptor number)
+        self.closed = False
+
+    def cut(self) -> None:
+        """End both ways at once: every blocked ``recv``/``send`` on the two sockets returns."""
+        with self.lock:
+            if self.closed:
+                return
+            for sock in (self.client, self.upstream):
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            for sock in (self.client, self.upstream):
+                if sock is not None:
+                    sock.close()
+
+
+def _relay(conn: _Conn, src: socket.socket, dst: socket.socket, index: int) -> None:
+    """Copy ``src`` to ``dst`` until the end of stream (passed on as a half close) or an error (ends both).
+
+    Then, while the other way still runs, cut both off if the other way's peer has read nothing
+    for ``_CLOSE_TIMEOUT_S``: a peer that reads nothing does not keep the tunnel open.
+    """
+    counts, stalled, now = conn.counts, conn.stalled_since, conn.clock.monotonic
+    try:
+        while True:
+            data = src.recv(_CHUNK)
+            if not data:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+                break
+            counts[index] += len(data)
+            view = memoryview(data)
+            while view:
+                stalled[index] = now()
+                sent = dst.send(view)
+                view = view[sent:]
+            stalled[index] = None
+    except OSError:
+        conn.cut()  # a connection lost (reset, refused write, or the proxy stopping) ends the tunnel
+    finally:
+        stalled[index] = None
+        conn.ended[index].set()
+    other = conn.ended[1 - index]
+    while not other.wait(1.0):
+        since = stalled[1 - index]
+        if since is not None and now() - since > _CLOSE_TIMEOUT_S:
+            conn.cut()
+            other.wait()
+            return
+
+
+class _Pool:
+    """Worker threads for the proxy, started on demand up to ``limit``, idle ones reused."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.threads = 0
+        self.idle = 0
+        self.stopped = False
+
+    def run(self, job: Callable[..., None], *args: Any) -> bool:
+        """Run ``job(*args)`` in a worker; False when every worker is busy (or the pool stopped)."""
+        with self.lock:
+            if self.stopped:
+                return False
+            if self.idle:
+                self.idle -= 1
+                self.jobs.put((job, args))
+                return True
+            if self.threads >= self.limit:
+                return False
+            self.threads += 1
+        threading.Thread(target=self._work, args=((job, args),), name="truss-egress", daemon=True).start()
+        return True
+
+    def _work(self, first: tuple[Callable[..., None], tuple[Any, ...]]) -> None:
+        item: tuple[Callable[..., None], tuple[Any, ...]] | None = first
+        while item is not None:
+            job, args = item
+            with contextlib.suppress(Exception):  # a worker must survive any one connection
+                job(*args)
+            with self.lock:
+                if self.stopped:
+                    self.threads -= 1
+                    return
+                self.idle += 1
+            item = self.jobs.get()
+        with self.lock:
+            self.threads -= 1
+
+    def stop(self) -> None:
+        """Idle workers end now, busy ones when their connection ends."""
+        with self.lock:
+            self.stopped = True
+            idle, self.idle = self.idle, 0
+        for _ in range(idle):
+            self.jobs.put(None)
 
 
 class _Internal(Exception):
     pass
 
 
-async def _answer(loop: asyncio.AbstractEventLoop, client: socket.socket, status: int, text: str) -> None:
+def _answer_bytes(status: int, text: str) -> bytes:
     reason = {403: "Forbidden", 502: "Bad Gateway", 503: "Service Unavailable"}[status]
     body = f"truss sandbox: {text}\n".encode()
     head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-    with contextlib.suppress(OSError), anyio.move_on_after(_HEAD_TIMEOUT_S):
-        await loop.sock_sendall(client, head.encode() + b"Connection: close\r\n\r\n" + body)
+    return head.encode() + b"Connection: close\r\n\r\n" + body
 
 
-async def _read_head(loop: asyncio.AbstractEventLoop, client: socket.socket) -> tuple[bytes, bytes]:
+def _answer(client: socket.socket, status: int, text: str) -> None:
+    with contextlib.suppress(OSError):
+        client.settimeout(_HEAD_TIMEOUT_S)
+        client.sendall(_answer_bytes(status, text))
+
+
+def _read_head(client: socket.socket, deadline: float, clock: Clock) -> tuple[bytes, bytes]:
     buf = b""
     while b"\r\n\r\n" not in buf:
         if len(buf) > _HEAD_LIMIT:
             raise _BadRequest("request head too large")
-        chunk = await loop.sock_recv(client, _HEAD_LIMIT)
+        left = deadline - clock.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request head did not arrive in time")
+        client.settimeout(left)
+        chunk = client.recv(_HEAD_LIMIT)
         if not chunk:
             raise ConnectionResetError("the client closed before the end of its request head")
         buf += chunk
@@ -427,14 +537,14 @@ async def _read_head(loop: asyncio.AbstractEventLoop, client: socket.socket) -> 
     return head, rest
 
 
-async def _connect(loop: asyncio.AbstractEventLoop, address: str, port: int) -> socket.socket:
-    """A non-blocking TCP connection to ``address`` (an IP address), with Nagle off like the client's."""
+def _connect(address: str, port: int) -> socket.socket:
+    """A TCP connection to ``address`` (an IP address), with Nagle off like the client's."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        await loop.sock_connect(sock, (address, port))
+        sock.settimeout(_CONNECT_TIMEOUT_S)
+        sock.connect((address, port))
     except BaseException:
         sock.close()
         raise
@@ -502,12 +612,12 @@ def _internal(address: str) -> bool:
     return ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified
 
 
-async def _resolve(host: str, port: int, *, literal: bool) -> str:
+def _resolve(host: str, port: int, *, literal: bool) -> str:
     """The address to connect to: the first one ``getaddrinfo`` gives, checked when it came from DNS."""
     try:
         addresses = [str(ipaddress.ip_address(host))]  # an address needs no lookup (nor a worker thread)
     except ValueError:
-        infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)  # in the worker: no thread hop
         addresses = [str(info[4][0]) for info in infos]
     if not addresses:
         raise OSError("no address")
