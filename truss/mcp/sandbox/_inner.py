@@ -17,19 +17,27 @@ interpreter Truss itself runs on, bound read-only). It
    ends the sandbox's pid namespace, and with it every process the server left behind.
 
 It never reads the server's data and holds no secret: the environment is the server's own.
+
+Its start is part of every confined server's: it imports only modules that load in a few
+milliseconds (``json``, ``contextlib``, ``signal`` and ``socket`` would pull in ``re``, ``enum``
+and ``collections``, several times what the interpreter itself costs to start); the config is
+read with the JSON module's C scanner, ``socket`` and ``struct`` only where they are needed.
 """
 
 from __future__ import annotations
 
-import contextlib
+import _json  # pyright: ignore[reportMissingModuleSource] - the C half of json, without re
 import errno
-import json
 import os
 import resource
-import signal
-import socket
-import struct
 import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal as _signal
+    from typing import Any
+else:
+    import _signal  # the C module itself: signal builds enums of its constants
 
 _RLIMITS = {
     "CORE": resource.RLIMIT_CORE,
@@ -38,19 +46,47 @@ _RLIMITS = {
     "CPU": resource.RLIMIT_CPU,
     "FSIZE": resource.RLIMIT_FSIZE,
 }
-_LIMIT_SIGNALS = {int(signal.SIGXCPU): "cpu", int(signal.SIGXFSZ): "file_size"}
+_LIMIT_SIGNALS: dict[int, str] = {int(_signal.SIGXCPU): "cpu", int(_signal.SIGXFSZ): "file_size"}
 
 
 def _say(text: str) -> None:
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105 - contextlib would cost an import
         os.write(2, f"truss-sandbox: {text}\n".encode(errors="replace"))
+    except OSError:
+        pass
+
+
+class _JsonContext:
+    """What ``_json.make_scanner`` reads from a decoder: plain JSON, nothing custom."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: dict[str, str] = {}  # noqa: RUF012 - read by the scanner, never shared
+
+    @staticmethod
+    def parse_constant(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+
+def load_json(text: str) -> Any:
+    """``json.loads`` for a document Truss wrote, without importing ``json`` (and with it ``re``).
+
+    The same few lines are in ``_launch.py``, which cannot import this file (``python -I``).
+    """
+    value, end = _json.make_scanner(_JsonContext)(text, 0)  # pyright: ignore[reportArgumentType]
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return value
 
 
 def main(argv: list[str]) -> int:
     if len(argv) < 5 or argv[2] != "--":
         _say("usage: inner.py CONFIG -- EXECUTABLE ARGV0 [ARGS...]")
         return 2
-    config = json.loads(argv[1])
+    config = load_json(argv[1])
     executable, argv0, args = argv[3], argv[4], argv[5:]
     relay = config.get("relay")
     if relay:
@@ -63,8 +99,8 @@ def main(argv: list[str]) -> int:
     if server == 0:
         _exec_server(executable, argv0, args, config.get("rlimits") or {})
     _detach_stdio()  # the server alone holds the pipes, so Truss sees EOF when it closes them
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda s, _f: _forward(server, s))
+    for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(sig, lambda s, _f: _forward(server, s))
     status = _wait(server)
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
@@ -76,8 +112,10 @@ def main(argv: list[str]) -> int:
 
 
 def _forward(pid: int, sig: int) -> None:
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105 - contextlib would cost an import
         os.kill(pid, sig)
+    except OSError:
+        pass
 
 
 def _wait(pid: int) -> int:
@@ -99,8 +137,8 @@ def _detach_stdio() -> None:
 
 
 def _exec_server(executable: str, argv0: str, args: list[str], rlimits: dict[str, int]) -> None:
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGXCPU, signal.SIGINT):
-        signal.signal(sig, signal.SIG_DFL)
+    for sig in (_signal.SIGPIPE, _signal.SIGXFSZ, _signal.SIGXCPU, _signal.SIGINT):
+        _signal.signal(sig, _signal.SIG_DFL)
     try:
         for name, value in rlimits.items():
             # CPU: SIGXCPU at the limit (recognisable), SIGKILL a second later if it is ignored;
@@ -158,6 +196,8 @@ def _elf_interpreter(head: bytes) -> str | None:
     """PT_INTERP of a 64-bit little-endian ELF file (the usual Linux case), from its first bytes."""
     if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
         return None
+    import struct  # only when a start failed
+
     (phoff,) = struct.unpack_from("<Q", head, 32)
     phentsize, phnum = struct.unpack_from("<HH", head, 54)
     for i in range(phnum):
@@ -180,6 +220,8 @@ def _hand_over_listener(port: int, path: str) -> None:
     no process inside forwards bytes. It is made and handed over before the server exists, and
     this process keeps no copy: nothing inside can accept on it.
     """
+    import socket  # only with network allow: it imports enum and selectors
+
     listener = socket.create_server(("127.0.0.1", port), backlog=128)
     with listener, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as control:
         control.settimeout(30)

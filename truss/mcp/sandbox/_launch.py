@@ -15,20 +15,51 @@ with the server's environment. It
 
 Any failure before the exec is reported on stderr and ends with exit status 126; nothing is
 started unconfined.
+
+Like the supervisor (``_inner.py``), it imports nothing slow to load: the plan is read with the
+supervisor's JSON reader (the JSON module's C scanner), not with ``json``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import _json  # pyright: ignore[reportMissingModuleSource] - the C half of json, without re
 import os
 import sys
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 
 def _fail(text: str) -> int:
-    with contextlib.suppress(OSError):
+    try:  # noqa: SIM105 - contextlib would cost an import
         os.write(2, f"truss-sandbox: {text}\n".encode(errors="replace"))
+    except OSError:
+        pass
     return 126
+
+
+class _JsonContext:
+    """What ``_json.make_scanner`` reads from a decoder: plain JSON, nothing custom."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    memo: dict[str, str] = {}  # noqa: RUF012 - read by the scanner, never shared
+
+    @staticmethod
+    def parse_constant(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+
+def load_json(text: str) -> Any:
+    """``json.loads`` for the plan Truss wrote (as in ``_inner.py``, which ``python -I`` cannot import)."""
+    value, end = _json.make_scanner(_JsonContext)(text, 0)  # pyright: ignore[reportArgumentType]
+    if end != len(text):
+        raise ValueError("extra data after the JSON value")
+    return value
 
 
 def main(argv: list[str]) -> int:
@@ -36,7 +67,7 @@ def main(argv: list[str]) -> int:
         return _fail("usage: _launch.py PLAN.json")
     try:
         with open(argv[1], encoding="utf-8") as handle:
-            plan = json.load(handle)
+            plan = load_json(handle.read())
     except (OSError, ValueError) as exc:
         return _fail(f"cannot read the sandbox plan: {exc}")
     me = str(os.getpid())
