@@ -6,7 +6,7 @@ Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]
 - start-up: spawn to tools listed of mcp-server-time through ``confined`` (network ``none``, all
   four limits) against the same command unconfined, rounds interleaved; the ratio is of the
   medians (target <= 1.15). The confined side pays the plan, the launcher, bwrap and the
-  supervisor.
+  supervisor; a second line times those alone, starting ``/bin/true`` confined and plain.
 - call: ``get_current_time`` on a confined connection against an unconfined one, calls
   interleaved in pairs (target <= 1.05). The sandbox adds nothing to the pipe itself.
 - HTTPS: an allowed HTTPS GET on a new connection each time, from a client confined with
@@ -14,7 +14,8 @@ Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]
   same client unconfined going straight to the server (target <= 1.2), for a 26-byte body
   and, to show how the proxy's per-round-trip cost amortises, a 1 MiB one. Both clients stay
   running and alternate batches of ten requests; timed inside the client, so process start-up
-  is not counted.
+  is not counted. A second line gives Truss's own cost apart from the machine's scheduling: the
+  CPU time (user + system) this process, where the egress proxy runs, spends per proxied request.
 - through Truss: the same start-up and call through the MCP tier's ``connect`` and
   ``SandboxLauncher`` (what ``truss run`` does: the contract's ``[mcp.servers.sandbox]``, the
   description computed before the start and checked after it, the egress reports), against the
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -100,6 +102,22 @@ async def bench_start(rounds: int) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(boxed)
 
 
+async def bench_true(rounds: int) -> tuple[float, float]:
+    """What the sandbox alone costs a start: ``/bin/true`` through ``confined`` vs plain, interleaved."""
+    plain: list[float] = []
+    boxed: list[float] = []
+    profile = Profile(limits=LIMITS)
+    for _ in range(rounds):
+        start = time.perf_counter()
+        await anyio.run_process(["/bin/true"], env=ENV)
+        plain.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        async with confined(profile, "/bin/true", [], ENV, "/", server="true", clock=SystemClock()) as spawn:
+            await anyio.run_process([spawn.command, *spawn.args], env=spawn.env)
+            boxed.append(time.perf_counter() - start)
+    return statistics.median(plain), statistics.median(boxed)
+
+
 async def bench_call(calls: int) -> tuple[float, float]:
     plain: list[float] = []
     boxed: list[float] = []
@@ -165,9 +183,16 @@ async def https_process(directory: Path, body: int) -> AsyncGenerator[tuple[int,
             process.kill()
 
 
-async def bench_https(requests: int, body: int) -> tuple[float, float]:
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def bench_https(requests: int, body: int) -> tuple[float, float, float]:
+    """(direct median, proxied median, the proxy's CPU seconds per proxied request)."""
     plain: list[float] = []
     boxed: list[float] = []
+    cpu = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         async with https_process(Path(tmp), body) as (port, cafile):
             args = [str(CLIENT), f"https://127.0.0.1:{port}/x", str(cafile)]
@@ -184,8 +209,10 @@ async def bench_https(requests: int, body: int) -> tuple[float, float]:
                 # Small batches, interleaved: both sides see the same load on a shared machine.
                 for _ in range(max(1, requests // 10)):
                     plain += await outside.batch(10)
+                    before = cpu_s()
                     boxed += await inside.batch(10)
-    return statistics.median(plain), statistics.median(boxed)
+                    cpu += cpu_s() - before
+    return statistics.median(plain), statistics.median(boxed), cpu / len(boxed)
 
 
 def time_contract(confine: bool) -> Contract:
@@ -256,9 +283,13 @@ async def main() -> None:
     sizes = f"rounds {options.rounds}, calls {options.calls}, requests {options.requests}"
     print(f"bwrap {bwrap.version} ({bwrap.source}); {sizes}")
     print(line("start-up", *await bench_start(options.rounds), 1.15))
+    plain, boxed = await bench_true(options.rounds * 2)
+    print(f"{'':<11} the sandbox alone (/bin/true): plain {plain * 1000:.1f} ms, confined {boxed * 1000:.1f} ms")
     print(line("call", *await bench_call(options.calls), 1.05))
-    print(line("https", *await bench_https(options.requests, 26), 1.2))
-    print(line("https 1M", *await bench_https(max(10, options.requests // 4), 1 << 20), 1.2))
+    for name, count, body in (("https", options.requests, 26), ("https 1M", max(10, options.requests // 4), 1 << 20)):
+        direct, proxied, cpu = await bench_https(count, body)
+        print(line(name, direct, proxied, 1.2))
+        print(f"{'':<11} the egress proxy's CPU time per request: {cpu * 1e6:8.0f} us (user + system, Truss's process)")
     start, call = await bench_connect(options.rounds, options.calls)
     print(line("truss start", *start, 1.15))
     print(line("truss call", *call, 1.05))
