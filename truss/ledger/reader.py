@@ -38,7 +38,7 @@ from typing import Any
 from truss._errors import InputError, TrussError, VerificationError
 from truss.ledger.audit import SessionInLog, session_in_log, store_key_history
 from truss.ledger.canonical import canonical, sha256_ref
-from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.entry import Record, StoredEntry, iter_refs
 from truss.ledger.envelope import open_verdict
 from truss.ledger.keyhistory import KeyHistory
 from truss.ledger.keys import TrustedKeys
@@ -84,6 +84,9 @@ class VerifiedStore:
         # Derived session facts by (session, stored entry count, stored head): a session read
         # again unchanged is not verified again.
         self._facts: dict[tuple[str, int, str], SessionInfo] = {}
+        # Payloads the last read of a session verified (V11), by ref: R5 answers from them without a
+        # second read and hash (a resume reads the session, then replays it payload by payload).
+        self._kept = _Kept(None)
 
     # -- the trust the reads are checked against -------------------------------------------------
 
@@ -139,8 +142,20 @@ class VerifiedStore:
         extra: list[EntryCheck] = [in_log, proof.check]
         if history.rotations:
             extra.append(history.check)
-        verifier = EntryVerifier(trusted, blobs=self._blob_checked, session=session, origin=self.origin, extra=extra)
-        stream = iter(self.raw.read_session(session))
+        # V11 looks payloads up in the page fetched for the entries around it (one query per page,
+        # not one per payload); each payload V11 hashed is kept for the replay that follows (R5).
+        page: dict[str, bytes] = {}
+        kept = self._keeping(session)
+        handed: list[tuple[str, bytes]] = []  # what V11 looked up for the entry being checked
+
+        def payload(ref: str) -> bytes | None:
+            data = page.get(ref)
+            if data is not None:
+                handed.append((ref, data))
+            return data
+
+        verifier = EntryVerifier(trusted, blobs=payload, session=session, origin=self.origin, extra=extra)
+        stream = _prefetched(self.raw, self.raw.read_session(session), page)
         first: StoredEntry | None = None
         last: StoredEntry | None = None
         listed_head: str | None = None  # the hash of the entry the row (read before the entries) ends at
@@ -150,6 +165,7 @@ class VerifiedStore:
                 finding = verifier.check(item, stream)
                 if finding is not None:
                     raise _refused(session, finding, seq=item.entry.get("seq"), index=item.entry.get("index"))
+                kept.keep(handed)
                 first = first or item
                 last = item
                 if row is not None and item.seq == row.entries - 1:
@@ -203,8 +219,14 @@ class VerifiedStore:
         again = self.raw.session(session)
         return again is not None and row.entries <= count <= again.entries and listed_head == row.head
 
-    def _blob_checked(self, ref: str) -> bytes | None:
-        return self.raw.blob(ref)
+    def _keeping(self, session: str) -> _Kept:
+        """Where a read of ``session`` keeps the payloads it verified: the one session's kept
+        payloads (a read of another session starts afresh, so a long-lived process holds at most one)."""
+        with self._lock:
+            kept = self._kept
+            if kept.session != session:
+                kept = self._kept = _Kept(session)
+        return kept
 
     def session(self, session: str) -> SessionInfo | None:
         """R2: the session as its verified chain says it is (None when the store has no such session)."""
@@ -313,16 +335,29 @@ class VerifiedStore:
 
     def blob(self, ref: str) -> bytes | None:
         """R5: payload bytes that hash to ``ref`` (None when not held)."""
+        data = self._kept.payloads.get(ref)
+        if data is not None:
+            return data
         data = self.raw.blob(ref)
         if data is not None and ref.startswith("sha256:") and sha256_ref(data) != ref:
             raise _refused(None, ("blob_mismatch", f"the payload {ref[:19]}... was changed"))
         return data
 
     def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]:
-        found = self.raw.blobs_for(refs)
-        for ref, data in found.items():
+        held = self._kept.payloads
+        found: dict[str, bytes] = {}
+        wanted: list[str] = []
+        for ref in refs:
+            data = held.get(ref)
+            if data is None:
+                wanted.append(ref)
+            else:
+                found[ref] = data
+        fetched = self.raw.blobs_for(wanted) if wanted else {}
+        for ref, data in fetched.items():
             if ref.startswith("sha256:") and sha256_ref(data) != ref:
                 raise _refused(None, ("blob_mismatch", f"the payload {ref[:19]}... was changed"))
+        found.update(fetched)
         return found
 
     def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]:
@@ -371,6 +406,8 @@ class VerifiedStore:
         return self.raw.erased_refs(session)
 
     def erase_payloads(self, session: str) -> int:
+        with self._lock:
+            self._kept = _Kept(None)  # erased bytes are not answered from memory either
         return self.raw.erase_payloads(session)
 
     def tree_size(self) -> int:
@@ -425,3 +462,51 @@ def _info(row: SessionInfo, facts: SessionFacts, verified: str) -> SessionInfo:
         ended=facts.ended,
         verified=verified,
     )
+
+
+_KEEP_BYTES = 64 << 20  # payload bytes a read keeps for the replay after it; past this, R5 reads again
+
+
+class _Kept:
+    """The payloads one session's reads verified (V11 hashed each), by ref, up to ``_KEEP_BYTES``.
+
+    A payload is addressed by its hash, so bytes that hashed to their ref are the right answer for
+    that ref whatever the store holds later; only an erasure through this store drops them."""
+
+    __slots__ = ("payloads", "session", "size")
+
+    def __init__(self, session: str | None) -> None:
+        self.session = session
+        self.payloads: dict[str, bytes] = {}
+        self.size = 0
+
+    def keep(self, handed: list[tuple[str, bytes]]) -> None:
+        """The entry V11 was just ``handed`` these payloads for passed (each hashed to its ref): keep them."""
+        if self.session is not None and self.size <= _KEEP_BYTES:
+            payloads = self.payloads
+            for ref, data in handed:
+                if ref not in payloads:
+                    payloads[ref] = data
+                    self.size += len(data)
+        handed.clear()
+
+
+def _prefetched(raw: LedgerStore, entries: Iterator[StoredEntry], page: dict[str, bytes]) -> Iterator[StoredEntry]:
+    """``entries`` a page at a time, with ``page`` holding the payloads that page's entries name
+    (fetched in one ``blobs_for``) while its entries are yielded; absent payloads stay absent."""
+    batch: list[StoredEntry] = []
+    for item in entries:
+        batch.append(item)
+        if len(batch) == _PROOF_BATCH:
+            _fetch(raw, batch, page)
+            yield from batch
+            batch = []
+    _fetch(raw, batch, page)
+    yield from batch
+
+
+def _fetch(raw: LedgerStore, batch: list[StoredEntry], page: dict[str, bytes]) -> None:
+    page.clear()
+    refs = [ref for item in batch if type(item.entry.get("body")) is dict for ref in iter_refs(item.entry["body"])]
+    if refs:
+        page.update(raw.blobs_for(refs))
