@@ -112,3 +112,12 @@ def test_an_erasure_through_the_reader_is_not_undone_by_an_earlier_read(store: A
     reader.erase_payloads("s_long")
     assert reader.blob(refs[0]) is None
     assert reader.blobs_for(refs) == {}
+
+
+def test_an_erasure_by_another_writer_is_seen_at_the_next_read(store: Any) -> None:
+    refs = _session(store, calls=10)
+    reader = VerifiedStore(store, TrustedKeys([_key().verifier]))
+    list(reader.read_session("s_long"))
+    store.erase_payloads("s_long")  # not through this reader: another process, say
+    list(reader.read_session("s_long"))
+    assert reader.blob(refs[0]) is None

@@ -84,7 +84,7 @@ class VerifiedStore:
         # Derived session facts by (session, stored entry count, stored head): a session read
         # again unchanged is not verified again.
         self._facts: dict[tuple[str, int, str], SessionInfo] = {}
-        # Payloads the last read of a session verified (V11), by ref: R5 answers from them without a
+        # Payloads the latest read of a session verified (V11), by ref: R5 answers from them without a
         # second read and hash (a resume reads the session, then replays it payload by payload).
         self._kept = _Kept(None)
 
@@ -220,12 +220,11 @@ class VerifiedStore:
         return again is not None and row.entries <= count <= again.entries and listed_head == row.head
 
     def _keeping(self, session: str) -> _Kept:
-        """Where a read of ``session`` keeps the payloads it verified: the one session's kept
-        payloads (a read of another session starts afresh, so a long-lived process holds at most one)."""
+        """Where a read of ``session`` keeps the payloads it verified. Each read starts afresh (what
+        was erased since the last one is not answered), so a long-lived process holds one read's."""
+        kept = _Kept(session)
         with self._lock:
-            kept = self._kept
-            if kept.session != session:
-                kept = self._kept = _Kept(session)
+            self._kept = kept
         return kept
 
     def session(self, session: str) -> SessionInfo | None:
@@ -468,7 +467,7 @@ _KEEP_BYTES = 64 << 20  # payload bytes a read keeps for the replay after it; pa
 
 
 class _Kept:
-    """The payloads one session's reads verified (V11 hashed each), by ref, up to ``_KEEP_BYTES``.
+    """The payloads one read of a session verified (V11 hashed each), by ref, up to ``_KEEP_BYTES``.
 
     A payload is addressed by its hash, so bytes that hashed to their ref are the right answer for
     that ref whatever the store holds later; only an erasure through this store drops them."""
