@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import anyio
@@ -83,7 +83,7 @@ class LoopResult:
     limit: str | None = None  # the budget limit that ended the run
     waiting: tuple[str, ...] = ()  # call ids waiting for approval (or a signal)
     waiting_on: str = "approval"  # what they wait for: approval | signal | task
-    outcomes: tuple[CallOutcome, ...] = field(default_factory=tuple[CallOutcome, ...])
+    calls: int = 0  # the calls this leg of the run made (live or replayed); their outcomes are on the record
 
 
 def _budget_note(left: Mapping[str, Any]) -> str:
@@ -96,39 +96,54 @@ def _budget_note(left: Mapping[str, Any]) -> str:
 
 
 class _Conversation:
-    """The messages so far; a tool message's budget note is its ``note`` (providers show it after the
-    result; step references never see it) and is left out of the replay key. ``sent`` counts the
-    messages an earlier turn's request already held: the rest are the next turn's ``append``."""
+    """The messages so far, each held once in the form providers see: a tool message's budget note
+    is its ``note`` member (providers show it after the result; step references never see it) and
+    is left out of the replay key. ``sent`` counts the messages an earlier turn's request already
+    held: the rest are the next turn's ``append``.
 
-    def __init__(self, intent: str) -> None:
+    With ``keep`` False (a provider that reads only what is new: ``reads_new_messages``) the
+    messages an earlier request held are dropped once it was answered, so a long run holds only the
+    current turn's; otherwise every provider request carries the whole conversation."""
+
+    def __init__(self, intent: str, *, keep: bool = True) -> None:
         self._messages: list[dict[str, Any]] = [{"role": "user", "text": intent}]
-        self._notes: list[str | None] = [None]
-        self._rendered: list[dict[str, Any]] = [dict(self._messages[0])]
+        self._start = 0  # the position in the conversation of _messages[0]
+        self._keep = keep
         self.sent = 0
 
     def add(self, message: dict[str, Any], note: str | None = None) -> None:
-        self._messages.append(message)
-        self._notes.append(note)
-        self._rendered.append(dict(message) if note is None else {**message, "note": note})
+        self._messages.append(message if note is None else {**message, "note": note})
 
     def __len__(self) -> int:
-        return len(self._messages)
+        return self._start + len(self._messages)
 
-    def rendered(self) -> list[dict[str, Any]]:
-        return list(self._rendered)
+    def request(self) -> tuple[int, list[dict[str, Any]]]:
+        """Where the messages of the next request start, and the messages."""
+        return self._start, list(self._messages)
 
     def pending(self) -> list[tuple[dict[str, Any], str | None]]:
         """The messages (bare) and notes added since the last turn's request."""
-        return list(zip(self._messages[self.sent :], self._notes[self.sent :], strict=True))
+        out: list[tuple[dict[str, Any], str | None]] = []
+        for message in self._messages[self.sent - self._start :]:
+            if "note" in message:
+                out.append(({k: v for k, v in message.items() if k != "note"}, message["note"]))
+            else:
+                out.append((message, None))
+        return out
 
     def adopt_notes(self, notes: list[str | None]) -> None:
         """Show the pending messages with the notes a recorded turn gave them, so a resumed run's
         requests are the recorded ones (time left differs between a run and its resumption)."""
         for offset, note in enumerate(notes):
-            i = self.sent + offset
-            self._notes[i] = note
-            message = self._messages[i]
-            self._rendered[i] = dict(message) if note is None else {**message, "note": note}
+            i = self.sent - self._start + offset
+            message = {k: v for k, v in self._messages[i].items() if k != "note"}
+            self._messages[i] = message if note is None else {**message, "note": note}
+
+    def mark_sent(self) -> None:
+        """The pending messages went out with a turn's request (recorded or answered)."""
+        self.sent = len(self)
+        if not self._keep:
+            self._start, self._messages = self.sent, []
 
 
 @dataclass
@@ -172,7 +187,7 @@ async def run_loop(
         specs=specs,
         by_provider={t.provider_name: t.name for t in tools},
         system=f"{system}\n\n{CITATION_SYSTEM}" if cites else system,
-        conversation=_Conversation(intent),
+        conversation=_Conversation(intent, keep=not _reads_new_messages(provider)),
         chain=_chain(redactor, specs),
         limiter=anyio.CapacityLimiter(contract.agent.max_parallel_calls),
         cites=cites,
@@ -183,20 +198,26 @@ async def run_loop(
         charged = await gate.charge(lambda state: budget_mod.charge_turn(state, contract, clock.now_ms()))
         if isinstance(charged, Exceeded):
             stop: StopReason = "deadline" if charged.limit == "deadline" else "budget"
-            return LoopResult(stop, turn - 1, reason=charged.detail, limit=charged.limit, outcomes=tuple(run.outcomes))
+            return LoopResult(stop, turn - 1, reason=charged.detail, limit=charged.limit, calls=run.calls)
         if run.events is None:
             result = await run.turn(turn)
         else:
             run.events.turn_started(turn)
-            calls = len(run.outcomes)
+            calls = run.calls
             try:
                 result = await run.turn(turn)
             except BaseException:
-                run.events.turn_ended(turn, "error", len(run.outcomes) - calls)
+                run.events.turn_ended(turn, "error", run.calls - calls)
                 raise
-            run.events.turn_ended(turn, result.stop if result is not None else "ok", len(run.outcomes) - calls)
+            run.events.turn_ended(turn, result.stop if result is not None else "ok", run.calls - calls)
         if result is not None:
             return result
+
+
+def _reads_new_messages(provider: Provider) -> bool:
+    # Only a provider asked every turn, replayed ones too, may be sent only what is new.
+    capabilities = provider.capabilities
+    return capabilities.reads_new_messages and capabilities.plays_plan
 
 
 def _chain(redactor: Redactor, specs: list[ToolSpec]) -> _Chain:
@@ -220,12 +241,12 @@ class _Loop:
     conversation: _Conversation
     chain: _Chain
     limiter: anyio.CapacityLimiter
-    outcomes: list[CallOutcome] = field(default_factory=list[CallOutcome])
+    calls: int = 0
     cites: bool = False  # a panel will read the answer's citations: notes name each call's id
 
     async def turn(self, turn: int) -> LoopResult | None:
         """One turn (already charged): the model's answer, then its calls. None: the run goes on."""
-        contract, gate, outcomes = self.contract, self.gate, self.outcomes
+        contract, gate, calls = self.contract, self.gate, self.calls
         time_left = budget_mod.time_left_s(contract, gate.budget, self.clock.now_ms())
         response: TurnResponse | None = None
         try:
@@ -235,17 +256,17 @@ class _Loop:
                     self.redactor, self.by_provider, contract, self.events,
                 )  # fmt: skip
         except ProviderError as exc:
-            return LoopResult("provider_error", turn, reason=exc.message, outcomes=tuple(outcomes))
+            return LoopResult("provider_error", turn, reason=exc.message, calls=calls)
         if response is None:
             detail = f"the run's deadline of {contract.budget.deadline} passed while waiting for the model"
-            return LoopResult("deadline", turn, reason=detail, limit="deadline", outcomes=tuple(outcomes))
+            return LoopResult("deadline", turn, reason=detail, limit="deadline", calls=calls)
         usage = await gate.charge(functools.partial(_add_usage, contract=contract, response=response))
         if isinstance(usage, Exceeded):
             self.conversation.add(_assistant(response))
-            return LoopResult("budget", turn, reason=usage.detail, limit=usage.limit, outcomes=tuple(outcomes))
+            return LoopResult("budget", turn, reason=usage.detail, limit=usage.limit, calls=calls)
         self.conversation.add(_assistant(response))
         if not response.tool_calls:
-            return LoopResult("done", turn, final_text=response.text, outcomes=tuple(outcomes))
+            return LoopResult("done", turn, final_text=response.text, calls=calls)
 
         requests = [
             CallRequest(
@@ -259,7 +280,7 @@ class _Loop:
             for i, c in enumerate(response.tool_calls)
         ]
         results = await _run_calls(gate, requests, self.limiter)
-        outcomes.extend(results)
+        self.calls = calls = calls + len(results)
         for call, outcome in zip(response.tool_calls, results, strict=True):
             note = _budget_note(gate.remaining())
             self.conversation.add(_tool_message(call, outcome), f"[call {outcome.call}] {note}" if self.cites else note)
@@ -268,7 +289,7 @@ class _Loop:
             codes = {o.code for o in results if o.outcome == "suspended"}
             on = "approval" if "approval" in codes else "signal" if "signal" in codes else "task"
             why = {"approval": "waiting for approval", "signal": "waiting for a signal"}.get(on, "waiting for a task")
-            return LoopResult("suspended", turn, reason=why, waiting=waiting, waiting_on=on, outcomes=tuple(outcomes))
+            return LoopResult("suspended", turn, reason=why, waiting=waiting, waiting_on=on, calls=calls)
         return None
 
 
@@ -376,9 +397,8 @@ class _Turn:
     chain: _Chain
 
     def request(self) -> TurnRequest:
-        return TurnRequest(
-            system=self.system, messages=self.conversation.rendered(), tools=self.specs, turn=self.number
-        )
+        first, messages = self.conversation.request()
+        return TurnRequest(system=self.system, messages=messages, tools=self.specs, turn=self.number, first=first)
 
     def link(self, prev: str | None, append: list[Any]) -> bytes:
         system = self.system if self.system != self.chain.system else None
@@ -386,7 +406,7 @@ class _Turn:
 
     def advance(self, request_ref: str, key: str) -> None:
         self.chain.request, self.chain.key, self.chain.system = request_ref, key, self.system
-        self.conversation.sent = len(self.conversation)
+        self.conversation.mark_sent()
 
 
 def _recorded_notes(data: bytes | None, count: int) -> list[str | None] | None:
@@ -418,7 +438,7 @@ async def _turn(  # noqa: PLR0917 - one private call site
     pending = turn.conversation.pending()
     bare = [_recorded_form(message, redactor, by_provider, contract) for message, _ in pending]
     replay_key = sha256_ref(turn.link(turn.chain.key, bare))
-    recorded = journal.turns.get(turn.number)
+    recorded = journal.turns.pop(turn.number, None)  # replayed once: not kept for the rest of the run
     if recorded is not None:
         body: Mapping[str, Any] = recorded.body
         if body.get("replay_key") != replay_key:

@@ -40,12 +40,16 @@ class ProviderCapabilities:
     ``plays_plan``: its answer is a pure function of the contract and the request (it plays
     ``[[agent.steps]]``), so asking it again costs nothing and calls nothing; on resume the loop
     asks it for every recorded turn and stops with a divergence when the answer changed (the plan
-    was edited). A model is never asked again. ``needs_model``: the contract must set
+    was edited). A model is never asked again. ``reads_new_messages``: it reads only the messages
+    added since the request it answered last (``TurnRequest.first`` says where they start); with
+    ``plays_plan`` it is asked every turn, live or replayed, so the loop sends it only those and keeps
+    no conversation; any other provider gets the whole conversation every turn. ``needs_model``: the contract must set
     ``agent.model``. ``api_key_env``: the environment variable that holds its API key when the
     contract names none (read only for the provider's own host); None when it needs no key.
     """
 
     plays_plan: bool = False
+    reads_new_messages: bool = False
     needs_model: bool = True
     api_key_env: str | None = None
 
@@ -60,7 +64,9 @@ class ProviderKind:
 
 
 SCRIPTED = ProviderKind(
-    "scripted", ProviderCapabilities(plays_plan=True, needs_model=False), "plays [[agent.steps]] offline"
+    "scripted",
+    ProviderCapabilities(plays_plan=True, reads_new_messages=True, needs_model=False),
+    "plays [[agent.steps]] offline",
 )
 ANTHROPIC = ProviderKind(
     "anthropic", ProviderCapabilities(api_key_env="ANTHROPIC_API_KEY"), "the Anthropic Messages API"

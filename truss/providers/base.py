@@ -79,13 +79,16 @@ class Usage:
 @dataclass(frozen=True)
 class TurnRequest:
     """One turn's request. ``tool_choice`` names a tool the model must call (the reviewer panel's
-    form); None leaves the choice to the model, as the agent loop does."""
+    form); None leaves the choice to the model, as the agent loop does. ``first``: the position in
+    the conversation of ``messages[0]``: 0 when the request holds the whole conversation, more when
+    it holds only what was added since the turn before (``ProviderCapabilities.reads_new_messages``)."""
 
     system: str
     messages: list[dict[str, Any]]
     tools: list[ToolSpec]
     turn: int  # 1-based
     tool_choice: str | None = None
+    first: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -96,6 +99,8 @@ class TurnRequest:
         }
         if self.tool_choice is not None:
             out["tool_choice"] = self.tool_choice
+        if self.first:
+            out["first"] = self.first
         return out
 
 

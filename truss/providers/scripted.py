@@ -30,11 +30,15 @@ step is rendered once when the provider is built, so a missing parameter or vari
 
 Cost per turn: the loop only ever appends to the conversation, so the provider keeps what it read
 of the previous request (the highest step called, the outcomes later steps or ``agent.final``
-refer to, which steps failed) and reads only the messages added since. It takes the earlier
-reading when the new request holds, at the place where the last one ended, the very message
-object that reading ended with, and otherwise reads the request from its start; either way the
-answer is the one a reading of the whole request gives. Only the outcomes of steps that some
-reference names are kept, so memory stays flat over a long plan.
+refer to, which steps failed) and reads only the messages added since. The loop sends it only
+those (``reads_new_messages``; ``TurnRequest.first`` is where they start in the conversation),
+and keeps no conversation of its own. A request that holds the whole conversation (``first`` 0)
+is read the same way: the earlier reading is taken when the request holds, at the place where the
+last one ended, the very message object that reading ended with, and otherwise the request is read
+from its start. Either way the answer is the one a reading of the whole conversation gives. A
+request that starts after what was read (a gap) cannot be answered and is a ``ProviderError``.
+Only the outcomes of steps that some reference names are kept, so memory stays flat over a long
+plan.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from truss._errors import InputError
+from truss._errors import InputError, ProviderError
 from truss._pointer import resolve_pointer
 from truss.contract import Contract, Step, render_arguments
 from truss.contract.providers import SCRIPTED
@@ -88,14 +92,19 @@ class _Reading:
         self.read = 0
         self.last: dict[str, Any] | None = None
 
-    def continues(self, messages: list[dict[str, Any]]) -> bool:
-        return self.read == 0 or (len(messages) >= self.read and messages[self.read - 1] is self.last)
+    def continues(self, messages: list[dict[str, Any]], first: int) -> bool:
+        if first > self.read:
+            return False
+        if first == self.read:
+            return True
+        at = self.read - 1 - first
+        return len(messages) > at and messages[at] is self.last
 
-    def take(self, messages: list[dict[str, Any]]) -> None:
-        for message in messages[self.read :]:
+    def take(self, messages: list[dict[str, Any]], first: int) -> None:
+        for message in messages[self.read - first :]:
             self._one(message)
-        self.read = len(messages)
-        self.last = messages[-1] if messages else None
+        self.read = first + len(messages)
+        self.last = messages[-1] if messages else self.last
 
     def _one(self, message: dict[str, Any]) -> None:
         role = message.get("role")
@@ -179,9 +188,16 @@ class ScriptedProvider:
     def respond(self, request: TurnRequest) -> TurnResponse:
         """The next turn for ``request`` (the synchronous core of ``next_turn``)."""
         reading = self._reading
-        if not reading.continues(request.messages):
+        if not reading.continues(request.messages, request.first):
+            if request.first:
+                raise ProviderError(
+                    f"the scripted provider read {reading.read} message(s) of the conversation, and turn "
+                    f"{request.turn}'s request starts at message {request.first}",
+                    remedy="Send the scripted provider every message of the conversation, in order",
+                    provider=self.name,
+                )
             reading = self._reading = _Reading(self._needed)
-        reading.take(request.messages)
+        reading.take(request.messages, request.first)
         called, outcomes = reading.called, reading.outcomes
         index = called + 1 if called is not None else 0
         if index >= len(self._steps):
