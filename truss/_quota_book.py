@@ -42,6 +42,7 @@ from truss.quota import (
     QuotaBook,
     Refusal,
     Reservation,
+    UsageTally,
     charges_for,
     limits_for,
     used_by,
@@ -203,12 +204,12 @@ def reserve(store: LedgerStore, contract: Contract, *, session: str, principal: 
     return charges
 
 
-def settle(store: LedgerStore, session: str, *, now_ms: int, entries: Sequence[StoredEntry] | None = None) -> bool:
+def settle(store: LedgerStore, session: str, *, now_ms: int, usage: UsageTally | None = None) -> bool:
     """Settle ``session``'s reservation to what its entries record; False when it holds none.
 
-    ``entries`` are the session's entries when the caller already holds them (the run that just
-    ended: its journal, written or verified by this process); without them the session is read,
-    and so verified in full, through ``store``."""
+    ``usage`` is what the session used when the caller tallied it already (the run that just
+    ended: its journal, written or verified by this process); without it the session is read, and
+    so verified in full, through ``store``."""
     raw, check = _raw(store)
     book = _cached(raw)
     done: list[bool] = []
@@ -222,7 +223,7 @@ def settle(store: LedgerStore, session: str, *, now_ms: int, entries: Sequence[S
                 return []
             keys = list(reservation.charges)
             now = book.stamp(now_ms)
-        used = used_by(store.read_session(session) if entries is None else entries, keys)
+        used = used_by(store.read_session(session), keys) if usage is None else usage.used(keys)
         done.append(True)
         return [_settlement(session, now, used, "ended")]
 

@@ -50,6 +50,7 @@ __all__ = [
     "QuotaBook",
     "Refusal",
     "Reservation",
+    "UsageTally",
     "charges_for",
     "key_scope",
     "limits_for",
@@ -412,29 +413,42 @@ def used_by(entries: Iterable[Any], keys: Iterable[str]) -> dict[str, Amounts]:
     nothing, as in the run's own budget); tokens are the ``model_turn`` usage the provider
     reported, which may pass ``max_tokens`` by the last turn (settlement records what was spent).
     """
-    calls: list[str] = []
-    tokens = 0
+    tally = UsageTally()
     for entry in entries:
+        tally.add(entry)
+    return tally.used(keys)
+
+
+class UsageTally:
+    """``used_by`` folded entry by entry (a run's journal feeds it): the calls sent per tool, the tokens."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.tokens = 0
+
+    def add(self, entry: Any) -> None:
         body = entry.body
         if entry.kind == "mcp_tool_intent" and isinstance(body.get("tool"), str):
-            calls.append(body["tool"])
+            self.calls[body["tool"]] = self.calls.get(body["tool"], 0) + 1
         elif entry.kind == "model_turn":
             usage = as_dict(body.get("usage")) or {}
             for name in ("input_tokens", "output_tokens"):
                 value = usage.get(name)
                 if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    tokens += value
-    out: dict[str, Amounts] = {}
-    for key in keys:
-        server, tool = key_scope(key)
-        if tool is not None:
-            n = sum(1 for c in calls if c == tool)
-        elif server is not None:
-            n = sum(1 for c in calls if (split_namespaced(c) or ("", ""))[0] == server)
-        else:
-            n = len(calls)
-        out[key] = Amounts(1, n, tokens if server is None else 0)
-    return out
+                    self.tokens += value
+
+    def used(self, keys: Iterable[str]) -> dict[str, Amounts]:
+        out: dict[str, Amounts] = {}
+        for key in keys:
+            server, tool = key_scope(key)
+            if tool is not None:
+                n = self.calls.get(tool, 0)
+            elif server is not None:
+                n = sum(k for c, k in self.calls.items() if (split_namespaced(c) or ("", ""))[0] == server)
+            else:
+                n = sum(self.calls.values())
+            out[key] = Amounts(1, n, self.tokens if server is None else 0)
+        return out
 
 
 def key_scope(key: str) -> tuple[str | None, str | None]:

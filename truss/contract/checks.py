@@ -33,6 +33,16 @@ The built-in kinds:
 call of the tool succeeded, and matches; there is at least one), or ``call:<id>`` (that call,
 such as ``call:c2.0``: it must be a call of the tool that succeeded, and matches).
 
+A kind may also say how to fold its check entry by entry (``CheckKind.fold``: a ``CheckFold``
+given each recorded call and denial as the run appends them, asked for its ``Checked`` at the
+end), so a long run's verdict needs no record of every call. Each built-in kind but ``panel``
+folds into at most a few remembered calls, a counter and a flag per check: ``last`` and ``first``
+remember one call, ``any`` and ``all`` match each successful result as it comes (remembering the
+first hit or miss), ``call:<id>`` remembers the named call. A fold reaches the same ``Checked`` as
+the kind's ``evaluate`` over the whole record (``tests/contract/test_verdict_fold.py``); a kind
+without a fold (the panel, which reads the final answer's citations) is evaluated over the whole
+record, which the run then keeps.
+
 Pure: evaluation reads payloads only through the ``blob`` function it is given.
 """
 
@@ -41,8 +51,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, cast
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -56,6 +66,7 @@ from truss.ledger.canonical import CanonicalError, canonical
 __all__ = [
     "DONE_CHECKS",
     "CallRecord",
+    "CheckFold",
     "CheckKind",
     "Checked",
     "DoneCheck",
@@ -199,9 +210,20 @@ class Checked:
     cause: str | None = None
 
 
+class CheckFold(Protocol):
+    """One check folded as the run goes: each recorded call and denial in order, then the result."""
+
+    def call(self, call: CallRecord) -> None: ...
+
+    def denial(self, tool: str) -> None: ...
+
+    def checked(self, final_text: str | None) -> Checked: ...
+
+
 @dataclass(frozen=True)
 class CheckKind:
-    """A done-check kind: its name, the keys it needs, its evaluation."""
+    """A done-check kind: its name, the keys it needs, its evaluation; ``fold`` (optional) builds a
+    ``CheckFold`` for one check, given the check and the payload reader."""
 
     name: str
     evaluate: Callable[[DoneCheck, Evidence], Checked]
@@ -211,6 +233,7 @@ class CheckKind:
     summary: str = ""
     keys: frozenset[str] = frozenset()  # which of KIND_KEYS it takes
     selects: bool = False  # takes ``select`` (which calls of its tool it looks at)
+    fold: Callable[[DoneCheck, Callable[[str], bytes | None]], CheckFold] | None = None
 
 
 def match_value(check: DoneCheck, value: Any) -> Checked:
@@ -351,12 +374,166 @@ def _no_denials(check: DoneCheck, evidence: Evidence) -> Checked:
     return Checked(True, "no call was denied")
 
 
+# -- the built-in kinds, folded call by call (the same answers as above, see CheckFold) --------------
+
+
+class _Fold:
+    """What every built-in fold remembers of the calls of its check's tool."""
+
+    def __init__(self, check: DoneCheck, blob: Callable[[str], bytes | None]) -> None:
+        self.check = check
+        self.blob = blob
+        self.select = check.select or "last"
+        self.wanted = self.select.removeprefix("call:") if self.select.startswith("call:") else None
+        self.count = 0  # calls of the tool
+        self.first: CallRecord | None = None
+        self.last: CallRecord | None = None
+        self.named: CallRecord | None = None  # the first call of the tool with the wanted id
+        self.first_bad: CallRecord | None = None  # the first that returned an error
+
+    def call(self, call: CallRecord) -> None:
+        if call.tool != self.check.tool:
+            return
+        self.count += 1
+        self.first = self.first or call
+        self.last = call
+        if self.named is None and self.wanted is not None and call.call == self.wanted:
+            self.named = call
+        if call.is_error and self.first_bad is None:
+            self.first_bad = call
+        self.more(call)
+
+    def more(self, call: CallRecord) -> None:
+        return None
+
+    def denial(self, tool: str) -> None:
+        return None
+
+    def evidence(self) -> Evidence:
+        return Evidence(calls=(), denials=(), final_text=None, blob=self.blob)
+
+
+class _ToolSucceededFold(_Fold):
+    def __init__(self, check: DoneCheck, blob: Callable[[str], bytes | None]) -> None:
+        super().__init__(check, blob)
+        self.good: CallRecord | None = None  # the first that succeeded
+
+    def more(self, call: CallRecord) -> None:
+        if not call.is_error and self.good is None:
+            self.good = call
+
+    def checked(self, final_text: str | None) -> Checked:
+        tool, select = self.check.tool, self.select
+        if self.count == 0:
+            return Checked(False, f"{tool} was never called")
+        if select == "any":
+            good = self.good
+            if good is None:
+                return Checked(False, f"no call of {tool} succeeded ({self.count} call(s))")
+            return Checked(True, f"{tool} succeeded ({good.call})")
+        if select == "all":
+            if self.first_bad is None:
+                return Checked(True, f"all {self.count} call(s) of {tool} succeeded")
+            picked = self.first_bad
+        elif select in ("first", "last"):
+            picked = self.first if select == "first" else self.last
+        else:
+            if self.named is None:
+                return Checked(False, f"{tool} has no call {self.wanted}")
+            picked = self.named
+        assert picked is not None  # count > 0
+        if picked.is_error:
+            why = f"failed ({picked.failure})" if picked.failure else "returned an error result"
+            which = {"first": "the first", "last": "the last", "all": "a"}.get(select, "the selected")
+            return Checked(False, f"{which} call of {tool} ({picked.call}) {why}")
+        return Checked(True, f"{tool} succeeded ({picked.call})")
+
+
+class _ResultMatchesFold(_Fold):
+    def __init__(self, check: DoneCheck, blob: Callable[[str], bytes | None]) -> None:
+        super().__init__(check, blob)
+        self.good = 0
+        self.first_good: CallRecord | None = None
+        self.last_good: CallRecord | None = None
+        self.found: Checked | None = None  # any: the first hit; all: the first miss
+        self.latest: Checked | None = None  # the latest successful result's match
+        self.raised: Exception | None = None  # the first evaluation that raised (re-raised at the end)
+
+    def more(self, call: CallRecord) -> None:
+        if call.is_error:
+            return
+        self.good += 1
+        self.first_good = self.first_good or call
+        self.last_good = call
+        if self.select not in ("any", "all") or self.raised is not None:
+            return
+        if self.select == "all" and self.first_bad is not None:
+            return  # the first error decides already
+        try:
+            matched = _matches_at(self.check, self.evidence(), call)
+        except Exception as exc:  # the whole-record evaluation raises it: so does checked()
+            self.raised = exc
+            return
+        self.latest = matched
+        if self.found is None and matched.ok == (self.select == "any"):
+            self.found = matched
+
+    def checked(self, final_text: str | None) -> Checked:
+        tool, select = self.check.tool, self.select
+        if self.wanted is not None:
+            if self.named is None:
+                return Checked(False, f"{tool} has no call {self.wanted}")
+            if self.named.is_error:
+                return Checked(False, f"{self.named.call} ({tool}) returned no successful result")
+            return _matches_at(self.check, self.evidence(), self.named)
+        if self.good == 0:
+            return Checked(False, f"{tool} has no successful result")
+        if select in ("first", "last"):
+            picked = self.first_good if select == "first" else self.last_good
+            assert picked is not None
+            return _matches_at(self.check, self.evidence(), picked)
+        if select == "all" and self.first_bad is not None:
+            return Checked(False, f"{self.first_bad.call} ({tool}) returned no successful result")
+        if self.raised is not None:
+            raise self.raised
+        if select == "any":
+            assert self.latest is not None
+            return self.found or Checked(
+                False, f"no result of {tool} matches ({self.good} successful): {self.latest.detail}"
+            )
+        return self.found or Checked(True, f"all {self.good} result(s) of {tool} match")
+
+
+class _FinalMatchesFold(_Fold):
+    def checked(self, final_text: str | None) -> Checked:
+        return _final_matches(self.check, replace(self.evidence(), final_text=final_text))
+
+
+class _NoDenialsFold(_Fold):
+    def __init__(self, check: DoneCheck, blob: Callable[[str], bytes | None]) -> None:
+        super().__init__(check, blob)
+        self.hits = 0
+
+    def call(self, call: CallRecord) -> None:
+        return None
+
+    def denial(self, tool: str) -> None:
+        if self.check.tool is None or tool == self.check.tool:
+            self.hits += 1
+
+    def checked(self, final_text: str | None) -> Checked:
+        if self.hits:
+            return Checked(False, f"{self.hits} call(s) were denied")
+        return Checked(True, "no call was denied")
+
+
 DONE_CHECKS: Registry[CheckKind] = Registry(
     "done-check kind",
     [
         CheckKind(
             "tool_succeeded",
             _tool_succeeded,
+            fold=_ToolSucceededFold,
             needs_tool=True,
             summary="the tool's last call succeeded",
             selects=True,
@@ -364,13 +541,20 @@ DONE_CHECKS: Registry[CheckKind] = Registry(
         CheckKind(
             "result_matches",
             _result_matches,
+            fold=_ResultMatchesFold,
             needs_tool=True,
             needs_match=True,
             summary="the tool's last successful result matches",
             selects=True,
         ),
-        CheckKind("final_matches", _final_matches, needs_match=True, summary="the final answer matches"),
-        CheckKind("no_denials", _no_denials, summary="no call (of the tool) was denied"),
+        CheckKind(
+            "final_matches",
+            _final_matches,
+            fold=_FinalMatchesFold,
+            needs_match=True,
+            summary="the final answer matches",
+        ),
+        CheckKind("no_denials", _no_denials, fold=_NoDenialsFold, summary="no call (of the tool) was denied"),
     ],
 )
 """The done-check kinds contracts are loaded and verdicts evaluated against unless given another registry."""
