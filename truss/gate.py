@@ -133,6 +133,12 @@ class Gate:
     # -- the call --
 
     async def call(self, request: CallRequest) -> CallOutcome:
+        try:
+            return await self._observed(request)
+        finally:
+            self.journal.release(request.call)  # its outcome is on the record; a leg never asks again
+
+    async def _observed(self, request: CallRequest) -> CallOutcome:
         events = self._events
         if events is None or not events.active:
             return await self._call(request)

@@ -5,6 +5,13 @@ built over the entries recorded before (a resumed run), it indexes those too: mo
 number, and per call id the ``RecordedCall`` slots a resumed gate consults (approval, denial,
 intent, result, in doubt, resolution, pending, signal).
 
+Memory stays flat over a long run: a recorded turn is dropped once the loop replayed it, a call's
+slots once the gate settled the call (``release``: a call id is never asked again in a leg), and
+a live turn is never indexed (turn numbers only grow). The journal keeps every entry only when
+built with ``keep_entries`` (a reviewer panel reads the whole record); otherwise it keeps the
+head, the next seq and the last ``verdict`` entry, and hands every entry, recorded or appended,
+to its ``fold`` (the verdict's done checks, folded as the run goes: ``truss.verdict.VerdictFold``).
+
 Replay matching also lives here: a resumed run's request must be the recorded one (same tool, same
 recorded arguments), else ``ReplayDivergenceError`` says which entry and what differs; a payload
 the record needs but that was erased is a divergence too; an intent without a result, for a tool
@@ -28,7 +35,13 @@ from truss._errors import InDoubtError, ReplayDivergenceError
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
 
-__all__ = ["IN_FLIGHT", "Journal", "JournalStore", "RecordedCall"]
+__all__ = ["IN_FLIGHT", "EntryFold", "Journal", "JournalStore", "RecordedCall"]
+
+
+class EntryFold(Protocol):
+    """What the journal hands each entry to, in seq order, recorded ones first."""
+
+    def add(self, entry: StoredEntry) -> None: ...
 
 
 class JournalStore(Protocol):
@@ -117,7 +130,14 @@ class Journal:
     """
 
     def __init__(
-        self, store: JournalStore, session: str, *, recorded: Iterable[StoredEntry] = (), epoch: int | None = None
+        self,
+        store: JournalStore,
+        session: str,
+        *,
+        recorded: Iterable[StoredEntry] = (),
+        epoch: int | None = None,
+        keep_entries: bool = True,
+        fold: EntryFold | None = None,
     ) -> None:
         self.store = store
         self.session = session
@@ -126,25 +146,52 @@ class Journal:
         self.epoch = epoch
         self.calls: dict[str, RecordedCall] = {}
         self.turns: dict[int, StoredEntry] = {}
-        self.entries: list[StoredEntry] = []
+        self._entries: list[StoredEntry] | None = [] if keep_entries else None
+        self.fold = fold
+        self.head: StoredEntry | None = None
+        self.verdict: StoredEntry | None = None  # the last ``verdict`` entry (a run killed while sealing)
         self.denials = 0
-        for entry in recorded:
-            self._index(entry)
+        self.extend(recorded)
 
     @property
-    def head(self) -> StoredEntry | None:
-        return self.entries[-1] if self.entries else None
+    def entries(self) -> list[StoredEntry]:
+        """Every entry of the session so far (a journal built with ``keep_entries`` only)."""
+        if self._entries is None:
+            raise RuntimeError(f"the journal of session {self.session} does not keep its entries")
+        return self._entries
+
+    @property
+    def keeps_entries(self) -> bool:
+        return self._entries is not None
 
     @property
     def next_seq(self) -> int:
-        return self.entries[-1].seq + 1 if self.entries else 0
+        return self.head.seq + 1 if self.head is not None else 0
 
-    def _index(self, entry: StoredEntry) -> None:
-        self.entries.append(entry)
+    def extend(self, recorded: Iterable[StoredEntry]) -> None:
+        """Index entries recorded before (a resumed run's, or ones a cancelled step committed)."""
+        for entry in recorded:
+            self._index(entry, live=False)
+
+    def release(self, call: str) -> None:
+        """Forget what the record holds for ``call`` once it is settled (a result or a denial): the
+        gate asks for a call id only while it runs that call."""
+        recorded = self.calls.get(call)
+        if recorded is not None and (recorded.result is not None or recorded.denied is not None):
+            del self.calls[call]
+
+    def _index(self, entry: StoredEntry, *, live: bool) -> None:
+        if self._entries is not None:
+            self._entries.append(entry)
+        self.head = entry
+        if self.fold is not None:
+            self.fold.add(entry)
         kind = entry.kind
         body: Mapping[str, Any] = entry.body
-        if kind == "model_turn":
+        if kind == "model_turn" and not live:
             self.turns[int(body["turn"])] = entry
+        elif kind == "verdict":
+            self.verdict = entry
         slot = _CALL_SLOTS.get(kind)
         if slot is not None:
             call = str(body["call"])
@@ -170,7 +217,7 @@ class Journal:
         else:
             stored = await anyio.to_thread.run_sync(write)
         for entry in stored:
-            self._index(entry)
+            self._index(entry, live=True)
         return stored
 
     def blob(self, ref: str) -> bytes | None:

@@ -65,7 +65,7 @@ from truss._quota_book import reserve as quota_reserve
 from truss._quota_book import settle as quota_settle
 from truss._version import __version__
 from truss.budget import BudgetState
-from truss.contract import Contract, render_intent
+from truss.contract import Contract, render_intent, uses_panel
 from truss.events import EventBus, RunEvents
 from truss.gate import Gate, Journal, Redactor
 from truss.ledger.canonical import canonical
@@ -79,10 +79,10 @@ from truss.ledger.workers import end_checkpoint
 from truss.loop import LoopResult, run_loop
 from truss.panel import ReviewerSet, open_reviewers, run_panels
 from truss.providers.base import Provider
-from truss.quota import quotas_of
+from truss.quota import UsageTally, quotas_of
 from truss.runtime import Connector, ProviderFactory, Runtime
 from truss.tools import MountedTool, ToolTransport
-from truss.verdict import RunError, Verdict, evaluate
+from truss.verdict import RunError, Verdict, VerdictFold
 
 __all__ = [
     "TERMINAL",
@@ -181,7 +181,7 @@ async def run_contract(
         await anyio.to_thread.run_sync(
             lambda: quota_reserve(store, contract, session=session, principal=principal, now_ms=now)
         )
-    journal = Journal(store, session)
+    journal = _journal(store, session, contract)
     run = _Run(runtime, contract, journal, stop)
     return await run.drive(principal=principal, resumed_from=None)
 
@@ -223,7 +223,8 @@ async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | 
         )
     started = entries[0].body
     contract = _recorded_contract(session, started)
-    journal = Journal(store, session, recorded=entries)
+    journal = _journal(store, session, contract, recorded=entries)
+    del entries  # folded into the journal: a long session's entries are not held through the run
     run = _Run(runtime, contract, journal, stop)
     return await run.drive(principal=started.get("principal"), resumed_from=started)
 
@@ -467,7 +468,7 @@ class _Run:
         except ReplayDivergenceError as exc:
             await self._reload()
             await self._record_server_events()
-            if self.journal.entries:
+            if self.journal.head is not None:
                 # The divergence is on the record: which step, what was recorded, what was asked.
                 found = {k: exc.fields.get(k) for k in ("seq", "expected", "actual") if exc.fields.get(k) is not None}
                 with anyio.CancelScope(shield=True):
@@ -478,7 +479,7 @@ class _Run:
                 return await self._start_failed(exc, principal)
             # A call needed a person (an OAuth step-up): recorded as that call's failure; the run ends.
             error = RunError("server", self.redactor.scrub_text(exc.message))
-            verdict = evaluate(self.contract, self.journal.entries, self.journal.blob, final_text=None, error=error)
+            verdict = self._verdict(final_text=None, error=error)
             return dataclasses.replace(await self._seal(verdict), exit_code=exc.exit_code)
         except TrussError as exc:
             if entered or not isinstance(exc, McpError | InputError):
@@ -615,7 +616,7 @@ class _Run:
 
     async def _start_failed(self, exc: TrussError, principal: Any) -> RunOutcome:
         """A server that could not start: the attempt is still recorded, with an ``error`` verdict."""
-        if self.journal.entries:
+        if self.journal.head is not None:
             raise exc
         body: dict[str, Any] = {
             "contract": self.contract.contract.name,
@@ -636,7 +637,7 @@ class _Run:
         if isinstance(exc, SandboxError) and exc.remedy:  # cause and remedy, in the verdict itself
             detail = f"{detail}. {exc.remedy}"
         error = RunError(cause, self.redactor.scrub_text(detail))
-        verdict = evaluate(self.contract, self.journal.entries, self.store.blob, final_text=None, error=error)
+        verdict = self._verdict(final_text=None, error=error)
         outcome = await self._seal(verdict)
         if isinstance(exc, LoginRequiredError):  # an OAuth server needs `truss mcp login` first: exit 5
             outcome = dataclasses.replace(outcome, exit_code=exc.exit_code)
@@ -650,15 +651,18 @@ class _Run:
             error = RunError("deadline", result.reason or "the deadline passed", "deadline")
         elif result.stop == "provider_error":
             error = RunError("provider", self.redactor.scrub_text(result.reason or "the model provider failed"))
-        verdict = evaluate(self.contract, self.journal.entries, self.journal.blob, final_text=result.final_text,
-                           error=error)  # fmt: skip
-        return await self._seal(verdict)
+        return await self._seal(self._verdict(final_text=result.final_text, error=error))
+
+    def _verdict(self, *, final_text: str | None, error: RunError | None) -> Verdict:
+        """The done checks over the whole session, folded entry by entry as the journal indexed them
+        (a resumed run's recorded entries too)."""
+        return _folds(self.journal).verdict.verdict(final_text=final_text, error=error)
 
     async def _seal(self, verdict: Verdict) -> RunOutcome:
         await self._record_server_events()  # the servers' last reports come as they end
         body = verdict.to_json()
         body["contract_hash"] = self.contract.hash
-        recorded = next((e for e in reversed(self.journal.entries) if e.kind == "verdict"), None)
+        recorded = self.journal.verdict
         if recorded is not None:
             # A run killed while sealing (after the verdict, before session_ended): the replayed run
             # must reach the verdict it recorded; then only the end is missing.
@@ -673,7 +677,8 @@ class _Run:
                 )
         else:
             await self.journal.append(Record("verdict", body), durable=True)
-        verdict_entry = next(e for e in reversed(self.journal.entries) if e.kind == "verdict")
+        verdict_entry = self.journal.verdict
+        assert verdict_entry is not None  # recorded before, or appended just above
         _faults.fault("during_verdict")
         [ended] = await self.journal.append(Record("session_ended", {"status": verdict.status}), durable=True)
         await self._settle_quotas()
@@ -697,15 +702,15 @@ class _Run:
         """Settle the run's quota reservation to what it used; a failure here is settled later by
         the next reservation that sees the ended session (``truss._quota_book``).
 
-        What it used is read from the journal, which holds every entry of the session (a resume
-        loads them through the verified reader): reading them back through the store would verify
-        the whole session a second time at every run's end."""
-        if not quotas_of(self.contract):
+        What it used was tallied as the journal indexed the session's entries (a resume's through the
+        verified reader): reading them back through the store would verify the whole session a
+        second time at every run's end."""
+        tally = _folds(self.journal).usage
+        if tally is None:
             return
         now = self.clock.now_ms()
-        entries = self.journal.entries
         with contextlib.suppress(TrussError), anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(lambda: quota_settle(self.store, self.session, now_ms=now, entries=entries))
+            await anyio.to_thread.run_sync(lambda: quota_settle(self.store, self.session, now_ms=now, usage=tally))
 
     async def _witness(self, checkpoint: str) -> None:
         """Submit the end-of-session checkpoint to the home's witnesses, if it has any (never raises:
@@ -722,7 +727,7 @@ class _Run:
     async def _suspend(self, reason: str, calls: tuple[str, ...], detail: str | None) -> RunOutcome:
         await self._reload()
         await self._record_server_events()
-        if not self.journal.entries:  # stopped before anything was recorded: nothing to resume
+        if self.journal.head is None:  # stopped before anything was recorded: nothing to resume
             return RunOutcome(self.session, "interrupted", None, None, None, 3, detail)
         body: dict[str, Any] = {"reason": reason}
         if calls:
@@ -742,18 +747,45 @@ class _Run:
         return RunOutcome(self.session, status, None, self._head(), checkpoint, 3, detail, calls, reason)
 
     async def _reload(self) -> None:
-        """Re-read the record: a cancelled step may have committed after its caller stopped listening."""
-        entries: list[StoredEntry] = await anyio.to_thread.run_sync(lambda: list(self.store.read_session(self.session)))
-        if len(entries) != len(self.journal.entries):
-            self.journal = _reindexed(self.journal, entries)
+        """Index what the record holds after the journal's head: a cancelled step may have committed
+        after its caller stopped listening."""
+        after = self.journal.next_seq
+        entries: list[StoredEntry] = await anyio.to_thread.run_sync(
+            lambda: list(self.store.read_session(self.session, from_seq=after))
+        )
+        self.journal.extend(entries)
 
     def _head(self) -> str | None:
         head = self.journal.head
         return head.hash if head else None
 
 
-def _reindexed(journal: Journal, entries: list[StoredEntry]) -> Journal:
-    return Journal(journal.store, journal.session, recorded=entries, epoch=journal.epoch)
+@dataclass
+class _Folds:
+    """What the run's end needs of the whole session, folded as the journal indexes each entry: the
+    verdict's done checks and, when the contract has quotas, what the run used of them."""
+
+    verdict: VerdictFold
+    usage: UsageTally | None
+
+    def add(self, entry: StoredEntry) -> None:
+        self.verdict.add(entry)
+        if self.usage is not None:
+            self.usage.add(entry)
+
+
+def _journal(
+    store: LedgerStore, session: str, contract: Contract, *, recorded: list[StoredEntry] | None = None
+) -> Journal:
+    """The run's journal: it keeps every entry only when a check needs the whole record (a panel)."""
+    folds = _Folds(VerdictFold(contract, store.blob), UsageTally() if quotas_of(contract) else None)
+    keep = not folds.verdict.folds_all or uses_panel(contract.done.checks)
+    return Journal(store, session, recorded=recorded or (), keep_entries=keep, fold=folds)
+
+
+def _folds(journal: Journal) -> _Folds:
+    assert isinstance(journal.fold, _Folds)  # every journal of a run is built by _journal
+    return journal.fold
 
 
 @asynccontextmanager
