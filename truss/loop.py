@@ -1,7 +1,8 @@
 """The agent loop: the provider proposes, the gate disposes, until the run has an answer or must stop.
 
 Each turn: charge the turn against the budget; build a ``TurnRequest`` (system text, the
-conversation so far, the mounted tools under provider-safe names); get the response (replayed from
+conversation so far, or only the messages added since the turn before for a provider that reads
+only what is new, the mounted tools under provider-safe names); get the response (replayed from
 the ledger when the session already recorded this turn, else from the provider); record a
 ``model_turn`` entry (usage, stop reason, and as blobs the response's canonical bytes and the
 request as a *delta*: the messages added since the turn before, chained by hash to that turn's
