@@ -386,6 +386,9 @@ class _ReadOnlyStore:
     def node(self, level: int, index: int) -> bytes:
         return self._store.node(level, index)
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return self._store.nodes(keys)
+
     def checkpoints(self) -> list[StoredCheckpoint]:
         return self._store.checkpoints()
 

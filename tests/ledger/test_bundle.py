@@ -11,7 +11,7 @@ import hashlib
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -464,6 +464,9 @@ class _RacingStore:
 
     def node(self, level: int, index: int) -> bytes:
         return self.inner.node(level, index)
+
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return self.inner.nodes(keys)
 
     def checkpoints(self) -> list[Any]:
         return list(self.inner.checkpoints())

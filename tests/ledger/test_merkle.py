@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,18 @@ from hypothesis import strategies as st
 from truss.ledger.merkle import (
     EMPTY_ROOT,
     Frontier,
+    GetNode,
     MemoryTree,
+    consistency_nodes,
     consistency_proof,
+    fetched,
+    inclusion_nodes,
     inclusion_proof,
     leaf_hash,
+    leaves_nodes,
     node_hash,
     root_at,
+    root_nodes,
     root_with_leaves,
     verify_consistency,
     verify_inclusion,
@@ -351,3 +358,50 @@ def test_a_root_from_adjacent_leaves_reads_only_the_subtrees_beside_them() -> No
 def test_a_known_leaf_outside_the_tree_is_refused() -> None:
     with pytest.raises(ValueError):
         root_with_leaves({5: _leaves(6)[5]}, 5, _tree(5).get_node)
+
+
+@given(st.integers(1, 300), st.data())
+def test_each_node_plan_names_exactly_the_stored_subtrees_its_computation_reads(size: int, data: st.DataObject) -> None:
+    tree = _tree(size)
+    index = data.draw(st.integers(0, size - 1))
+    old = data.draw(st.integers(0, size))
+    known = data.draw(st.sets(st.integers(0, size - 1), max_size=20))
+    leaves = _leaves(size)
+    cases: list[tuple[list[tuple[int, int]], Callable[[GetNode], object]]] = [
+        (root_nodes(size), lambda node: root_at(size, node)),
+        (inclusion_nodes(index, size), lambda node: inclusion_proof(index, size, node)),
+        (consistency_nodes(old, size), lambda node: consistency_proof(old, size, node)),
+        (leaves_nodes(known, size), lambda node: root_with_leaves({i: leaves[i] for i in known}, size, node)),
+    ]
+    for plan, compute in cases:
+        reads: list[tuple[int, int]] = []
+
+        def recording(level: int, at: int, reads: list[tuple[int, int]] = reads) -> bytes:
+            reads.append((level, at))
+            return tree.get_node(level, at)
+
+        expected = compute(recording)
+        assert sorted(set(reads)) == sorted(set(plan)), "the plan is what the computation reads"
+        lookups: list[Sequence[tuple[int, int]]] = []
+
+        def get_nodes(
+            keys: Sequence[tuple[int, int]], lookups: list[Sequence[tuple[int, int]]] = lookups
+        ) -> dict[tuple[int, int], bytes]:
+            lookups.append(keys)
+            return tree.get_nodes(keys)
+
+        assert compute(fetched(get_nodes, plan)) == expected, "served from one lookup, the same result"
+        assert len(lookups) == (1 if plan else 0)
+
+
+def test_a_proof_in_a_large_tree_is_one_lookup_of_its_log2_nodes() -> None:
+    tree = _tree(20_000)
+    lookups: list[Sequence[tuple[int, int]]] = []
+
+    def get_nodes(keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        lookups.append(keys)
+        return tree.get_nodes(keys)
+
+    proof = inclusion_proof(28, 20_000, fetched(get_nodes, inclusion_nodes(28, 20_000)))
+    assert verify_inclusion(tree.get_node(0, 28), 28, 20_000, proof, tree.root())
+    assert len(lookups) == 1 and len(lookups[0]) >= len(proof) > 10

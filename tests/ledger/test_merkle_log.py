@@ -97,7 +97,7 @@ def test_a_stored_tree_root_that_the_entries_do_not_give_is_reported(ledger: Led
 
 def test_each_entry_of_one_session_is_proven_against_the_latest_checkpoint(ledger: Ledger) -> None:
     store = ledger.store
-    in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.node)
+    in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.nodes)
     report = verify_ledger(store, trusted(), session="s_verdict", extra=[in_log.check])
     assert report.ok and in_log.proven == report.entries == 9
 
@@ -106,7 +106,7 @@ def test_a_session_whose_stored_tree_was_altered_is_not_proven(ledger: Ledger) -
     # Leaf 4's own proof does not read leaf 4; the proof of its sibling, leaf 5, does.
     _sql(ledger, "UPDATE nodes SET hash = ? WHERE level = 0 AND idx = 4", b"\x09" * 32)
     store = ledger.store
-    in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.node)
+    in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.nodes)
     report = verify_ledger(store, trusted(), session="s_verdict", extra=[in_log.check])
     assert not report.ok and report.reason == "not_in_log" and report.index == 5
 

@@ -308,6 +308,9 @@ class ToyStore:
             raise StoreError(f"Merkle node ({level}, {index}) is not stored", level=level, index=index)
         return found
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return {(level, index): self.node(level, index) for level, index in keys}
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         with self._lock:
             held = self._json(f"checkpoint/{size:020d}")

@@ -18,7 +18,7 @@ keys count; nothing a store or bundle says about its own keys is taken on trust.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
@@ -29,10 +29,16 @@ from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations, l
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     Frontier,
+    GetNodes,
+    consistency_nodes,
     consistency_proof,
+    fetched,
+    inclusion_nodes,
     inclusion_proof,
     leaf_hash,
+    leaves_nodes,
     root_at,
+    root_nodes,
     root_with_leaves,
     verify_consistency,
     verify_inclusion,
@@ -68,6 +74,8 @@ class AuditSource(LedgerReader, Protocol):
     def checkpoint_covering(self, size: int) -> StoredCheckpointLike | None: ...
 
     def node(self, level: int, index: int) -> bytes: ...
+
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> Mapping[tuple[int, int], bytes]: ...
 
 
 @overload
@@ -143,7 +151,7 @@ def verify_store(
     # The tree as of the entries just verified: appends that land meanwhile are not this run's.
     size = audit.frontier.size
     try:
-        finding = audit.finish(size, root_at(size, store.node))
+        finding = audit.finish(size, root_at(size, fetched(store.nodes, root_nodes(size))))
         if finding is None:  # L5: the frontier the store appends from is the rebuilt tree's
             finding = audit.finish(*_stored_head(store))
     except StoreError as exc:
@@ -345,7 +353,9 @@ class SessionInLog:
     checkpoint's root from them (``merkle.root_with_leaves``: O(log n) stored nodes per batch of
     adjacent entries instead of per entry). A batch that does not prove is proven entry by entry,
     so the finding names the first entry that is not in the log. The caller must not use an
-    entry before the ``settle`` after its ``check`` returned ``None``.
+    entry before the ``settle`` after its ``check`` returned ``None``. Either way, the nodes one
+    proof (or one batch) needs are read in one lookup (``nodes``): the store's queries per entry do
+    not grow with the log.
     """
 
     def __init__(
@@ -353,14 +363,14 @@ class SessionInLog:
         checkpoints: Sequence[StoredCheckpointLike],
         trusted: TrustedKeys,
         origin: str,
-        node: Callable[[int, int], bytes],
+        nodes: GetNodes,
         *,
         batch: bool = False,
     ) -> None:
         self._batch = batch
         self._pending: dict[int, tuple[bytes, Any]] = {}  # log index -> (leaf hash, seq), not yet proven
         self.failed: tuple[Any, int] | None = None  # (seq, log index) of the entry ``settle`` found
-        self._node = node
+        self._nodes = nodes
         self.checkpoint: Checkpoint | None = None
         for cp in sorted(checkpoints, key=lambda c: c.size, reverse=True):
             try:
@@ -377,7 +387,8 @@ class SessionInLog:
         if not pending or cp is None:
             return None
         try:
-            if root_with_leaves({index: leaf for index, (leaf, _) in pending.items()}, cp.size, self._node) == cp.root:
+            node = fetched(self._nodes, leaves_nodes(pending, cp.size))
+            if root_with_leaves({index: leaf for index, (leaf, _) in pending.items()}, cp.size, node) == cp.root:
                 self.proven += len(pending)
                 return None
         except TrussError:
@@ -385,7 +396,7 @@ class SessionInLog:
         for index in sorted(pending):  # the first entry that does not prove is the finding
             leaf, seq = pending[index]
             try:
-                proven = verify_inclusion(leaf, index, cp.size, inclusion_proof(index, cp.size, self._node), cp.root)
+                proven = verify_inclusion(leaf, index, cp.size, self._inclusion_proof(index, cp.size), cp.root)
             except TrussError as exc:
                 self.failed = (seq, index)
                 return "not_in_log", f"entry {seq}: the Merkle tree cannot prove it ({exc.message})"
@@ -403,14 +414,17 @@ class SessionInLog:
                 self._pending[index] = (leaf, item.seq)
                 return None
             if cp is not None and index < cp.size:
-                if verify_inclusion(leaf, index, cp.size, inclusion_proof(index, cp.size, self._node), cp.root):
+                if verify_inclusion(leaf, index, cp.size, self._inclusion_proof(index, cp.size), cp.root):
                     self.proven += 1
                     return None
-            elif self._node(0, index) == leaf:
+            elif self._nodes([(0, index)])[(0, index)] == leaf:
                 return None
         except TrussError as exc:
             return "not_in_log", f"entry {item.seq}: the Merkle tree cannot prove it ({exc.message})"
         return "not_in_log", f"entry {item.seq}: it is not the leaf at log index {index}"
+
+    def _inclusion_proof(self, index: int, size: int) -> list[bytes]:
+        return inclusion_proof(index, size, fetched(self._nodes, inclusion_nodes(index, size)))
 
 
 def session_in_log(
@@ -421,10 +435,10 @@ def session_in_log(
     earlier ones read, latest first, so a session read costs the same at 20,000 checkpoints as at 20."""
     latest = store.latest_checkpoint()
     used: list[StoredCheckpointLike] = [latest] if latest is not None else []
-    in_log = SessionInLog(used, trusted, store.origin, store.node, batch=batch)
+    in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch)
     if in_log.checkpoint is None and latest is not None:
         used = list(store.checkpoints())
-        in_log = SessionInLog(used, trusted, store.origin, store.node, batch=batch)
+        in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch)
     return in_log, used
 
 
@@ -436,7 +450,7 @@ class SinceSource(Protocol):
 
     def tree_head(self) -> tuple[int, bytes]: ...
 
-    def node(self, level: int, index: int) -> bytes: ...
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> Mapping[tuple[int, int], bytes]: ...
 
     def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]: ...
 
@@ -525,7 +539,7 @@ def verify_since(
         return _since_fail(
             facts, "log_shrank", f"the log holds {size} entries, fewer than the {old.size} of the old checkpoint"
         )
-    proof = consistency_proof(old.size, size, store.node)  # S4
+    proof = consistency_proof(old.size, size, fetched(store.nodes, consistency_nodes(old.size, size)))  # S4
     if not verify_consistency(old.size, size, old.root, root, proof):
         same = store.checkpoint_covering(old.size)
         if old.size == size or (same is not None and same.size == old.size and same.root != old.root):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -39,10 +39,15 @@ from truss.ledger.keyhistory import bundle_key_history, follow_rotations, rotati
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     HASH_SIZE,
+    GetNode,
+    consistency_nodes,
     consistency_proof,
+    fetched,
+    inclusion_nodes,
     inclusion_proof,
     leaf_hash,
     root_at,
+    root_nodes,
     verify_consistency,
     verify_inclusion,
 )
@@ -170,6 +175,8 @@ class BundleSource(Protocol):
 
     def node(self, level: int, index: int) -> bytes: ...
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> Mapping[tuple[int, int], bytes]: ...
+
     def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
 
     def latest_checkpoint(self) -> StoredCheckpointLike | None: ...
@@ -210,14 +217,23 @@ def export_bundle(
     named = _predicate_checkpoint(envelope_raw) if envelope_raw is not None else None
     note = witnessed_checkpoint(store.checkpoint_covering, note, head.index)
     checkpoint = parse_checkpoint(parse_note(note).text)
-    if root_at(checkpoint.size, store.node) != checkpoint.root:
+    old = _older_size(named, checkpoint.size)
+    # The root's, every entry's proof's and the consistency proof's nodes in one lookup: their
+    # number grows with log2 of the log, the store's queries do not.
+    node = fetched(
+        store.nodes,
+        root_nodes(checkpoint.size),
+        *(inclusion_nodes(e.index, checkpoint.size) for e in entries),
+        consistency_nodes(old, checkpoint.size) if old is not None else (),
+    )
+    if root_at(checkpoint.size, node) != checkpoint.root:
         raise VerificationError(
             f"the checkpoint of size {checkpoint.size} does not match the stored tree",
             remedy="the ledger was modified after it was checkpointed: run `truss ledger verify --all`",
             reason="checkpoint_root_mismatch",
             size=checkpoint.size,
         )
-    proofs = [inclusion_proof(e.index, checkpoint.size, store.node) for e in entries]
+    proofs = [inclusion_proof(e.index, checkpoint.size, node) for e in entries]
     blobs: dict[str, str] = {}
     if payloads:
         # A payload this session erased stays out, even if another session still holds the bytes.
@@ -241,7 +257,7 @@ def export_bundle(
         "checkpoint": note.decode("utf-8"),
         "proof": format_tlog_proof(TlogProof(head.index, tuple(proofs[-1]), note)),
         "inclusion": [[base64.b64encode(h).decode("ascii") for h in p] for p in proofs],
-        "consistency": _consistency_from(named, checkpoint.size, store.node),
+        "consistency": _consistency_from(old, checkpoint.size, node),
     }
     history = rotation_proofs(store, checkpoint.size)
     if history:
@@ -272,15 +288,20 @@ def _choose_checkpoint(
     )
 
 
-def _consistency_from(named: bytes | None, size: int, node: Callable[[int, int], bytes]) -> list[str] | None:
-    """A proof from the verdict's checkpoint to the bundle's, when the bundle carries a later one."""
+def _older_size(named: bytes | None, size: int) -> int | None:
+    """The size of the verdict's checkpoint when the bundle carries a later one."""
     if named is None:
         return None
     try:
         old = parse_checkpoint(parse_note(named).text).size
     except BundleFormatError:
         return None
-    if old >= size:
+    return old if old < size else None
+
+
+def _consistency_from(old: int | None, size: int, node: GetNode) -> list[str] | None:
+    """A proof from the verdict's checkpoint (of size ``old``) to the bundle's, when it is older."""
+    if old is None:
         return None
     return [base64.b64encode(h).decode("ascii") for h in consistency_proof(old, size, node)]
 

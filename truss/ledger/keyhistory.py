@@ -56,7 +56,7 @@ from truss._errors import BundleFormatError, InputError, StoreConflictError, Ver
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.ledger.entry import Record, StoredEntry, entry_bytes, entry_signing_payload, pae
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
-from truss.ledger.merkle import inclusion_proof
+from truss.ledger.merkle import fetched, inclusion_nodes, inclusion_proof
 
 __all__ = [
     "ADMISSION_PAYLOAD_TYPE",
@@ -428,7 +428,7 @@ class _HistorySource(Protocol):
 
     def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]: ...
 
-    def node(self, level: int, index: int) -> bytes: ...
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> Mapping[tuple[int, int], bytes]: ...
 
 
 class _LogReader(Protocol):
@@ -447,11 +447,12 @@ def rotation_proofs(store: _HistorySource, size: int) -> list[dict[str, Any]]:
     that size: what a bundle carries so a verifier can follow the key history offline."""
     if store.session(LOG_SESSION) is None:
         return []
+    statements = [item for item in _rotations(store.read_session(LOG_SESSION)) if item.index < size]
+    node = fetched(store.nodes, *(inclusion_nodes(item.index, size) for item in statements))  # one lookup
     out: list[dict[str, Any]] = []
-    for item in _rotations(store.read_session(LOG_SESSION)):
-        if item.index < size:
-            proof = inclusion_proof(item.index, size, store.node)
-            out.append({"entry": item.to_json(), "inclusion": [base64.b64encode(h).decode("ascii") for h in proof]})
+    for item in statements:
+        proof = inclusion_proof(item.index, size, node)
+        out.append({"entry": item.to_json(), "inclusion": [base64.b64encode(h).decode("ascii") for h in proof]})
     return out
 
 

@@ -11,6 +11,10 @@ The ledger is one Merkle tree whose leaf ``i`` is the canonical bytes of the ent
 - ``root_at``, ``inclusion_proof`` and ``consistency_proof`` read only *complete* subtrees
   through a ``GetNode`` callback, O(log n) lookups each, for any size up to the current one;
   ``root_with_leaves`` is the root recomputed from many known leaves at once (a multi-leaf proof).
+- ``root_nodes``, ``inclusion_nodes``, ``consistency_nodes`` and ``leaves_nodes`` name the stored
+  subtrees the matching computation reads, from sizes and indices alone (no hash decides which
+  node is read next), so a store fetches them all in one lookup (``GetNodes``) and ``fetched``
+  serves them to the computation: one query per proof, or per batch of proofs, instead of one per node.
 - ``verify_inclusion`` and ``verify_consistency`` are the RFC 9162 section 2.1.3.2 / 2.1.4.2
   algorithms over hashes alone; they return ``False`` on any malformed input rather than raising.
 
@@ -26,19 +30,26 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_left
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 __all__ = [
     "EMPTY_ROOT",
     "HASH_SIZE",
     "Frontier",
     "GetNode",
+    "GetNodes",
     "MemoryTree",
+    "NodeKey",
+    "consistency_nodes",
     "consistency_proof",
+    "fetched",
+    "inclusion_nodes",
     "inclusion_proof",
     "leaf_hash",
+    "leaves_nodes",
     "node_hash",
     "root_at",
+    "root_nodes",
     "root_with_leaves",
     "verify_consistency",
     "verify_inclusion",
@@ -53,6 +64,13 @@ _STATE_VERSION = 1
 
 GetNode = Callable[[int, int], bytes]
 """``(level, index)`` of a complete subtree -> its 32-byte hash."""
+
+NodeKey = tuple[int, int]
+"""``(level, index)`` of a complete subtree."""
+
+GetNodes = Callable[[Sequence[NodeKey]], Mapping[NodeKey, bytes]]
+"""Many complete subtrees -> their hashes, in one lookup (a store's ``nodes``); it raises rather
+than leave one out."""
 
 
 def leaf_hash(entry_bytes: bytes) -> bytes:
@@ -175,6 +193,28 @@ def _range_hash(start: int, end: int, get_node: GetNode) -> bytes:
     return acc
 
 
+def fetched(get_nodes: GetNodes, *plans: Iterable[NodeKey]) -> GetNode:
+    """A ``GetNode`` over the nodes ``plans`` name (``inclusion_nodes`` ...), read in one ``get_nodes`` call.
+
+    Give it to the computations those plans were made for; asking it for another node is a
+    programming error (``KeyError``).
+    """
+    keys = list(dict.fromkeys(key for plan in plans for key in plan))
+    found: Mapping[NodeKey, bytes] = get_nodes(keys) if keys else {}
+    return lambda level, index: found[(level, index)]
+
+
+def _covers(ranges: Iterable[tuple[int, int]]) -> list[NodeKey]:
+    return [key for start, end in ranges for key in _perfect_cover(start, end)]
+
+
+def root_nodes(size: int) -> list[NodeKey]:
+    """The stored subtrees ``root_at(size)`` reads."""
+    if size < 0:
+        raise ValueError("a tree size is never negative")
+    return _perfect_cover(0, size)
+
+
 def root_at(size: int, get_node: GetNode) -> bytes:
     """The root of the tree over the first ``size`` leaves (any size up to the stored one)."""
     if size < 0:
@@ -191,9 +231,7 @@ def root_with_leaves(leaves: Mapping[int, bytes], size: int, get_node: GetNode) 
     shared by all the leaves). For ``k`` adjacent leaves it costs about ``2k`` hashes and
     O(log n) lookups, where one proof per leaf costs ``k * log n`` lookups.
     """
-    indices = sorted(leaves)
-    if indices and (indices[0] < 0 or indices[-1] >= size):
-        raise ValueError(f"leaves {indices[0]}..{indices[-1]} are not all in a tree of size {size}")
+    indices = _leaf_indices(leaves, size)
 
     def mth(start: int, end: int, lo: int, hi: int) -> bytes:  # indices[lo:hi] lie in [start, end)
         if lo == hi:
@@ -207,47 +245,91 @@ def root_with_leaves(leaves: Mapping[int, bytes], size: int, get_node: GetNode) 
     return mth(0, size, 0, len(indices)) if size else EMPTY_ROOT
 
 
-def inclusion_proof(index: int, size: int, get_node: GetNode) -> list[bytes]:
-    """RFC 9162 section 2.1.3.1 ``PATH(index, D[0:size])``, leaf side first."""
+def _leaf_indices(leaves: Iterable[int], size: int) -> list[int]:
+    indices = sorted(leaves)
+    if indices and (indices[0] < 0 or indices[-1] >= size):
+        raise ValueError(f"leaves {indices[0]}..{indices[-1]} are not all in a tree of size {size}")
+    return indices
+
+
+def leaves_nodes(leaves: Iterable[int], size: int) -> list[NodeKey]:
+    """The stored subtrees ``root_with_leaves`` reads when given the leaves at ``leaves``."""
+    indices = _leaf_indices(leaves, size)
+    gaps: list[tuple[int, int]] = []
+
+    def walk(start: int, end: int, lo: int, hi: int) -> None:  # mth's recursion, without the hashing
+        if lo == hi:
+            gaps.append((start, end))
+        elif end - start > 1:
+            k = _largest_power_of_two_below(end - start)
+            mid = bisect_left(indices, start + k, lo, hi)
+            walk(start, start + k, lo, mid)
+            walk(start + k, end, mid, hi)
+
+    if size:
+        walk(0, size, 0, len(indices))
+    return _covers(gaps)
+
+
+def _inclusion_ranges(index: int, size: int) -> list[tuple[int, int]]:
+    """The ranges whose hashes make ``PATH(index, D[0:size])``, root side first."""
     if not 0 <= index < size:
         raise ValueError(f"leaf {index} is not in a tree of size {size}")
-    path: list[bytes] = []
+    ranges: list[tuple[int, int]] = []
     start, end, m = 0, size, index
     while end - start > 1:
         k = _largest_power_of_two_below(end - start)
         if m < k:
-            path.append(_range_hash(start + k, end, get_node))
+            ranges.append((start + k, end))
             end = start + k
         else:
-            path.append(_range_hash(start, start + k, get_node))
+            ranges.append((start, start + k))
             start += k
             m -= k
-    path.reverse()
-    return path
+    return ranges
 
 
-def consistency_proof(old: int, new: int, get_node: GetNode) -> list[bytes]:
-    """RFC 9162 section 2.1.4.1 ``PROOF(old, D[0:new])``; empty when ``old`` is 0 or ``new``."""
+def inclusion_nodes(index: int, size: int) -> list[NodeKey]:
+    """The stored subtrees ``inclusion_proof(index, size)`` reads."""
+    return _covers(_inclusion_ranges(index, size))
+
+
+def inclusion_proof(index: int, size: int, get_node: GetNode) -> list[bytes]:
+    """RFC 9162 section 2.1.3.1 ``PATH(index, D[0:size])``, leaf side first."""
+    return [_range_hash(start, end, get_node) for start, end in reversed(_inclusion_ranges(index, size))]
+
+
+def _consistency_ranges(old: int, new: int) -> list[tuple[int, int]]:
+    """The ranges whose hashes make ``PROOF(old, D[0:new])``, root side first."""
     if not 0 <= old <= new:
         raise ValueError(f"no consistency proof from size {old} to size {new}")
     if old in (0, new):
         return []
-    proof: list[bytes] = []
+    ranges: list[tuple[int, int]] = []
     start, end, m, complete = 0, new, old, True
     while m != end - start:
         k = _largest_power_of_two_below(end - start)
         if m <= k:
-            proof.append(_range_hash(start + k, end, get_node))
+            ranges.append((start + k, end))
             end = start + k
         else:
-            proof.append(_range_hash(start, start + k, get_node))
+            ranges.append((start, start + k))
             start += k
             m -= k
             complete = False
     if not complete:
-        proof.append(_range_hash(start, end, get_node))
-    proof.reverse()
-    return proof
+        ranges.append((start, end))
+    return ranges
+
+
+def consistency_nodes(old: int, new: int) -> list[NodeKey]:
+    """The stored subtrees ``consistency_proof(old, new)`` reads."""
+    return _covers(_consistency_ranges(old, new))
+
+
+def consistency_proof(old: int, new: int, get_node: GetNode) -> list[bytes]:
+    """RFC 9162 section 2.1.4.1 ``PROOF(old, D[0:new])``; empty when ``old`` is 0 or ``new``."""
+    return [_range_hash(start, end, get_node) for start, end in reversed(_consistency_ranges(old, new))]
 
 
 def _well_formed(proof: Sequence[bytes], *hashes: bytes) -> bool:
@@ -344,6 +426,9 @@ class MemoryTree:
 
     def get_node(self, level: int, index: int) -> bytes:
         return self.nodes[(level, index)]
+
+    def get_nodes(self, keys: Sequence[NodeKey]) -> dict[NodeKey, bytes]:
+        return {key: self.nodes[key] for key in keys}
 
     def root(self, size: int | None = None) -> bytes:
         return self.frontier.root() if size is None else root_at(size, self.get_node)

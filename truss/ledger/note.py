@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from truss._errors import BundleFormatError, VerificationError
-from truss.ledger.merkle import consistency_proof, verify_consistency
+from truss.ledger.merkle import consistency_nodes, consistency_proof, fetched, verify_consistency
 
 __all__ = [
     "MAX_NOTE_BYTES",
@@ -341,6 +341,8 @@ class CheckpointStore(Protocol):
 
     def node(self, level: int, index: int) -> bytes: ...
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> Mapping[tuple[int, int], bytes]: ...
+
     def checkpoints(self) -> Sequence[StoredCheckpointLike]: ...
 
     def latest_checkpoint(self) -> StoredCheckpointLike | None: ...
@@ -422,7 +424,8 @@ def _sign_now(store: CheckpointStore, key: NoteSigner) -> Checkpoint:
         )
     if latest is not None:
         _check_stored(store, latest)
-        proof = consistency_proof(latest.size, size, store.node)
+        # One lookup for the proof's nodes: their number grows with log2 of the log, the queries do not.
+        proof = consistency_proof(latest.size, size, fetched(store.nodes, consistency_nodes(latest.size, size)))
         if not verify_consistency(latest.size, size, latest.root, root, proof):
             raise VerificationError(
                 f"the log of {size} entries is not an extension of the checkpoint of size {latest.size}",

@@ -421,6 +421,9 @@ class VerifiedStore:
     def node(self, level: int, index: int) -> bytes:
         return self.raw.node(level, index)
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return self.raw.nodes(keys)
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         self.raw.add_checkpoint(size, root, note)
 

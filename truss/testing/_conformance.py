@@ -16,7 +16,7 @@ from truss.ledger.canonical import sha256_ref
 from truss.ledger.cosignature import cosign, with_signature_lines
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry
 from truss.ledger.keys import CosignerKey, IdentityKey, TrustedKeys
-from truss.ledger.merkle import MemoryTree, leaf_hash, root_at
+from truss.ledger.merkle import MemoryTree, fetched, leaf_hash, root_at, root_nodes
 from truss.ledger.note import sign_checkpoint_note
 from truss.ledger.stores.base import LeaseOwner, LedgerStore, append_checked
 from truss.ledger.verification import verify_ledger
@@ -180,6 +180,11 @@ def _the_merkle_tree_is_maintained(store: LedgerStore, key: IdentityKey, clock: 
     assert store.node(3, 0) == tree.nodes[(3, 0)] and store.node(2, 2) == tree.nodes[(2, 2)]
     assert root_at(9, store.node) == tree.root(9), "stored nodes give the root at any earlier size"
     _expect(StoreError, lambda: store.node(4, 0), "a node of a subtree not yet complete")
+    wanted = [(0, 5), (3, 0), (2, 2), (0, 13), (1, 6)]
+    assert store.nodes(wanted) == {k: tree.nodes[k] for k in wanted}, "many nodes in one lookup"
+    assert store.nodes([]) == {}
+    assert root_at(11, fetched(store.nodes, root_nodes(11))) == tree.root(11)
+    _expect(StoreError, lambda: store.nodes([(0, 1), (4, 0)]), "one node of the lookup not stored")
 
 
 def _checkpoints_and_envelopes_are_kept(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:

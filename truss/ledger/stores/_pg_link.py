@@ -13,6 +13,7 @@ What it does not do: append (``_pg_writer``) or read (``postgresql``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from typing import Any, LiteralString, cast
 
 import psycopg
@@ -35,6 +36,7 @@ __all__ = [
     "insert_checkpoint",
     "key_retired",
     "missing_node",
+    "select_nodes",
 ]
 
 SCHEMA_VERSION = 1
@@ -341,6 +343,26 @@ def missing_node(db: str, level: int, index: int) -> StoreError:
         level=level,
         index=index,
     )
+
+
+_SELECT_NODES: LiteralString = (
+    "SELECT n.level, n.idx, n.hash FROM unnest(%s::smallint[], %s::bigint[]) AS k(level, idx) "
+    "JOIN nodes AS n ON n.level = k.level AND n.idx = k.idx"
+)
+
+
+def select_nodes(
+    rows: Callable[[LiteralString, tuple[Any, ...]], list[tuple[Any, ...]]], db: str, keys: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    """The Merkle nodes ``keys`` in one query (the keys as two arrays joined on the primary key);
+    ``StoreError`` naming one that is not stored."""
+    found = {
+        (int(r[0]), int(r[1])): bytes(r[2]) for r in rows(_SELECT_NODES, ([k[0] for k in keys], [k[1] for k in keys]))
+    }
+    for level, index in keys:
+        if (level, index) not in found:
+            raise missing_node(db, level, index)
+    return found
 
 
 def first_line(exc: BaseException) -> str:

@@ -222,6 +222,14 @@ class MemoryStore:
             raise StoreError(f"Merkle node ({level}, {index}) is not stored", level=level, index=index)
         return found
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        with self._lock:
+            found = {key: self._tree.nodes.get(key) for key in keys}
+        for (level, index), digest in found.items():
+            if digest is None:
+                raise StoreError(f"Merkle node ({level}, {index}) is not stored", level=level, index=index)
+        return {key: digest for key, digest in found.items() if digest is not None}
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         with self._lock:
             held = self._checkpoints.get(size)

@@ -61,6 +61,7 @@ from truss.ledger.stores._pg_link import (
     key_in_set,
     key_retired,
     missing_node,
+    select_nodes,
 )
 from truss.ledger.stores._pg_url import DEFAULT_CHECKPOINT_INTERVAL_MS, PostgresTarget, parse_postgres_url
 from truss.ledger.stores._pg_writer import LedgerImport, PostgresWriter, read_lease
@@ -513,6 +514,9 @@ class PostgresStore:
             raise missing_node(self.db, level, index)
         return bytes(rows[0][0])
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return select_nodes(self._rows, self.db, keys) if keys else {}
+
     def checkpoints(self) -> list[StoredCheckpoint]:
         rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size")
         return [StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3])) for r in rows]
@@ -571,6 +575,9 @@ class _CheckpointView:
         if row is None:
             raise missing_node(self._store.db, level, index)
         return bytes(row[0])
+
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return select_nodes(lambda q, p: self._conn.execute(q, p).fetchall(), self._store.db, keys) if keys else {}
 
     def checkpoints(self) -> list[StoredCheckpoint]:
         rows = self._conn.execute("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size").fetchall()

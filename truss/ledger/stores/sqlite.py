@@ -61,6 +61,7 @@ SCHEMA_VERSION = 1
 _PAGE = 1000
 _FIRST_PAGE = 8  # read_session's first page: what reading a session's first entry costs
 _IN_CHUNK = 500  # refs per IN (...) query, below SQLite's bound on parameters
+_NODES_PER_QUERY = 400  # two parameters each, below SQLite's bound too
 
 
 _SCHEMA = """
@@ -615,14 +616,35 @@ class SqliteStore:
         """The hash of the complete subtree ``(level, index)``; ``StoreError`` if it is not stored."""
         rows = self._rows("SELECT hash FROM nodes WHERE level = ? AND idx = ?", (level, index))
         if not rows:
-            raise StoreError(
-                f"{self.db}: Merkle node ({level}, {index}) is not stored",
-                remedy="run `truss ledger verify --all`; the tree may have been modified",
-                db=str(self.db),
-                level=level,
-                index=index,
-            )
+            raise self._missing_node(level, index)
         return bytes(rows[0][0])
+
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        """The complete subtrees ``keys`` in one query (per ``_NODES_PER_QUERY``), each through the
+        primary key (a join from the listed keys: ``(level, idx) IN (VALUES ...)`` would scan the table)."""
+        found: dict[tuple[int, int], bytes] = {}
+        for at in range(0, len(keys), _NODES_PER_QUERY):
+            chunk = keys[at : at + _NODES_PER_QUERY]
+            marks = ", ".join(["(?, ?)"] * len(chunk))
+            sql = (
+                f"WITH k(level, idx) AS (VALUES {marks}) "  # noqa: S608 (placeholders only)
+                "SELECT n.level, n.idx, n.hash FROM k CROSS JOIN nodes AS n ON n.level = k.level AND n.idx = k.idx"
+            )
+            for level, idx, digest in self._rows(sql, tuple(v for key in chunk for v in key)):
+                found[(int(level), int(idx))] = bytes(digest)
+        for level, index in keys:
+            if (level, index) not in found:
+                raise self._missing_node(level, index)
+        return found
+
+    def _missing_node(self, level: int, index: int) -> StoreError:
+        return StoreError(
+            f"{self.db}: Merkle node ({level}, {index}) is not stored",
+            remedy="run `truss ledger verify --all`; the tree may have been modified",
+            db=str(self.db),
+            level=level,
+            index=index,
+        )
 
     def checkpoints(self) -> list[StoredCheckpoint]:
         rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size", ())
