@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from truss._errors import KeyFileError
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
@@ -101,3 +103,39 @@ def test_a_key_write_that_fails_before_it_is_durable_leaves_no_key_file(
     assert list(path.parent.iterdir()) == []
     key = IdentityKey.create(path, "münchen.example/log")
     assert IdentityKey.load(path).verifier == key.verifier
+
+
+def test_signatures_are_rfc_8032_ed25519() -> None:
+    # RFC 8032 section 7.1, TEST 2 (one-byte message).
+    seed = bytes.fromhex("4ccd089b28ff96da9db6c346ec114e0f5b8a319f35aba624da8cf6ed4fb8a6fb")
+    public = bytes.fromhex("3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c")
+    signature = bytes.fromhex(
+        "92a009a9f0d4cab8720e820b5f642540a2b27b5416503f8fb3762223ebdb69da"
+        "085ac1e43e15996e458f3613d0f11d8c387b2eaeb4302aeeb00d291612bb0c00"
+    )
+    key = IdentityKey.from_seed(seed, "rfc8032.test")
+    assert key.verifier.public_key == public
+    assert key.sign(b"\x72") == signature
+    assert key.verifier.verify(b"\x72", signature)
+    assert not key.verifier.verify(b"\x73", signature)
+    assert not key.verifier.verify(b"\x72", signature[:-1] + bytes([signature[-1] ^ 1]))
+    assert not key.verifier.verify(b"\x72", signature[:63]), "a short signature does not verify"
+
+
+@given(st.binary(min_size=32, max_size=32), st.binary(max_size=200))
+def test_signing_and_verifying_agree_with_pynacl(seed: bytes, message: bytes) -> None:
+    import nacl.signing
+
+    key = IdentityKey.from_seed(seed, "agree.test")
+    theirs = nacl.signing.SigningKey(seed)
+    assert key.verifier.public_key == bytes(theirs.verify_key)
+    assert key.sign(message) == theirs.sign(message).signature
+    assert key.verifier.verify(message, theirs.sign(message).signature)
+
+
+def test_a_generated_key_signs_what_its_verifier_accepts_and_two_keys_differ() -> None:
+    one, two = IdentityKey.generate("one.test"), IdentityKey.generate("two.test")
+    assert one.verifier.public_key != two.verifier.public_key
+    signature = one.sign(b"m")
+    assert one.verifier.verify(b"m", signature) and not two.verifier.verify(b"m", signature)
+    assert IdentityKey._parse_private(one.private_text(), "test").verifier == one.verifier  # pyright: ignore[reportPrivateUsage]

@@ -27,9 +27,7 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-
-import nacl.exceptions
-import nacl.signing
+from typing import Any
 
 from truss._errors import KeyFileError
 from truss.ledger.note import is_origin
@@ -55,6 +53,58 @@ _PRIVATE_PREFIX = "PRIVATE+KEY+"
 _MAX_NAME = 255
 
 
+# -- Ed25519: libsodium's crypto_sign through PyNaCl's cffi library --------------------------------
+# ``nacl.signing`` imports every PyNaCl binding (AEAD, box, hashing, scrypt...) and was a sixth of
+# what `truss ledger verify` costs to start; the compiled library alone is what signing needs. The
+# same libsodium calls PyNaCl's SigningKey and VerifyKey make (tests/ledger/test_ledger_keys.py
+# checks them against each other), and the one Ed25519 implementation in Truss.
+
+_sodium: Any = importlib.import_module("nacl._sodium")  # PyNaCl's cffi module: ``ffi`` and ``lib``
+if _sodium.lib.sodium_init() < 0:  # idempotent; PyNaCl's own bindings call it the same way
+    raise ImportError("libsodium failed to initialise")
+_ED25519_SIGNATURE_BYTES = 64
+_ED25519_SECRET_BYTES = 64  # seed || public key, as libsodium keeps it
+
+
+def _ed25519_keypair(seed: bytes) -> tuple[bytes, bytes]:
+    """``(public key, libsodium secret key)`` of a 32-byte seed."""
+    ffi, lib = _sodium.ffi, _sodium.lib
+    public = ffi.new("unsigned char[]", 32)
+    secret = ffi.new("unsigned char[]", _ED25519_SECRET_BYTES)
+    if lib.crypto_sign_seed_keypair(public, secret, seed) != 0:
+        raise ValueError("libsodium could not derive an Ed25519 key pair")
+    return bytes(ffi.buffer(public, 32)), bytes(ffi.buffer(secret, _ED25519_SECRET_BYTES))
+
+
+def _ed25519_random_seed() -> bytes:
+    ffi = _sodium.ffi
+    seed = ffi.new("unsigned char[]", 32)
+    _sodium.lib.randombytes(seed, 32)  # what PyNaCl's SigningKey.generate draws from (nacl.utils.random)
+    return bytes(ffi.buffer(seed, 32))
+
+
+def _ed25519_sign(secret: bytes, message: bytes) -> bytes:
+    ffi = _sodium.ffi
+    signed = ffi.new("unsigned char[]", len(message) + _ED25519_SIGNATURE_BYTES)
+    signed_len = ffi.new("unsigned long long *")
+    if _sodium.lib.crypto_sign(signed, signed_len, message, len(message), secret) != 0:  # signature || message
+        raise ValueError("libsodium could not sign")
+    return bytes(ffi.buffer(signed, _ED25519_SIGNATURE_BYTES))
+
+
+def _ed25519_verify(public: bytes, message: object, signature: object) -> bool:
+    # Callers may hand over values decoded from untrusted input: anything but bytes does not verify.
+    if not isinstance(message, bytes | bytearray) or not isinstance(signature, bytes | bytearray):
+        return False
+    if len(signature) != _ED25519_SIGNATURE_BYTES:
+        return False
+    signed = bytes(signature) + bytes(message)  # crypto_sign_open, as PyNaCl's VerifyKey.verify
+    ffi = _sodium.ffi
+    opened = ffi.new("unsigned char[]", len(signed))
+    opened_len = ffi.new("unsigned long long *")
+    return _sodium.lib.crypto_sign_open(opened, opened_len, signed, len(signed), public) == 0
+
+
 def key_id_of(name: str, public_key: bytes) -> bytes:
     """``SHA-256(name || 0x0A || 0x01 || pubkey)[:4]``."""
     return hashlib.sha256(name.encode("utf-8") + b"\n" + bytes([ED25519_ALG]) + public_key).digest()[:4]
@@ -73,7 +123,7 @@ def _check_name(name: str, where: str) -> None:
 class VerifierKey:
     """A public Ed25519 key with its name, in the C2SP vkey form."""
 
-    __slots__ = ("_key", "key_id", "name", "public_key")
+    __slots__ = ("key_id", "name", "public_key")
 
     def __init__(self, name: str, public_key: bytes) -> None:
         _check_name(name, "verifier key")
@@ -82,7 +132,6 @@ class VerifierKey:
         self.name = name
         self.public_key = public_key
         self.key_id = key_id_of(name, public_key).hex()
-        self._key = nacl.signing.VerifyKey(public_key)
 
     @classmethod
     def parse(cls, text: str) -> VerifierKey:
@@ -121,11 +170,7 @@ class VerifierKey:
 
     def verify(self, message: bytes, signature: bytes) -> bool:
         """True when ``signature`` is this key's Ed25519 signature of ``message``."""
-        try:
-            self._key.verify(message, signature)
-        except (nacl.exceptions.BadSignatureError, ValueError, TypeError):
-            return False
-        return True
+        return _ed25519_verify(self.public_key, message, signature)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, VerifierKey) and (self.name, self.public_key) == (other.name, other.public_key)
@@ -140,15 +185,16 @@ class VerifierKey:
 class IdentityKey:
     """A private Ed25519 signing key and its name (the log origin)."""
 
-    __slots__ = ("_signing", "key_id", "name", "verifier")
+    __slots__ = ("_secret", "_seed", "key_id", "name", "verifier")
 
     def __init__(self, name: str, seed: bytes) -> None:
         _check_name(name, "identity key")
         if len(seed) != 32:
             raise KeyFileError("an Ed25519 seed is 32 bytes", file="identity key")
         self.name = name
-        self._signing = nacl.signing.SigningKey(seed)
-        self.verifier = VerifierKey(name, bytes(self._signing.verify_key))
+        self._seed = seed
+        public, self._secret = _ed25519_keypair(seed)
+        self.verifier = VerifierKey(name, public)
         self.key_id = self.verifier.key_id
 
     @classmethod
@@ -159,10 +205,10 @@ class IdentityKey:
     @classmethod
     def generate(cls, name: str | None = None) -> IdentityKey:
         """A fresh random key; the default name is ``truss.local/<16 hex of the public key's hash>``."""
-        signing = nacl.signing.SigningKey.generate()
+        seed = _ed25519_random_seed()
         if name is None:
-            name = "truss.local/" + hashlib.sha256(bytes(signing.verify_key)).hexdigest()[:16]
-        return cls(name, bytes(signing))
+            name = "truss.local/" + hashlib.sha256(_ed25519_keypair(seed)[0]).hexdigest()[:16]
+        return cls(name, seed)
 
     @classmethod
     def create(cls, path: Path, name: str | None = None) -> IdentityKey:
@@ -235,12 +281,12 @@ class IdentityKey:
 
     def private_text(self) -> str:
         """The file form. Secret: write it only to a 0600 file."""
-        seed = bytes(self._signing)
+        seed = self._seed
         return f"{_PRIVATE_PREFIX}{self.name}+{self.key_id}+{base64.b64encode(bytes([ED25519_ALG]) + seed).decode()}"
 
     def sign(self, message: bytes) -> bytes:
         """The 64-byte Ed25519 signature of ``message``."""
-        return self._signing.sign(message).signature
+        return _ed25519_sign(self._secret, message)
 
     def __repr__(self) -> str:
         return f"IdentityKey(name={self.name!r}, key_id={self.key_id!r})"
@@ -333,7 +379,7 @@ def _mldsa_verify(public_key: bytes, message: bytes, signature: bytes) -> bool:
 class CosignerVerifier:
     """A cosigner's (witness's) public key: its name, signature type (0x04 or 0x06) and key bytes."""
 
-    __slots__ = ("_ed25519", "alg", "key_id", "name", "public_key")
+    __slots__ = ("alg", "key_id", "name", "public_key")
 
     def __init__(self, name: str, alg: int, public_key: bytes) -> None:
         _check_name(name, "cosigner key")
@@ -354,7 +400,6 @@ class CosignerVerifier:
         self.alg = alg
         self.public_key = public_key
         self.key_id = typed_key_id(name, alg, public_key).hex()
-        self._ed25519 = nacl.signing.VerifyKey(public_key) if alg == ED25519_COSIGNATURE_ALG else None
 
     @classmethod
     def parse(cls, text: str) -> CosignerVerifier:
@@ -392,12 +437,8 @@ class CosignerVerifier:
         return COSIGNATURE_ALG_NAMES[self.alg]
 
     def verify(self, message: bytes, signature: bytes) -> bool:
-        if self._ed25519 is not None:
-            try:
-                self._ed25519.verify(message, signature)
-            except (nacl.exceptions.BadSignatureError, ValueError, TypeError):
-                return False
-            return True
+        if self.alg == ED25519_COSIGNATURE_ALG:
+            return _ed25519_verify(self.public_key, message, signature)
         return _mldsa_verify(self.public_key, message, signature)
 
     def __eq__(self, other: object) -> bool:
@@ -425,11 +466,10 @@ class CosignerKey:
             raise KeyFileError("a cosigner key seed is 32 bytes", file="cosigner key")
         self._seed = seed
         if alg == ED25519_COSIGNATURE_ALG:
-            signing = nacl.signing.SigningKey(seed)
-            public = bytes(signing.verify_key)
+            public, secret = _ed25519_keypair(seed)
 
             def sign(message: bytes) -> bytes:
-                return signing.sign(message).signature
+                return _ed25519_sign(secret, message)
 
         elif alg == MLDSA44_COSIGNATURE_ALG:
             if not mldsa44_available():
