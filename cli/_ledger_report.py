@@ -44,8 +44,18 @@ class LedgerHelpers:
     open_readonly: Callable[[Ctx], Runtime]
 
 
-def register(commands: Any, helpers: LedgerHelpers) -> dict[str, argparse.ArgumentParser]:
-    """Add ``report`` and ``why`` to the ``ledger`` sub-commands; returns their parsers by name."""
+def register(commands: Any, helpers: LedgerHelpers, *, only: str | None = None) -> dict[str, argparse.ArgumentParser]:
+    """Add ``report`` and ``why`` (or ``only`` one of them) to the ``ledger`` sub-commands; returns
+    their parsers by name."""
+    out: dict[str, argparse.ArgumentParser] = {}
+    if only in (None, "report"):
+        out["report"] = _add_report(commands, helpers)
+    if only in (None, "why"):
+        out["why"] = _add_why(commands, helpers)
+    return out
+
+
+def _add_report(commands: Any, helpers: LedgerHelpers) -> argparse.ArgumentParser:
     p = commands.add_parser(
         "report",
         help="write a self-contained HTML report of a session that verifies itself in the browser",
@@ -60,6 +70,10 @@ def register(commands: Any, helpers: LedgerHelpers) -> dict[str, argparse.Argume
     p.add_argument("--no-payloads", action="store_true", help="with SESSION: leave argument and result bytes out")
     helpers.add_trusted_key_arg(p)
     p.set_defaults(handler=functools.partial(write_report, helpers=helpers))
+    return p
+
+
+def _add_why(commands: Any, helpers: LedgerHelpers) -> argparse.ArgumentParser:
     q = commands.add_parser(
         "why",
         help="why one call was allowed, denied, held or replayed, with the entries that record it",
@@ -71,7 +85,7 @@ def register(commands: Any, helpers: LedgerHelpers) -> dict[str, argparse.Argume
     q.add_argument("session", metavar="SESSION")
     q.add_argument("call", metavar="CALL")
     q.set_defaults(handler=functools.partial(why, helpers=helpers))
-    return {"report": p, "why": q}
+    return q
 
 
 # -- reading -------------------------------------------------------------------------------------

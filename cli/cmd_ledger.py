@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import os
 import sys
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -114,6 +115,8 @@ def _vkey_lines(text: str) -> list[str]:
 
 
 def _time(ms: int) -> str:
+    from datetime import UTC, datetime  # only the commands that print times load it (start-up of `ledger verify`)
+
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -132,23 +135,75 @@ def _require_session(store: LedgerStore, session: str) -> SessionInfo:
 # -- register ------------------------------------------------------------------------------------
 
 
-def register(sub: Any) -> None:
-    parser: argparse.ArgumentParser = sub.add_parser(
+# The ``ledger`` sub-commands in the order ``register`` adds them, with the help ``truss ledger --help``
+# lists: the command line builds only the chosen one's parser (``register_lazy``), as ``truss_cli.main``
+# does for commands (tests/cli/test_basics.py checks this table against the full ``register``).
+SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("list", "sessions: id, contract, status, entries, started, head"),
+    ("show", "the entries of one session, readable, with their payloads when kept"),
+    ("verify", "check signatures, hash chains, indexes and payload hashes (exit 0 ok, 1 tampered, 2 bad input)"),
+    ("erase", "remove a session's payload bytes; the chain still verifies"),
+    ("sweep", "erase the payloads of sessions ended longer ago than [harness] keep (retention)"),
+    ("export", "write one session as a self-contained, offline-verifiable bundle"),
+    ("checkpoint", "sign a checkpoint of the log as it is now and print it"),
+    ("verdict", "print a session's verdict envelope and verify its signature"),
+    ("report", "write a self-contained HTML report of a session that verifies itself in the browser"),
+    ("why", "why one call was allowed, denied, held or replayed, with the entries that record it"),
+    ("migrate", "copy a ledger into an empty PostgreSQL ledger, verifying every entry on the way"),
+    ("keys", "the log's key set: the log key and the worker keys it admitted"),
+)
+_HELP = dict(SUBCOMMANDS)
+
+
+def _ledger_parser(sub: Any) -> argparse.ArgumentParser:
+    return sub.add_parser(
         "ledger",
         help="list, show, verify, export, checkpoint and prune the signed ledger",
         description="Read and check the signed, hash-chained ledger of this home (--db to use another file).",
     )
-    commands = parser.add_subparsers(dest="ledger_command", metavar="SUBCOMMAND")
 
-    p = commands.add_parser("list", help="sessions: id, contract, status, entries, started, head")
+
+def register(sub: Any) -> None:
+    """The ``ledger`` command with every sub-command's parser (``truss_cli.main.build_parser``)."""
+    commands = _ledger_parser(sub).add_subparsers(dest="ledger_command", metavar="SUBCOMMAND")
+    for name, _ in SUBCOMMANDS:
+        _BUILDERS[name](commands)
+
+
+def register_lazy(sub: Any) -> None:
+    """The ``ledger`` command as the command line parses it: each sub-command's parser is built (and
+    its module imported) only when it is the one chosen; help, usage and errors are the real parser's."""
+    parser = _ledger_parser(sub)
+    commands = parser.add_subparsers(dest="ledger_command", metavar="SUBCOMMAND", parser_class=_LazySubcommand)
+    for name, help_text in SUBCOMMANDS:  # the real parser has -h
+        commands.add_parser(name, help=help_text, add_help=False, subcommand=name, parent=parser)
+
+
+class _LazySubcommand(argparse.ArgumentParser):
+    def __init__(self, *args: Any, subcommand: str, parent: argparse.ArgumentParser, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._subcommand = subcommand
+        self._parent = parent
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        holder = type(self._parent)(prog=self._parent.prog, add_help=False)  # raises UsageError as the parent does
+        commands = holder.add_subparsers(dest="ledger_command", metavar="SUBCOMMAND")
+        _BUILDERS[self._subcommand](commands)
+        return commands.choices[self._subcommand].parse_known_args(*args, **kwargs)
+
+
+def _add_list(commands: Any) -> None:
+    p = commands.add_parser("list", help=_HELP["list"])
     p.add_argument("--status", help="only sessions with this status")
     p.add_argument("--limit", type=int, default=50, help="at most this many, newest first (default 50; 0 for all)")
     p.set_defaults(handler=list_sessions)
     LEDGER_PARSERS["list"] = p
 
+
+def _add_show(commands: Any) -> None:
     p = commands.add_parser(
         "show",
-        help="the entries of one session, readable, with their payloads when kept",
+        help=_HELP["show"],
         description="Print SESSION's entries in order. Payloads (arguments, results) are shown when the "
         "ledger still holds them, and marked erased when `truss ledger erase` removed them.",
     )
@@ -159,9 +214,11 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=show_session)
     LEDGER_PARSERS["show"] = p
 
+
+def _add_verify(commands: Any) -> None:
     p = commands.add_parser(
         "verify",
-        help="check signatures, hash chains, indexes and payload hashes (exit 0 ok, 1 tampered, 2 bad input)",
+        help=_HELP["verify"],
         description="Verify SESSION, or the whole log (--all, the default): every entry's signature against "
         "the trusted keys (never a key the ledger names for itself), prev links and seq order per session, "
         "contiguous log indexes, payload hashes, and the stored session heads. Steps: docs/ledger-format.md.",
@@ -172,10 +229,13 @@ def register(sub: Any) -> None:
     p.add_argument("--no-payloads", action="store_true", help="skip payload hash checks")
     p.set_defaults(handler=verify)
     LEDGER_PARSERS["verify"] = p
+    _add_verify_log_args(p)
 
+
+def _add_erase(commands: Any) -> None:
     p = commands.add_parser(
         "erase",
-        help="remove a session's payload bytes; the chain still verifies",
+        help=_HELP["erase"],
         description="Remove the argument and result bytes SESSION recorded. Entries keep their hashes, so "
         "the session still verifies and `show` marks the payloads erased. Bytes another session also "
         "recorded stay for that session.",
@@ -185,9 +245,11 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=erase)
     LEDGER_PARSERS["erase"] = p
 
+
+def _add_sweep(commands: Any) -> None:
     p = commands.add_parser(
         "sweep",
-        help="erase the payloads of sessions ended longer ago than [harness] keep (retention)",
+        help=_HELP["sweep"],
         description="Retention: erase the payload bytes of every session that ended longer ago than the "
         'operator config\'s [harness] keep ("90d"; the default "forever" keeps everything), as '
         "`truss ledger erase` does one session. Unfinished sessions, sessions in doubt or waiting, and "
@@ -197,14 +259,22 @@ def register(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="list what would be swept; erase nothing")
     p.set_defaults(handler=sweep_payloads)
     LEDGER_PARSERS["sweep"] = p
-    _register_log_commands(commands)
+
+
+def _add_report_or_why(commands: Any, name: str) -> None:
     from truss_cli import _ledger_report  # report and why (docs/report.md), kept in their own module
 
     shared = _ledger_report.LedgerHelpers(add_trusted_key_arg, trusted_from_args, _open_readonly)
-    LEDGER_PARSERS.update(_ledger_report.register(commands, shared))
+    LEDGER_PARSERS.update(_ledger_report.register(commands, shared, only=name))
+
+
+def _add_migrate(commands: Any) -> None:
     from truss_cli._migrate import register_migrate
 
     LEDGER_PARSERS["migrate"] = register_migrate(commands, add_trusted_key_arg, trusted_from_args)
+
+
+def _add_keys(commands: Any) -> None:
     from truss_cli._ledger_keys import register_keys  # the log's key set (docs/postgresql.md)
 
     LEDGER_PARSERS["keys"] = register_keys(commands, add_trusted_key_arg, trusted_from_args)
@@ -475,8 +545,7 @@ def sweep_payloads(args: argparse.Namespace, ctx: Ctx) -> int:
 # -- the log: checkpoints, bundles, verdicts, --since (engineer C) -------------------------------
 
 
-def _register_log_commands(commands: Any) -> None:
-    verify_parser = LEDGER_PARSERS["verify"]
+def _add_verify_log_args(verify_parser: argparse.ArgumentParser) -> None:
     verify_parser.add_argument(
         "--bundle",
         metavar="FILE",
@@ -489,9 +558,11 @@ def _register_log_commands(commands: Any) -> None:
     )
     add_policy_args(verify_parser)
 
+
+def _add_export(commands: Any) -> None:
     p = commands.add_parser(
         "export",
-        help="write one session as a self-contained, offline-verifiable bundle",
+        help=_HELP["export"],
         description="Write SESSION's entries, payloads (unless --no-payloads), verdict envelope, a signed "
         "checkpoint, inclusion proofs and the log's verifier key as one JSON file. Anyone holding the "
         "verifier key checks it with `truss ledger verify --bundle FILE --trusted-key VKEY`.",
@@ -506,9 +577,11 @@ def _register_log_commands(commands: Any) -> None:
                           write_file=_write_file)  # fmt: skip
     LEDGER_PARSERS["export"] = p
 
+
+def _add_checkpoint(commands: Any) -> None:
     p = commands.add_parser(
         "checkpoint",
-        help="sign a checkpoint of the log as it is now and print it",
+        help=_HELP["checkpoint"],
         description="Sign a C2SP checkpoint (origin, size, root) of the whole log with the identity key, "
         "after proving it extends the last one signed. Keep the printed note: `truss ledger verify --since "
         "FILE` later proves the log was not rewritten since.",
@@ -529,9 +602,11 @@ def _register_log_commands(commands: Any) -> None:
     p.set_defaults(handler=checkpoint_log)
     LEDGER_PARSERS["checkpoint"] = p
 
+
+def _add_verdict(commands: Any) -> None:
     p = commands.add_parser(
         "verdict",
-        help="print a session's verdict envelope and verify its signature",
+        help=_HELP["verdict"],
         description="Print SESSION's DSSE verdict envelope (an in-toto statement) after checking its "
         "signature against the trusted keys and that it names the session's recorded head.",
     )
@@ -539,6 +614,22 @@ def _register_log_commands(commands: Any) -> None:
     add_trusted_key_arg(p)
     p.set_defaults(handler=show_verdict)
     LEDGER_PARSERS["verdict"] = p
+
+
+_BUILDERS: dict[str, Callable[[Any], None]] = {
+    "list": _add_list,
+    "show": _add_show,
+    "verify": _add_verify,
+    "erase": _add_erase,
+    "sweep": _add_sweep,
+    "export": _add_export,
+    "checkpoint": _add_checkpoint,
+    "verdict": _add_verdict,
+    "report": functools.partial(_add_report_or_why, name="report"),
+    "why": functools.partial(_add_report_or_why, name="why"),
+    "migrate": _add_migrate,
+    "keys": _add_keys,
+}
 
 
 def _write_file(path: Path, data: bytes) -> None:

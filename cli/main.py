@@ -72,15 +72,18 @@ class _LazyParser(_Parser):
         self._module = module
 
     def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
-        real = _register(_Parser(prog="truss"), [f"truss_cli.{self._module}"]).choices[self._command]
+        real = _register(_Parser(prog="truss"), [f"truss_cli.{self._module}"], lazy=True).choices[self._command]
         return real.parse_known_args(*args, **kwargs)
 
 
-def _register(parser: argparse.ArgumentParser, modules: Sequence[str]) -> Any:
+def _register(parser: argparse.ArgumentParser, modules: Sequence[str], *, lazy: bool = False) -> Any:
+    """Each module's ``register(sub)``; with ``lazy``, its ``register_lazy(sub)`` where it has one (a
+    command whose sub-commands' parsers are built only when chosen: ``ledger``)."""
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in modules:
         module: Any = importlib.import_module(name)
-        module.register(sub)
+        register: Callable[[Any], None] = getattr(module, "register_lazy", module.register) if lazy else module.register
+        register(sub)
     return sub
 
 

@@ -243,3 +243,52 @@ def test_init_refuses_a_log_name_no_checkpoint_origin_can_hold_and_writes_no_key
     assert "origin" in done.stderr
     assert not (home / "identity.key").exists()
     assert list(home.glob("*.tmp")) == []
+
+
+def test_the_ledger_subcommand_table_is_what_the_full_ledger_parser_registers_in_order() -> None:
+    import argparse
+
+    from truss_cli import cmd_ledger
+
+    sub = argparse.ArgumentParser(prog="truss").add_subparsers()
+    cmd_ledger.register(sub)
+    ledger: Any = sub.choices["ledger"]
+    actions: list[Any] = ledger._actions
+    commands: Any = next(iter(a for a in actions if type(a).__name__ == "_SubParsersAction"))
+    registered = [(a.dest, a.help) for a in commands._choices_actions]
+    assert list(cmd_ledger.SUBCOMMANDS) == registered
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["ledger", "--help"], ["ledger", "bogus"], ["ledger"], ["ledger", "verify", "--help"], ["ledger", "keys"],
+     ["ledger", "verify", "--since"], ["ledger", "why", "--help"], ["ledger", "export", "--help"]],
+    ids=" ".join,
+)  # fmt: skip
+def test_a_ledger_subcommand_parsed_lazily_prints_and_exits_as_the_full_parser_does(
+    truss_home: Path, argv: list[str]
+) -> None:
+    code = (
+        "import sys, io, contextlib\n"
+        "from truss_cli import main as m\n"
+        "if sys.argv[1] == 'full': m._lazy_parser = m.build_parser\n"
+        "sys.exit(m.main(sys.argv[2:]))\n"
+    )
+    env = {**os.environ, "TRUSS_HOME": str(truss_home)}
+    runs = [
+        subprocess.run([sys.executable, "-c", code, mode, *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=60, check=False)
+        for mode in ("lazy", "full")
+    ]  # fmt: skip
+    lazy, full = runs
+    assert (lazy.returncode, lazy.stdout, lazy.stderr) == (full.returncode, full.stdout, full.stderr)
+    assert lazy.stdout or lazy.stderr
+
+
+def test_ledger_verify_builds_no_other_subcommand_and_loads_only_pynacls_compiled_library(truss_home: Path) -> None:
+    assert _truss("--home", str(truss_home), "init").returncode == 0
+    modules = _modules_after(["ledger", "verify"], truss_home)
+    other = {"truss_cli._ledger_report", "truss_cli._migrate", "truss_cli._ledger_keys", "truss_cli._ledger_otlp"}
+    assert not other & modules
+    assert "nacl._sodium" in modules
+    assert not {"nacl.signing", "nacl.bindings", "nacl.public"} & modules
