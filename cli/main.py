@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -54,8 +55,36 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 Handler = Callable[[argparse.Namespace, "Ctx"], int]
 
 
+def _columns() -> int:
+    """The terminal's width as ``shutil.get_terminal_size`` gives it (``COLUMNS``, then stdout's
+    terminal, then 80), without importing ``shutil`` (and with it ``bz2`` and ``lzma``): argparse
+    builds a help formatter for every argument it adds, and its own asks ``shutil``."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns if sys.__stdout__ else 0
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Formatter(argparse.HelpFormatter):
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24, width: int | None = None
+    ) -> None:
+        super().__init__(prog, indent_increment, max_help_position, _columns() - 2 if width is None else width)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises ``UsageError`` instead of printing usage and exiting by itself."""
+    """argparse that raises ``UsageError`` instead of printing usage and exiting by itself, and formats
+    help without loading ``shutil`` (``_Formatter``; every parser made under it is a ``_Parser``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}", remedy=f"See '{self.prog} --help'")

@@ -292,3 +292,20 @@ def test_ledger_verify_builds_no_other_subcommand_and_loads_only_pynacls_compile
     assert not other & modules
     assert "nacl._sodium" in modules
     assert not {"nacl.signing", "nacl.bindings", "nacl.public"} & modules
+
+
+def test_ledger_verify_of_a_store_loads_no_socket_shutil_credential_rules_or_cosignature_code(truss_home: Path) -> None:
+    # Each was a few milliseconds of its start-up: the lease owner's host name (now from uname), the
+    # help formatter's terminal width (argparse asks shutil), the URL credential rule that only an
+    # error message needs, and the cosignature merge that only a second store of a checkpoint needs.
+    assert _truss("--home", str(truss_home), "init").returncode == 0
+    modules = _modules_after(["ledger", "verify"], truss_home)
+    assert not {"socket", "shutil", "truss._credentials", "truss.ledger.cosignature"} & modules
+
+
+def test_help_is_as_wide_as_columns_says_without_shutil() -> None:
+    narrow = _truss("--help", env={**os.environ, "COLUMNS": "50"})
+    wide = _truss("--help", env={**os.environ, "COLUMNS": "200"})
+    assert narrow.returncode == wide.returncode == 0
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 50
+    assert max(len(line) for line in wide.stdout.splitlines()) > 50

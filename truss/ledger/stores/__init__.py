@@ -26,7 +26,6 @@ import threading
 from typing import TYPE_CHECKING
 
 from truss._conninfo import looks_like_conninfo as _looks_like_conninfo
-from truss._credentials import redact_url as _redact_url
 from truss._errors import UsageError as _UsageError
 from truss.ledger.stores.base import LedgerStore, SessionInfo, StoredCheckpoint, StoreOpener
 
@@ -100,7 +99,9 @@ def store_scheme(url: str | os.PathLike[str]) -> str:
 def redact_url(url: str | os.PathLike[str]) -> str:
     """``url`` as it may appear in a message: each credential in it (a password, a credential query
     parameter's value: the rule of ``truss._credentials``) replaced by ``***``; a path as it is."""
-    return _redact_url(os.fspath(url))
+    from truss._credentials import redact_url as redact  # its patterns compile at import: only when an error needs them
+
+    return redact(os.fspath(url))
 
 
 def register_store(scheme: str, opener: StoreOpener, *, replace: bool = False) -> None:

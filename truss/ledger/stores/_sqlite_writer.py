@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 from truss._clock import Clock
 from truss._errors import StoreBusyError, StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import canonical
-from truss.ledger.cosignature import merge_notes
 from truss.ledger.entry import Record, StoredEntry, encode_record, session_status
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
@@ -204,6 +203,7 @@ class SqliteWriter:
 
     def merge_checkpoint(self, size: int, note: str) -> None:
         """Merge ``note``'s signature lines into the checkpoint held at ``size`` (one transaction)."""
+        from truss.ledger.cosignature import merge_notes  # only here: a store that only reads never loads it
 
         def merge(conn: sqlite3.Connection) -> None:
             row = conn.execute("SELECT note FROM checkpoints WHERE size = ?", (size,)).fetchone()

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -103,6 +102,16 @@ DEFAULT_LEASE_MS = 30_000
 """How long a session's lease lasts unless renewed; its owner renews it every third of that."""
 
 
+def _hostname() -> str:
+    """This host's name, as ``socket.gethostname()`` gives it, without loading the socket module."""
+    uname = getattr(os, "uname", None)
+    if uname is not None:  # POSIX: the same nodename gethostname(2) returns
+        return uname().nodename
+    import socket  # Windows, which has no uname
+
+    return socket.gethostname()
+
+
 @dataclass(frozen=True)
 class LeaseOwner:
     """Who drives a session: an id unique to one process's runtime, its host and pid."""
@@ -113,7 +122,7 @@ class LeaseOwner:
 
     @classmethod
     def this_process(cls, owner_id: str) -> LeaseOwner:
-        return cls(owner_id, socket.gethostname(), os.getpid())
+        return cls(owner_id, _hostname(), os.getpid())
 
 
 @dataclass(frozen=True)
@@ -154,7 +163,7 @@ def owner_gone(lease: Lease) -> bool:
     Only this host's pids are probed; an owner on another host counts as alive until its lease
     expires, so nothing here assumes one host.
     """
-    if lease.host != socket.gethostname() or lease.pid <= 0:
+    if lease.host != _hostname() or lease.pid <= 0:
         return False
     try:
         os.kill(lease.pid, 0)

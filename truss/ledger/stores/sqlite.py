@@ -40,7 +40,6 @@ from truss._errors import (
     VerificationError,
 )
 from truss.ledger.canonical import canonical
-from truss.ledger.cosignature import merge_notes
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
@@ -462,6 +461,8 @@ class SqliteStore:
                     remedy="the log was forked: run `truss ledger verify --all`",
                     size=size,
                 )
+            from truss.ledger.cosignature import merge_notes  # a checkpoint stored twice only: reads never need it
+
             if merge_notes(str(rows[0][1]), note) != str(rows[0][1]):
                 self._writer.merge_checkpoint(size, note)
             return
