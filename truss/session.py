@@ -543,7 +543,7 @@ class _Run:
             self.server_records_wake.set()
 
     async def _record_server_events(self) -> None:
-        if not self.server_records or not self.journal.entries:
+        if not self.server_records or self.journal.head is None:
             return  # nothing reported, or no session_started yet to follow
         batch, self.server_records = self.server_records, []
         with anyio.CancelScope(shield=True):  # taken from the queue: it must reach the record
