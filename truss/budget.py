@@ -45,6 +45,7 @@ __all__ = [
     "call_timeout_s",
     "charge_call",
     "charge_turn",
+    "configured_timeout_s",
     "deadline_ms",
     "remaining",
     "result_too_large",
@@ -195,12 +196,15 @@ def charge_call(state: BudgetState, contract: Contract, tool: str, now_ms: int) 
         per_server[server_name] = per_server.get(server_name, 0) + 1
     per_tool = dict(state.per_tool)
     per_tool[tool] = per_tool.get(tool, 0) + 1
+    # The constructor, not ``dataclasses.replace``: this runs for every call (replace costs more than the checks).
     return Charged(
-        replace(
-            state,
-            tool_calls=state.tool_calls + 1,
-            per_server=_frozen(per_server),
-            per_tool=_frozen(per_tool),
+        BudgetState(
+            state.tool_calls + 1,
+            state.model_turns,
+            state.tokens,
+            _frozen(per_server),
+            _frozen(per_tool),
+            state.started_ms,
         )
     )
 
@@ -249,14 +253,19 @@ def _count(value: Any) -> int:
 def call_timeout_s(contract: Contract, tool: str, state: BudgetState, now_ms: int) -> float:
     """The effective timeout of a call: the smallest of the run's, the server's and the tool's
     ``call_timeout`` and the time left before the deadline (0.0 once it has passed)."""
+    return min(configured_timeout_s(contract, tool), time_left_s(contract, state, now_ms))
+
+
+def configured_timeout_s(contract: Contract, tool: str) -> float:
+    """The smallest of the run's, the server's and the tool's ``call_timeout``: what the contract
+    says, before the deadline's time left (a gate computes it once per tool)."""
     candidates = [duration_ms(contract.budget.call_timeout)]
     server, _, tool_timeout = _server_and_settings(contract, tool)
     if server is not None and server.call_timeout is not None:
         candidates.append(duration_ms(server.call_timeout))
     if tool_timeout is not None:
         candidates.append(duration_ms(tool_timeout))
-    configured_s = min(candidates) / 1000.0
-    return min(configured_s, time_left_s(contract, state, now_ms))
+    return min(candidates) / 1000.0
 
 
 def result_too_large(contract: Contract, size: int) -> bool:

@@ -105,6 +105,7 @@ class Gate:
         self._intent_durable = contract.ledger.durability == "power"
         self._memo: MemoIndex | None = None
         self._decisions: dict[str, str] = {}  # call -> the policy's decision in this leg (for events)
+        self._timeouts: dict[str, float] = {}  # tool -> its configured call_timeout, in seconds
 
     # -- budget shared with the loop (model turns are charged against the same state) --
 
@@ -128,7 +129,12 @@ class Gate:
         return dict(budget_mod.remaining(self.contract, self._budget.state, self.clock.now_ms()))
 
     def _call_timeout_s(self, tool: str) -> float:
-        return budget_mod.call_timeout_s(self.contract, tool, self._budget.state, self.clock.now_ms())
+        # What the contract configures is fixed for the run: looked up once per tool, then only the
+        # deadline's time left is computed per call (same result as ``budget.call_timeout_s``).
+        configured = self._timeouts.get(tool)
+        if configured is None:
+            configured = self._timeouts[tool] = budget_mod.configured_timeout_s(self.contract, tool)
+        return min(configured, budget_mod.time_left_s(self.contract, self._budget.state, self.clock.now_ms()))
 
     # -- the call --
 

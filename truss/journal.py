@@ -201,21 +201,19 @@ class Journal:
         if kind == "mcp_tool_denied":
             self.denials += 1
 
-    async def append(self, *records: Record, durable: bool = True, expect_seq: int | None = None) -> list[StoredEntry]:
-        def write() -> list[StoredEntry]:
-            if self.epoch is None:
-                return self.store.append(self.session, list(records), durable=durable, expect_seq=expect_seq)
-            return self.store.append(
-                self.session, list(records), durable=durable, expect_seq=expect_seq, epoch=self.epoch
-            )
+    def _write(self, records: Sequence[Record], durable: bool, expect_seq: int | None) -> list[StoredEntry]:
+        if self.epoch is None:
+            return self.store.append(self.session, records, durable=durable, expect_seq=expect_seq)
+        return self.store.append(self.session, records, durable=durable, expect_seq=expect_seq, epoch=self.epoch)
 
+    async def append(self, *records: Record, durable: bool = True, expect_seq: int | None = None) -> list[StoredEntry]:
         if not durable or IN_FLIGHT.count <= 1:
-            stored = write()
+            stored = self._write(list(records), durable, expect_seq)
             # Still a point where the run can be cancelled, without a trip through the event loop
             # (a full checkpoint is one more loop iteration per entry, ~5% of a fast call).
             await anyio.lowlevel.checkpoint_if_cancelled()
         else:
-            stored = await anyio.to_thread.run_sync(write)
+            stored = await anyio.to_thread.run_sync(self._write, list(records), durable, expect_seq)
         for entry in stored:
             self._index(entry, live=True)
         return stored

@@ -193,6 +193,8 @@ class _Outcome:
 
 
 def _apply_rule(index: int, rule: PolicyRule, tool: str, arguments: Mapping[str, Any]) -> Decision | None:
+    if not rule.args and rule.effect == "allow":  # the common rule: a tool pattern that allows (no tests to run)
+        return Allow(index)
     outcomes = [_check_argument(name, condition, arguments) for name, condition in rule.args.items()]
     if any(o.value is _V.FAILS for o in outcomes):
         return None
