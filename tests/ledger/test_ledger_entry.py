@@ -19,7 +19,17 @@ from truss.ledger.canonical import (
     canonical,
     sha256_ref,
 )
-from truss.ledger.entry import KINDS, PAYLOAD_TYPE, Record, StoredEntry, check_record, entry_bytes, pae, seal
+from truss.ledger.entry import (
+    KINDS,
+    PAYLOAD_TYPE,
+    Record,
+    StoredEntry,
+    check_record,
+    entry_bytes,
+    iter_refs,
+    pae,
+    seal,
+)
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.merkle import MemoryTree
 from truss.ledger.verification import verify_entries
@@ -169,6 +179,27 @@ def test_a_blob_the_body_does_not_name_is_refused() -> None:
     with pytest.raises(StoreError) as info:
         check_record(Record("mcp_tool_call", {}, {ref: b"bytes"}))
     assert info.value.reason == "unreferenced_blob"
+
+
+_REFS = [sha256_ref(bytes([i])) for i in range(3)]
+ref_bodies = st.recursive(
+    st.sampled_from(_REFS) | st.text(max_size=4) | st.integers(0, 9) | st.none(),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3),
+    max_leaves=12,
+)
+
+
+@given(body=st.dictionaries(st.text(max_size=3), ref_bodies, max_size=4))
+def test_a_blob_is_kept_exactly_when_its_ref_is_named_anywhere_in_the_body(body: dict[str, Any]) -> None:
+    named = set(iter_refs(body))
+    for i, ref in enumerate(_REFS):
+        record = Record("mcp_tool_call", body, {ref: bytes([i])})
+        if ref in named:
+            check_record(record)
+        else:
+            with pytest.raises(StoreError) as info:
+                check_record(record)
+            assert info.value.reason == "unreferenced_blob"
 
 
 def test_a_body_with_nan_is_refused() -> None:

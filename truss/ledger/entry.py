@@ -123,6 +123,20 @@ REF_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+_STRINGS: dict[str, bytes] = {}  # kind, log and session names as JSON strings: the same few on every append
+_STRINGS_KEPT = 4096
+
+
+def _json_string(text: str) -> bytes:
+    """``text`` as the JSON string bytes ``canonical`` writes (for ASCII ``text``), kept once made."""
+    encoded = _STRINGS.get(text)
+    if encoded is None:
+        if len(_STRINGS) >= _STRINGS_KEPT:  # a process that appends to many sessions: stay bounded
+            _STRINGS.clear()
+        encoded = _STRINGS[text] = _ENCODER.encode(text).encode()
+    return encoded
+
+
 def pae(payload_type: str, body: bytes) -> bytes:
     """DSSE v1 pre-authentication encoding: ``"DSSEv1" SP len(type) SP type SP len(body) SP body``.
 
@@ -196,7 +210,9 @@ def encode_record(record: Record) -> bytes:
             remedy="entry bodies hold JSON values only (no NaN, no integers of magnitude 2**53 or more)",
             reason="bad_body",
         ) from exc
-    named = set(iter_refs(record.body)) if record.blobs else set[str]()
+    named = set[str]()
+    if record.blobs:  # the refs the body names, collected in one walk (no generator per level)
+        _collect_refs(record.body, named)
     for ref, data in record.blobs.items():
         if ref not in named:
             raise StoreError(
@@ -247,24 +263,15 @@ def seal(
     if body_bytes is None or not (kind.isascii() and log.isascii() and session.isascii() and prev.isalnum()):
         raw = entry_bytes(entry)
     else:
-        encode = _ENCODER.encode
         raw = b"".join(
             (
                 b'{"body":',
                 body_bytes,
                 b',"index":%d,"kind":%s,"log":%s,"prev":"%s","seq":%d,"session":%s,"ts":%d,"v":%d}'
-                % (
-                    index,
-                    encode(kind).encode(),
-                    encode(log).encode(),
-                    prev.encode(),
-                    seq,
-                    encode(session).encode(),
-                    ts,
-                    ENTRY_VERSION,
-                ),
+                % (index, _json_string(kind), _json_string(log), prev.encode(), seq, _json_string(session), ts,
+                   ENTRY_VERSION),
             )
-        )
+        )  # fmt: skip
     return StoredEntry(
         entry=entry,
         hash=hashlib.sha256(raw).hexdigest(),
@@ -398,3 +405,23 @@ def iter_refs(value: Any) -> Iterator[str]:
                 yield item
         elif isinstance(item, dict | list | str):
             yield from iter_refs(item)
+
+
+def _collect_refs(value: Any, out: set[str]) -> None:
+    """Add to ``out`` every ``sha256:`` ref in ``value`` (what ``iter_refs`` yields, as a set)."""
+    items: Iterable[Any]
+    if type(value) is dict:
+        items = cast(dict[str, Any], value).values()
+    elif type(value) is list:
+        items = cast(list[Any], value)
+    else:
+        out.update(iter_refs(value))
+        return
+    for item in items:
+        if type(item) is str:
+            if len(item) == 71 and REF_RE.fullmatch(item):
+                out.add(item)
+        elif isinstance(item, dict | list):
+            _collect_refs(item, out)
+        elif isinstance(item, str):  # a str subclass
+            out.update(iter_refs(item))
