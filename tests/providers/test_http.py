@@ -11,10 +11,13 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from pydantic import ValidationError
 
 from tests.providers._support import WIRE, LoopbackServer, RecordingSleep, Reply, closed_port_url, make_contract, wire
 from truss._errors import InputError, ProviderError, TrussError
 from truss.providers import Provider, ToolSpec, TurnRequest, make_provider, retry_after_s
+from truss.providers._http import HttpSettings
+from truss.providers.openai import OpenAIProvider
 from truss.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
@@ -189,8 +192,14 @@ async def test_the_api_key_appears_in_no_error_text_repr_or_traceback(
 
 
 async def test_the_url_in_errors_drops_user_info_and_query(sleep: RecordingSleep) -> None:
+    # A contract refuses such a base_url at load (tests/security/test_credentials_in_urls.py); a
+    # program building a provider itself still gets errors without them.
     url = closed_port_url().replace("http://", "http://user:hunter2@") + "/v1?token=abc"
-    err = await failure(openai_at(url, sleep, max_attempts=1))
+    with pytest.raises(ValidationError):
+        make_contract(provider="openai", model="m", base_url=url)
+    provider = OpenAIProvider(model="m", api_key=KEY, base_url=url, settings=HttpSettings(max_attempts=1),
+                              clock=ManualClock(CLOCK_START_MS), sleep=sleep)  # fmt: skip
+    err = await failure(provider)
     for text in _every_text_of(err):
         assert "hunter2" not in text
         assert "token=abc" not in text

@@ -1,7 +1,8 @@
 """Attack surface: a credential written into a URL that Truss keeps (``user:password@``,
 ``?access_token=``, ``?key=``, ``#access_token=``...). A server's URL and args are recorded in
 ``session_started`` and exported; a ledger or telemetry URL is shown in messages and kept in config
-files and shell history. Every place that takes such a URL applies the one rule of
+files and shell history; a model provider's ``base_url`` (the agent's, a reviewer's) is recorded
+like a server's URL. Every place that takes such a URL applies the one rule of
 ``truss._credentials`` (docs/security.md), so every attack below is tried at every place: the URL is
 refused (or, for ``mcp import``, the password moved to its client's variable), the error names the
 part but never the value, and nothing is written.
@@ -29,10 +30,12 @@ from truss.contract import load_contract_text, telemetry_from_text
 from truss.contract.harness_db import operator_db_from_text
 from truss.ledger.stores import redact_url
 from truss.mcp._claude_import import convert, render_toml
+from truss.mcp._errmap import safe_url
 from truss.telemetry.settings import resolve_settings
 
 ATTACKS = sorted(p for p in (DATA / "urls").glob("*.json") if p.name != "ordinary_urls.json")
 CONTRACTS = sorted((DATA / "contracts").glob("*_server_url*.toml"))
+BASE_URL_CONTRACTS = sorted((DATA / "contracts").glob("*_base_url*.toml"))
 ORDINARY: dict[str, list[str]] = {
     k: v for k, v in json.loads((DATA / "urls" / "ordinary_urls.json").read_text()).items() if k != "what"
 }
@@ -59,6 +62,16 @@ def _server(body: str) -> str:
 
 def _http_server(url: str) -> str:
     return _server(f'transport = "http"\nurl = {json.dumps(url)}\n')
+
+
+def _agent(url: str) -> str:
+    head = '[contract]\nname = "c"\nintent = "x"\n'
+    return f'{head}[agent]\nprovider = "openai"\nmodel = "m"\nbase_url = {json.dumps(url)}\n'
+
+
+def _reviewer(url: str) -> str:
+    head = '[contract]\nname = "c"\nintent = "x"\n[[done.checks]]\nkind = "panel"\nquorum = 1\n'
+    return f'{head}[[done.checks.reviewers]]\nprovider = "openai"\nmodel = "m"\nbase_url = {json.dumps(url)}\n'
 
 
 def _refused(kind: type[TrussError], call: Callable[[], object]) -> TrussError:
@@ -88,6 +101,11 @@ def test_every_url_attack_file_is_exercised() -> None:
         "token_in_server_url_query.toml",
         "user_info_in_server_url.toml",
     ]
+    assert [p.name for p in BASE_URL_CONTRACTS] == [
+        "key_in_agent_base_url_query.toml",
+        "key_in_reviewer_base_url_query.toml",
+        "user_info_in_agent_base_url.toml",
+    ]
 
 
 @pytest.mark.parametrize("contract", CONTRACTS, ids=[p.stem for p in CONTRACTS])
@@ -107,6 +125,27 @@ def test_a_credential_in_a_server_url_is_refused_by_contract_check_without_echoi
 def test_a_credential_in_a_server_url_is_refused_at_load(url: str) -> None:
     error = _refused(ContractError, lambda: load_contract_text(_http_server(url), source="c.toml"))
     assert "url" in str(error.fields.get("path"))
+
+
+@pytest.mark.parametrize("contract", BASE_URL_CONTRACTS, ids=[p.stem for p in BASE_URL_CONTRACTS])
+def test_a_credential_in_a_model_providers_base_url_is_refused_by_contract_check_without_echoing_it(
+    tmp_path: Path, contract: Path
+) -> None:
+    home = tmp_path / "home"
+    checked = cli(home, "contract", "check", str(contract))
+    assert checked.returncode == 2
+    assert "base_url" in checked.stderr and "holds a credential" in checked.stderr
+    assert "CANARY" not in checked.stdout + checked.stderr
+    assert "Traceback" not in checked.stderr
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("url", _urls(("https",)))
+def test_a_credential_in_an_agents_or_reviewers_base_url_is_refused_at_load(url: str) -> None:
+    error = _refused(ContractError, lambda: load_contract_text(_agent(url), source="c.toml"))
+    assert error.fields.get("path") == "agent.base_url"
+    error = _refused(ContractError, lambda: load_contract_text(_reviewer(url), source="c.toml"))
+    assert error.fields.get("path") == "done.checks[0].reviewers[0].base_url"
 
 
 @pytest.mark.parametrize("url", _urls(("https", "postgresql")))
@@ -160,9 +199,9 @@ def test_mcp_import_never_copies_a_credential_in_a_url_in_stdio_args(url: str) -
 
 @pytest.mark.parametrize("url", _urls(("https", "postgresql")))
 def test_a_url_in_a_message_shows_no_credential(url: str) -> None:
-    shown = redact_url(url)
-    assert "CANARY" not in shown
-    assert shown.startswith(url.partition("//")[0] + "//")
+    for shown in (redact_url(url), safe_url(url)):
+        assert "CANARY" not in shown
+        assert shown.startswith(url.partition("//")[0] + "//")
 
 
 @pytest.mark.parametrize("scheme", sorted(ORDINARY))
@@ -177,6 +216,10 @@ def test_urls_without_credentials_are_still_taken_everywhere(tmp_path: Path, sch
         assert imported[0].table["args"] == [url]
         if scheme == "https":
             assert load_contract_text(_http_server(url), source="c.toml").mcp.servers[0].url == url
+            assert load_contract_text(_agent(url), source="c.toml").agent.base_url == url
+            reviewers = load_contract_text(_reviewer(url), source="c.toml").done.checks[0].reviewers
+            assert reviewers is not None and reviewers[0].base_url == url
+            assert safe_url(url) == url
             telemetry = telemetry_from_text(f"[telemetry]\notlp_endpoint = {json.dumps(url)}\n", file="c")
             assert telemetry is not None and telemetry.otlp_endpoint == url
             assert resolve_settings(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": url}, check_extra=False) is not None

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from truss._clock import parse_duration_ms
+from truss._credentials import redact_url, url_credentials
 from truss._pointer import pointer_problem
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "PIN_RE",
     "SERVER_NAME_RE",
     "TOOL_REF_RE",
+    "BaseUrl",
     "Duration",
     "EnvName",
     "Glob",
@@ -115,11 +117,31 @@ def _check_pointer(value: str) -> str:
     return value
 
 
+_HTTP_URL_RE = re.compile(r"^https?://[^\s]+\Z")
+
+
+def _check_base_url(value: str) -> str:
+    # A model provider's address is recorded in the effective contract like a server's URL, and
+    # shown in its errors: the same credential rule (truss._credentials) keeps a key out of both.
+    if not _HTTP_URL_RE.match(value):
+        raise ValueError(f"base_url {redact_url(value)!r} must be an http:// or https:// URL")
+    found = url_credentials(value)
+    if found:
+        raise KeyValueError(
+            f"base_url holds a credential ({'; '.join(found)}); the contract is recorded, so a key may not "
+            "be written in a model provider's address",
+            remedy='Take it out of base_url, name the variable holding the key in api_key_env = "VARIABLE", '
+            "and set it in Truss's environment (docs/providers.md)",
+        )
+    return value
+
+
 Duration = Annotated[str, AfterValidator(_check_duration)]
 Regex = Annotated[str, AfterValidator(_check_regex)]
 Glob = Annotated[str, AfterValidator(_check_glob)]
 EnvName = Annotated[str, AfterValidator(check_env_name)]
 Pointer = Annotated[str, AfterValidator(_check_pointer)]
+BaseUrl = Annotated[str, AfterValidator(_check_base_url)]
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 

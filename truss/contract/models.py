@@ -19,6 +19,7 @@ from truss._regex import regex_profile
 from truss.contract.checks import DoneCheck
 from truss.contract.fields import (
     NAME_RE,
+    BaseUrl,
     Duration,
     EnvName,
     Glob,
@@ -163,7 +164,7 @@ class Step(Model):
 class AgentConfig(Model):
     provider: str = "scripted"
     model: str | None = None
-    base_url: str | None = None
+    base_url: BaseUrl | None = None
     api_key_env: EnvName | None = None
     system: str | None = None
     max_turns: PositiveInt = 20
@@ -191,8 +192,6 @@ class AgentConfig(Model):
         kind = provider_kinds_in(info.context).get(self.provider)  # None only if _registered refused it
         if kind is not None and kind.capabilities.needs_model and not self.model:
             raise ValueError(f"provider {self.provider!r} needs a model (agent.model)")
-        if self.base_url is not None and not re.match(r"^https?://[^\s]+\Z", self.base_url):
-            raise ValueError(f"base_url {self.base_url!r} must be an http:// or https:// URL")
         return self
 
 

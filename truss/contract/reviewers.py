@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from truss.contract.fields import Duration, EnvName, KeyValueError, Model, PositiveInt
+from truss.contract.fields import BaseUrl, Duration, EnvName, KeyValueError, Model, PositiveInt
 from truss.contract.providers import provider_kinds_in
 
 __all__ = ["REVIEWER_NAME_RE", "SCRIPTED_REVIEWER", "Reviewer"]
@@ -36,7 +36,7 @@ class Reviewer(Model):
     name: str | None = None
     provider: str
     model: str | None = None
-    base_url: str | None = None
+    base_url: BaseUrl | None = None
     api_key_env: EnvName | None = None
     max_output_tokens: PositiveInt = 4096
     temperature: float | None = None
@@ -81,6 +81,4 @@ class Reviewer(Model):
         kind = provider_kinds_in(info.context).get(self.provider)  # None only if _registered refused it
         if kind is not None and kind.capabilities.needs_model and not self.model:
             raise ValueError(f"a reviewer with provider {self.provider!r} needs a model")
-        if self.base_url is not None and not re.match(r"^https?://[^\s]+\Z", self.base_url):
-            raise ValueError(f"base_url {self.base_url!r} must be an http:// or https:// URL")
         return self

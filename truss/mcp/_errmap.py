@@ -14,14 +14,13 @@ connection's wire saw the server answer the call's request with it (``answered``
 
 What this module does not do: decide whether a call is re-sent (the gate does, from the
 contract), or put an exception's text in a message when that text could hold a secret (HTTP
-errors carry the request URL; only its scheme, host and path are kept).
+errors carry the request URL; ``safe_url`` shows a URL with its credentials masked).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any, cast
-from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -33,6 +32,7 @@ from mcp.client.streamable_http import StreamableHTTPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError
 
+from truss._credentials import redact_url
 from truss._errors import McpError, ServerStartError, ToolCallError
 
 __all__ = ["Mapped", "classify", "leaves", "safe_url", "to_call_error", "to_start_error"]
@@ -52,14 +52,10 @@ def leaves(exc: BaseException) -> Iterator[BaseException]:
 
 
 def safe_url(url: str) -> str:
-    """``scheme://host[:port]/path`` of ``url``: no user info, query or fragment (they may hold secrets)."""
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-    except ValueError:
-        return "<unparsable url>"
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    """``url`` as an error may show it: each credential masked by Truss's one rule (``redact_url``:
+    user info, credential query and fragment parameters; an unparsable one as ``scheme://***``), and
+    anything unprintable as ``?``, since the URL may come from a server's header."""
+    return "".join(c if c.isprintable() else "?" for c in redact_url(url))
 
 
 def _mcp_error(exc: MCPError, answered: tuple[int, str] | None) -> Mapped:
