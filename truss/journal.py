@@ -31,9 +31,10 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-from truss._errors import InDoubtError, ReplayDivergenceError
+from truss._errors import InDoubtError, ReplayDivergenceError, VerificationError
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.verification import chain_link
 
 __all__ = ["IN_FLIGHT", "EntryFold", "Journal", "JournalStore", "RecordedCall"]
 
@@ -169,8 +170,21 @@ class Journal:
         return self.head.seq + 1 if self.head is not None else 0
 
     def extend(self, recorded: Iterable[StoredEntry]) -> None:
-        """Index entries recorded before (a resumed run's, or ones a cancelled step committed)."""
+        """Index entries recorded before (a resumed run's, or ones a cancelled step committed). Each
+        must chain to the head held (the first to the journal's head, the next to it...): what was
+        read after the head is refused (``VerificationError``) unless it continues that very chain."""
         for entry in recorded:
+            finding = chain_link(self.head, entry)
+            if finding is not None:
+                reason, message = finding
+                raise VerificationError(
+                    f"session {self.session}: {message}",
+                    remedy="do not trust this record; compare it with a bundle or checkpoint you hold",
+                    session=self.session,
+                    seq=entry.entry.get("seq"),
+                    index=entry.entry.get("index"),
+                    reason=reason,
+                )
             self._index(entry, live=False)
 
     def release(self, call: str) -> None:

@@ -73,6 +73,7 @@ __all__ = [
     "LedgerReader",
     "SessionFacts",
     "VerifyReport",
+    "chain_link",
     "check_entries",
     "check_entry_alone",
     "row_mismatch",
@@ -329,6 +330,22 @@ class EntryVerifier:
         self.last_index = index
         self.last_hash = item.hash
         self.count += 1
+
+
+def chain_link(before: StoredEntry | None, item: StoredEntry) -> Finding | None:
+    """V4, V6 and V7 of ``item`` against the entry it must follow (``before``; None: the session's
+    first): for a holder of a chain's head that reads what was recorded after it (a run's journal),
+    so that what it reads is the continuation of the head it holds, not of whatever the store holds."""
+    entry = item.entry
+    if hashlib.sha256(item.raw).hexdigest() != item.hash:
+        return "hash_mismatch", f"{_where(entry)}: its stated hash is not the hash of its bytes"
+    expected = before.seq + 1 if before is not None else 0
+    if entry.get("seq") != expected:
+        return "seq_gap", f"{_where(entry)}: expected seq {expected} after the head held"
+    if entry.get("prev") != (before.hash if before is not None else ZERO_HASH):
+        what = f"entry {before.seq} ({before.hash[:12]}...)" if before is not None else "the zero hash of a first entry"
+        return "prev_mismatch", f"{_where(entry)}: prev hash does not match {what}, the head held"
+    return None
 
 
 def verify_entries(
