@@ -4,9 +4,12 @@
 A long run keeps no record of every call for its verdict: each check remembers what its kind's fold
 needs (a call, a counter, a flag). This property pins the two evaluations together: random
 sequences of recorded calls (of two tools; successes, error results, failures below the tool,
-results whose payload was erased or is not JSON) and denials (by policy, by budget), random check
-sets over every built-in foldable kind and every ``select``, a final answer or none, a run error or
-none. A check set with a panel is evaluated whole by the fold too (it keeps the entries).
+results whose payload was erased or is not JSON) and denials (by policy, by budget), among entries
+of every other ledger kind (``truss.ledger.entry.KINDS``), random check sets over every foldable
+kind the registry holds (``truss.contract.checks.DONE_CHECKS``, built from what each kind declares
+it needs) and every ``select``, a final answer or none, a run error or none. A new entry kind or a
+new foldable check kind is drawn without a change here. A check set with a panel is evaluated whole
+by the fold too (it keeps the entries).
 """
 
 from __future__ import annotations
@@ -17,11 +20,19 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from truss.contract import Contract
+from truss.contract.checks import DONE_CHECKS, CheckKind, DoneCheck
+from truss.ledger.entry import KINDS
 from truss.verdict import RunError, VerdictFold, evaluate
 
 TOOLS = ("mcp:srv:a", "mcp:srv:b")
+BUILT = ("session_started", "model_turn", "mcp_tool_intent", "mcp_tool_call", "mcp_tool_denied")
+"""The kinds ``records`` builds with their bodies; every other ledger kind is drawn as an entry beside them."""
+OTHER_KINDS = sorted(KINDS - set(BUILT))
+FOLDABLE = [kind for kind in DONE_CHECKS if kind.fold is not None]
+REGEXES = ("n=[12]", "^n=0$", "[0-3]", "done", "^$", "n=1")
 
 
 @dataclass(frozen=True)
@@ -58,33 +69,64 @@ def records(draw: st.DrawFn) -> tuple[list[_Entry], dict[str, bytes]]:
         elif what != "erased":
             blobs[ref] = _result(draw(st.integers(0, 3)))
         entries.append(_Entry("mcp_tool_call", body))
+        if draw(st.booleans()):
+            # Another kind of entry about the same call: a check reading one must read it alike both ways.
+            entries.append(_Entry(draw(st.sampled_from(OTHER_KINDS)), {"call": call, "tool": tool}))
     return entries, blobs
 
 
 SELECTS = st.sampled_from([None, "last", "first", "any", "all", "call:c1.0", "call:c2.0", "call:c9.0"])
 
 
+def _valid(check: dict[str, Any]) -> bool:
+    try:
+        DoneCheck.model_validate(check)
+    except ValidationError:
+        return False
+    return True
+
+
 @st.composite
-def checks(draw: st.DrawFn) -> dict[str, Any]:
-    kind = draw(st.sampled_from(["tool_succeeded", "result_matches", "final_matches", "no_denials"]))
-    check: dict[str, Any] = {"kind": kind}
-    if kind in ("tool_succeeded", "result_matches"):
+def checks_of(draw: st.DrawFn, kind: CheckKind) -> dict[str, Any]:
+    """A check of ``kind`` from what the kind declares (a tool, a select, a match), and the optional
+    keys (a tool, a pointer) when the kind takes them."""
+    check: dict[str, Any] = {"kind": kind.name}
+    if kind.needs_tool or draw(st.booleans()):
         check["tool"] = draw(st.sampled_from(TOOLS))
+    if kind.selects:
         select = draw(SELECTS)
         if select is not None:
             check["select"] = select
-    if kind == "no_denials" and draw(st.booleans()):
-        check["tool"] = draw(st.sampled_from(TOOLS))
-    if kind == "result_matches":
-        pointer = draw(st.sampled_from(["", "/n", "/missing"]))
-        check["pointer"] = pointer
+    if kind.needs_match:
         if draw(st.booleans()):
             check["equals"] = draw(st.integers(0, 3))
         else:
-            check["regex"] = draw(st.sampled_from(["n=[12]", "^n=0$", "[0-3]"]))
-    if kind == "final_matches":
-        check["regex"] = draw(st.sampled_from(["done", "^$", "n=1"]))
+            check["regex"] = draw(st.sampled_from(REGEXES))
+    pointer = draw(st.sampled_from(["", "/n", "/missing"]))
+    if pointer and _valid({**check, "pointer": pointer}):
+        check["pointer"] = pointer
+    if not kind.needs_tool and not _valid(check):
+        check.pop("tool", None)
     return check
+
+
+CHECKS = st.sampled_from(FOLDABLE).flatmap(checks_of)
+
+
+def test_every_foldable_check_kind_can_be_drawn_as_a_valid_check() -> None:
+    # A kind needing keys checks_of does not know would be drawn as a check the contract refuses:
+    # this names it, rather than the property failing on a refused contract.
+    assert {k.name for k in FOLDABLE} >= {"tool_succeeded", "result_matches", "final_matches", "no_denials"}
+    assert set(BUILT) <= KINDS and OTHER_KINDS
+
+    @settings(max_examples=50, deadline=None)
+    @given(st.data())
+    def drawn(data: st.DataObject) -> None:
+        for kind in FOLDABLE:
+            check = data.draw(checks_of(kind))
+            assert _valid(check), f"done-check kind {kind.name!r}: teach checks_of the keys it needs ({check})"
+
+    drawn()
 
 
 def _contract(done: dict[str, Any]) -> Contract:
@@ -103,7 +145,7 @@ RUN_ERRORS = st.sampled_from([None, RunError("budget", "out", "max_tool_calls"),
 @settings(max_examples=300, deadline=None)
 @given(
     record=records(),
-    check_set=st.lists(checks(), max_size=4),
+    check_set=st.lists(CHECKS, max_size=4),
     pass_without=st.booleans(),
     final_text=st.sampled_from([None, "", "all done", "n=1 done"]),
     error=RUN_ERRORS,
