@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +16,6 @@ from truss.ledger.entry import Record
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.note import sign_checkpoint
 from truss.ledger.reader import VerifiedStore
-from truss.ledger.stores import open_store
-from truss.testing import ManualClock
 
 
 class _Lean:
@@ -42,12 +39,10 @@ def _key() -> IdentityKey:
     return IdentityKey.from_seed(hashlib.sha256(b"checkpoint lookups").digest(), "lookups.truss.test")
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    url = "memory:" if request.param == "memory" else str(tmp_path / "ledger.db")
-    opened = open_store(url, key=_key(), clock=ManualClock(), create=True)
-    yield opened
-    opened.close()
+@pytest.fixture
+def store_key() -> IdentityKey:
+    """The key the shared ``store`` fixture (tests/ledger/conftest.py) signs with."""
+    return _key()
 
 
 def _many_runs(store: Any, runs: int) -> None:

@@ -47,12 +47,10 @@ class _Counted:
         return getattr(self._inner, name)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    url = "memory:" if request.param == "memory" else str(tmp_path / "ledger.db")
-    opened = open_store(url, key=_key(), clock=ManualClock(), create=True)
-    yield opened
-    opened.close()
+@pytest.fixture
+def store_key() -> IdentityKey:
+    """The key the shared ``store`` fixture (tests/ledger/conftest.py) signs with."""
+    return _key()
 
 
 def _session(store: Any, calls: int = CALLS) -> list[str]:
