@@ -159,65 +159,98 @@ class EgressProxy:
         self._done: collections.deque[EgressEvent] = collections.deque()  # reported by workers, for the loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        self._pool = _Pool(max_tunnels * 2 + _MAX_PENDING)
+        # Every pending connection holds one worker, every tunnel two, the accept role one more;
+        # the slack covers workers that have reported a connection but not yet returned.
+        self._pool = _Pool(max_tunnels * 2 + _MAX_PENDING + 1 + _POOL_SLACK)
+        self._listener: socket.socket | None = None
+        self._stopped = threading.Event()
+        self._accepting = threading.Event()  # set when the accept role has left the listener for good
         self._stopping = False
         self._rules_seen: dict[tuple[str, int], HostRule | None] = {}
 
     async def serve(self, listener: anyio.abc.SocketListener) -> None:
-        """Accept on ``listener``'s socket and hand each connection to a worker, until cancelled."""
+        """Accept on ``listener``'s socket in the proxy's worker threads, until cancelled."""
         raw: socket.socket = listener.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610 - anyio, not Django
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread = loop, threading.get_ident()
-        raw.setblocking(False)
+        raw.setblocking(True)  # the worker holding the accept role waits in accept(2) itself
+        self._listener = raw
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(self._deliver)
-            # A reader callback that accepts every pending connection: no future, no task switch
-            # and no epoll registration per connection.
-            loop.add_reader(raw.fileno(), self._accept, raw)
+            if not self._pool.run(self._accept, raw):
+                raise RuntimeError("the egress proxy could not start a worker thread")
             try:
                 await anyio.sleep_forever()
             finally:
-                loop.remove_reader(raw.fileno())
                 self._stop()
 
     def _accept(self, raw: socket.socket) -> None:
+        """The accept role (one worker at a time): accept, pass the role on, handle the connection here.
+
+        The accepting worker hands the role to an idle (or new) worker and goes on with the
+        connection itself: the head is read by the thread that accepted it, with no event-loop
+        turn and no thread wakeup between the client's connect and the proxy's first ``recv``.
+        """
         while True:
             try:
                 client, _ = raw.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:  # ECONNABORTED, or out of descriptors: try again on the next wakeup
-                return
-            self._admit(client)
+            except OSError:
+                if self._stopping:
+                    self._accepting.set()  # off the listener: it may be closed now
+                    return
+                self._stopped.wait(_ACCEPT_RETRY_S)  # ECONNABORTED, or out of descriptors: try again soon
+                continue
+            conn = self._admit(client)
+            if conn is None:
+                continue  # refused as busy: this worker keeps the role
+            if not self._pool.run(self._accept, raw):
+                # No worker to pass the role to (a worker that just reported has not yet returned
+                # to the pool, or the proxy is stopping): refuse this one and keep accepting.
+                self._refuse_busy(conn)
+                continue
+            self._handle(conn)
+            return
 
-    def _admit(self, client: socket.socket) -> None:
+    def _admit(self, client: socket.socket) -> _Conn | None:
         if client.family in (socket.AF_INET, socket.AF_INET6):
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
+            with contextlib.suppress(OSError):  # already reset: the head read will say so
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
         conn = _Conn(client, self.clock)
         with self._lock:
             admitted = self._pending < _MAX_PENDING and not self._stopping
             if admitted:
                 self._pending += 1
                 self._live.add(conn)
-        if admitted and self._pool.run(self._handle, conn):
-            return
         if admitted:
-            with self._lock:
-                self._pending -= 1
-                self._live.discard(conn)
+            return conn
+        self._refuse_busy(conn)
+        return None
+
+    def _refuse_busy(self, conn: _Conn) -> None:
         with contextlib.suppress(OSError):
-            client.send(_answer_bytes(503, "too many connections through this sandbox's proxy"), socket.MSG_DONTWAIT)
-        client.close()
-        self._record(self._event(conn, "refused", "busy"))
+            conn.client.send(_answer_bytes(503, "too many connections through this sandbox's proxy"), socket.MSG_DONTWAIT)
+        with self._lock:
+            if conn in self._live:
+                self._live.discard(conn)
+                self._pending -= 1
+            self._done.append(self._event(conn, "refused", "busy"))
+        conn.close()
+        self._wake_loop()
 
     def _stop(self) -> None:
         """On cancellation: report what is still open (bytes so far) and cut it off; end the workers."""
         with self._lock:
             self._stopping = True
             live = list(self._live)
+        self._stopped.set()
         for conn in live:
             self._finish(conn, "allowed" if conn.tunnel else "failed", None if conn.tunnel else "stopped")
             conn.cut()
+        listener = self._listener
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # accept(2) returns (EINVAL) in the worker holding the role
+            self._accepting.wait(_CLOSE_TIMEOUT_S)  # before the listener is closed: never a reused descriptor
         self._pool.stop()
         self._drain()
 
@@ -266,6 +299,9 @@ class EgressProxy:
             else:
                 self._pending -= 1
             self._done.append(self._event(conn, decision, reason))
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
         loop = self._loop
         if loop is not None and threading.get_ident() != self._loop_thread:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is listening any more
@@ -380,6 +416,8 @@ class EgressProxy:
         self._finish(conn, "allowed", None)
 
 
+_POOL_SLACK = 8
+_ACCEPT_RETRY_S = 0.05
 _MAX_PENDING = 64  # connections past accept and before their tunnel (a slow head holds one for 10 s)
 _CHUNK = 64 * 1024
 
