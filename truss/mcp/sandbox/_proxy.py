@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import ipaddress
 import queue
+import select
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -159,9 +160,9 @@ class EgressProxy:
         self._done: collections.deque[EgressEvent] = collections.deque()  # reported by workers, for the loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        # Every pending connection holds one worker, every tunnel two, the accept role one more;
+        # Every pending connection and every tunnel holds one worker, the accept role one more;
         # the slack covers workers that have reported a connection but not yet returned.
-        self._pool = _Pool(max_tunnels * 2 + _MAX_PENDING + 1 + _POOL_SLACK)
+        self._pool = _Pool(max_tunnels + _MAX_PENDING + 1 + _POOL_SLACK)
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
         self._accepting = threading.Event()  # set when the accept role has left the listener for good
@@ -408,11 +409,7 @@ class EgressProxy:
         except OSError:
             self._finish(conn, "allowed", "closed_early")
             return
-        if not self._pool.run(_relay, conn, upstream, client, 1):
-            self._finish(conn, "allowed", "closed_early")  # cannot happen: the pool has room for every tunnel
-            return
-        _relay(conn, client, upstream, 0)
-        conn.ended[1].wait()
+        _relay(conn, client, upstream)
         self._finish(conn, "allowed", None)
 
 
@@ -433,8 +430,6 @@ class _Conn:
         self.host, self.port, self.method = "", 0, ""
         self.counts = [0, 0]  # bytes client -> upstream, upstream -> client
         self.tunnel = False
-        self.ended = (threading.Event(), threading.Event())
-        self.stalled_since: list[float | None] = [None, None]  # a send waiting for its peer to read
         self.lock = threading.Lock()  # a shutdown never meets a close (a reused descriptor number)
         self.closed = False
 
@@ -456,39 +451,88 @@ class _Conn:
                     sock.close()
 
 
-def _relay(conn: _Conn, src: socket.socket, dst: socket.socket, index: int) -> None:
-    """Copy ``src`` to ``dst`` until the end of stream (passed on as a half close) or an error (ends both).
+def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
+    """Copy both ways in this one thread until both have ended, with non-blocking sockets and ``poll``.
 
-    Then, while the other way still runs, cut both off if the other way's peer has read nothing
-    for ``_CLOSE_TIMEOUT_S``: a peer that reads nothing does not keep the tunnel open.
+    An end of stream is passed on as a half close once what came before it is sent; an error ends
+    both ways. Once one way has ended, a send the other way's peer has not read for
+    ``_CLOSE_TIMEOUT_S`` cuts both off: a peer that reads nothing does not keep the tunnel open.
+    One thread per tunnel: a message crossing the proxy wakes one thread, and no two of a
+    tunnel's threads ever wait for each other (or for the interpreter lock) on the data path.
     """
-    counts, stalled, now = conn.counts, conn.stalled_since, conn.clock.monotonic
+    socks = (client, upstream)
+    fds = (client.fileno(), upstream.fileno())
+    counts, now = conn.counts, conn.clock.monotonic
+    pending: list[memoryview | None] = [None, None]  # way i: read from socks[i], not yet sent to socks[1 - i]
+    stalled: list[float] = [0.0, 0.0]  # when way i's pending bytes were first refused by the peer
+    done = [False, False]  # way i has ended and its end was passed on
+    eof = [False, False]  # socks[i] has reached its end of stream
+    poller = select.poll()
+    masks = [-1, -1]
     try:
-        while True:
-            data = src.recv(_CHUNK)
-            if not data:
-                with contextlib.suppress(OSError):
-                    dst.shutdown(socket.SHUT_WR)
-                break
-            counts[index] += len(data)
-            view = memoryview(data)
-            while view:
-                stalled[index] = now()
-                sent = dst.send(view)
-                view = view[sent:]
-            stalled[index] = None
+        for sock in socks:
+            sock.setblocking(False)
+        while not (done[0] and done[1]):
+            want = [0, 0]
+            timeout: float | None = None
+            for i in (0, 1):
+                if done[i]:
+                    continue
+                if pending[i] is not None:
+                    want[1 - i] |= select.POLLOUT
+                    if done[1 - i]:
+                        left = stalled[i] + _CLOSE_TIMEOUT_S - now()
+                        if left <= 0:
+                            conn.cut()
+                            return
+                        timeout = left if timeout is None else min(timeout, left)
+                elif not eof[i]:
+                    want[i] |= select.POLLIN
+            for k in (0, 1):
+                if want[k] != masks[k]:
+                    if want[k]:
+                        poller.register(fds[k], want[k])
+                    elif masks[k] > 0:
+                        poller.unregister(fds[k])
+                    masks[k] = want[k]
+            ready = dict(poller.poll(None if timeout is None else int(timeout * 1000) + 1))
+            revents = (ready.get(fds[0], 0), ready.get(fds[1], 0))
+            if (revents[0] | revents[1]) & (select.POLLERR | select.POLLNVAL):
+                conn.cut()  # a connection lost ends the tunnel
+                return
+            for i in (0, 1):
+                if done[i]:
+                    continue
+                fresh = False  # just read: try to send at once, without waiting for POLLOUT
+                if pending[i] is None and not eof[i] and revents[i] & (select.POLLIN | select.POLLHUP):
+                    try:
+                        data = socks[i].recv(_CHUNK)
+                    except (BlockingIOError, InterruptedError):
+                        data = None
+                    if data == b"":
+                        eof[i] = True
+                    elif data:
+                        counts[i] += len(data)
+                        pending[i] = memoryview(data)
+                        stalled[i] = now()
+                        fresh = True
+                view = pending[i]
+                if view is not None and (fresh or revents[1 - i] & select.POLLOUT):
+                    try:
+                        sent = socks[1 - i].send(view)
+                    except (BlockingIOError, InterruptedError):
+                        sent = 0
+                    if sent == len(view):
+                        pending[i] = None
+                    elif sent:
+                        pending[i] = view[sent:]
+                        stalled[i] = now()
+                if eof[i] and pending[i] is None:
+                    with contextlib.suppress(OSError):
+                        socks[1 - i].shutdown(socket.SHUT_WR)
+                    done[i] = True
     except OSError:
         conn.cut()  # a connection lost (reset, refused write, or the proxy stopping) ends the tunnel
-    finally:
-        stalled[index] = None
-        conn.ended[index].set()
-    other = conn.ended[1 - index]
-    while not other.wait(1.0):
-        since = stalled[1 - index]
-        if since is not None and now() - since > _CLOSE_TIMEOUT_S:
-            conn.cut()
-            other.wait()
-            return
 
 
 class _Pool:
