@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from tests.mcp.sandbox._util import answering_listener
 from truss._clock import SystemClock
 from truss.mcp.sandbox import EgressEvent, EgressProxy, EgressSummary, SandboxEvent, parse_host_rule
+from truss.mcp.sandbox._proxy import MAX_TUNNELS
 
 pytestmark = pytest.mark.anyio
 
@@ -230,3 +232,66 @@ async def test_bytes_a_client_sends_while_its_tunnel_opens_reach_the_upstream_in
         tg.cancel_scope.cancel()
     assert len(received) == len(payload)
     assert bytes(received) == payload
+
+
+def egress_threads() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "truss-egress")
+
+
+async def no_egress_threads_left() -> None:
+    with anyio.fail_after(10):
+        while egress_threads():  # noqa: ASYNC110 - the workers end in their own threads
+            await anyio.sleep(0.01)
+
+
+async def test_past_64_open_tunnels_the_next_connection_is_refused_as_busy_and_every_one_is_reported(
+    tmp_path: Path,
+) -> None:
+    events: list[SandboxEvent] = []
+    assert MAX_TUNNELS == 64
+    async with (
+        answering_listener(b"") as port,
+        running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _),
+        contextlib.AsyncExitStack() as stack,
+    ):
+        head = f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n".encode()
+        with anyio.fail_after(30):
+            for _ in range(MAX_TUNNELS):
+                stream = await stack.enter_async_context(await anyio.connect_unix(p))
+                await stream.send(head)
+                assert (await stream.receive()).startswith(b"HTTP/1.1 200")
+            answer = await ask(p, head)
+        await settle(events, 1)
+        assert answer.startswith(b"HTTP/1.1 503 ")
+        assert [e.reason for e in events if isinstance(e, EgressEvent)] == ["busy"]
+        await stack.aclose()  # the 64 tunnels end: each is reported once, with its byte counts
+        await settle(events, MAX_TUNNELS + 1)
+    await no_egress_threads_left()
+    tunnels = [e for e in events if isinstance(e, EgressEvent) and e.decision == "allowed"]
+    assert len(tunnels) == MAX_TUNNELS
+    assert all(e.reason is None and e.bytes_down == 0 for e in tunnels)
+
+
+async def test_stopping_the_proxy_ends_an_open_tunnel_reports_its_bytes_and_leaves_no_worker_thread(
+    tmp_path: Path,
+) -> None:
+    events: list[SandboxEvent] = []
+    async with answering_listener(b"pong\n") as port:
+        stream: anyio.abc.SocketStream | None = None
+        async with running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _):
+            with anyio.fail_after(10):
+                stream = await anyio.connect_unix(p)
+                await stream.send(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nping\n".encode())
+                answer = b""
+                while not answer.endswith(b"pong\n"):
+                    answer += await stream.receive()
+        # The proxy stopped with the tunnel still open: it is cut off and reported as it stood.
+        assert stream is not None
+        with anyio.fail_after(10), contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            while await stream.receive():
+                pass
+        await stream.aclose()
+    await no_egress_threads_left()
+    [event] = events
+    assert isinstance(event, EgressEvent)
+    assert (event.decision, event.bytes_up, event.bytes_down) == ("allowed", 5, 5)

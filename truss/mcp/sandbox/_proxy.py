@@ -229,7 +229,9 @@ class EgressProxy:
 
     def _refuse_busy(self, conn: _Conn) -> None:
         with contextlib.suppress(OSError):
-            conn.client.send(_answer_bytes(503, "too many connections through this sandbox's proxy"), socket.MSG_DONTWAIT)
+            conn.client.send(
+                _answer_bytes(503, "too many connections through this sandbox's proxy"), socket.MSG_DONTWAIT
+            )
         with self._lock:
             if conn in self._live:
                 self._live.discard(conn)
@@ -375,7 +377,7 @@ class EgressProxy:
                 self._pending -= 1
                 conn.tunnel = True
         if not opened:
-            _answer(client, 503, "too many connections through this sandbox's proxy")
+            _answer(client, 503, _BUSY)
             self._finish(conn, "refused", "busy")
             return
         try:
@@ -414,6 +416,7 @@ class EgressProxy:
 
 
 _POOL_SLACK = 8
+_BUSY = "too many connections through this sandbox's proxy"
 _ACCEPT_RETRY_S = 0.05
 _MAX_PENDING = 64  # connections past accept and before their tunnel (a slow head holds one for 10 s)
 _CHUNK = 64 * 1024
@@ -467,6 +470,7 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
     stalled: list[float] = [0.0, 0.0]  # when way i's pending bytes were first refused by the peer
     done = [False, False]  # way i has ended and its end was passed on
     eof = [False, False]  # socks[i] has reached its end of stream
+    bufs = (memoryview(bytearray(_CHUNK)), memoryview(bytearray(_CHUNK)))  # reused: no object per message
     poller = select.poll()
     masks = [-1, -1]
     try:
@@ -503,30 +507,38 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
             for i in (0, 1):
                 if done[i]:
                     continue
-                fresh = False  # just read: try to send at once, without waiting for POLLOUT
-                if pending[i] is None and not eof[i] and revents[i] & (select.POLLIN | select.POLLHUP):
-                    try:
-                        data = socks[i].recv(_CHUNK)
-                    except (BlockingIOError, InterruptedError):
-                        data = None
-                    if data == b"":
-                        eof[i] = True
-                    elif data:
-                        counts[i] += len(data)
-                        pending[i] = memoryview(data)
-                        stalled[i] = now()
-                        fresh = True
+                src, dst = socks[i], socks[1 - i]
                 view = pending[i]
-                if view is not None and (fresh or revents[1 - i] & select.POLLOUT):
-                    try:
-                        sent = socks[1 - i].send(view)
-                    except (BlockingIOError, InterruptedError):
-                        sent = 0
-                    if sent == len(view):
-                        pending[i] = None
-                    elif sent:
-                        pending[i] = view[sent:]
-                        stalled[i] = now()
+                if view is not None:
+                    if revents[1 - i] & select.POLLOUT:
+                        try:
+                            sent = dst.send(view)
+                        except (BlockingIOError, InterruptedError):
+                            sent = 0
+                        if sent == len(view):
+                            pending[i] = None
+                        elif sent:
+                            pending[i], stalled[i] = view[sent:], now()
+                elif not eof[i] and revents[i] & (select.POLLIN | select.POLLHUP):
+                    buf = bufs[i]
+                    while True:  # a full buffer means more is likely waiting: read on without a poll
+                        try:
+                            size = src.recv_into(buf)
+                        except (BlockingIOError, InterruptedError):
+                            break
+                        if not size:
+                            eof[i] = True
+                            break
+                        counts[i] += size
+                        try:
+                            sent = dst.send(buf[:size])
+                        except (BlockingIOError, InterruptedError):
+                            sent = 0
+                        if sent < size:
+                            pending[i], stalled[i] = buf[sent:size], now()
+                            break
+                        if size < _CHUNK:
+                            break
                 if eof[i] and pending[i] is None:
                     with contextlib.suppress(OSError):
                         socks[1 - i].shutdown(socket.SHUT_WR)
