@@ -126,12 +126,13 @@ class _Count:
 class EgressProxy:
     """Serves one sandbox's listening socket until cancelled; ``flush`` reports the summaries.
 
-    The event loop only accepts. Each accepted connection is then handled in a worker thread
-    with blocking sockets (read the head, decide, resolve, connect, answer), and an allowed one
-    is relayed by two of them, one per direction, each a ``recv``/``send`` loop: a message
-    crossing the proxy costs a thread wakeup and two system calls, not an event-loop turn with
-    its callbacks, futures and transports (the proxy's cost is per round trip, so this is the
-    path to keep short). Workers are pooled; events go back to the loop, which alone reports.
+    The event loop only reports. Pooled worker threads do the rest with plain sockets: one of
+    them at a time waits in ``accept``; on a connection it passes that role on and handles the
+    connection itself (read the head, decide, resolve, connect, answer), then copies an allowed
+    one both ways in the same thread with ``poll``. A message crossing the proxy costs one thread
+    wakeup and two system calls (three with the ``poll``), not an event-loop turn with its
+    callbacks, futures and transports, nor a handoff between threads: the proxy's cost is per
+    round trip, so this is the path to keep short. Events go back to the loop once per connection.
     """
 
     def __init__(
@@ -570,7 +571,12 @@ class _Pool:
             if self.threads >= self.limit:
                 return False
             self.threads += 1
-        threading.Thread(target=self._work, args=((job, args),), name="truss-egress", daemon=True).start()
+        try:
+            threading.Thread(target=self._work, args=((job, args),), name="truss-egress", daemon=True).start()
+        except RuntimeError:  # the system cannot start another thread now: as if every worker were busy
+            with self.lock:
+                self.threads -= 1
+            return False
         return True
 
     def _work(self, first: tuple[Callable[..., None], tuple[Any, ...]]) -> None:
