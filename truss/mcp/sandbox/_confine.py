@@ -85,6 +85,8 @@ class Spawn:
     cgroups: Cgroups = field(default_factory=Cgroups)
     # Kept when the sandbox is torn down, so that status and limit hits stay readable afterwards.
     final: tuple[dict[str, int], list[LimitHit]] | None = None
+    # The last status read, by the file's (size, mtime): ``status`` is asked after every call.
+    _status: tuple[tuple[int, int], dict[str, int]] | None = field(default=None, repr=False, compare=False)
 
     def status(self) -> dict[str, int]:
         """What bwrap reported so far: ``child-pid`` (the sandbox's init), then ``exit-code``."""
@@ -93,8 +95,15 @@ class Spawn:
             return dict(self.final[0])
         if self.runtime_dir is None:
             return out
+        path = self.runtime_dir / "status.json"
         try:
-            with open(self.runtime_dir / "status.json", "rb") as handle:
+            # Asked after every call (is this a limit's signal?): bwrap only ever appends to the
+            # file, so an unchanged size and time mean an unchanged answer, without a read and parse.
+            seen = os.stat(path)
+            stamp = (seen.st_size, seen.st_mtime_ns)
+            if self._status is not None and self._status[0] == stamp:
+                return dict(self._status[1])
+            with open(path, "rb") as handle:
                 text = handle.read(_STATUS_LIMIT)
         except OSError:
             return out
@@ -105,6 +114,7 @@ class Spawn:
                     for key, value in record.items():  # pyright: ignore[reportUnknownVariableType]
                         if key in ("child-pid", "exit-code") and isinstance(value, int):
                             out[key] = value
+        self._status = (stamp, dict(out))
         return out
 
     def exit_code(self) -> int | None:
