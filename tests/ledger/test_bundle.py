@@ -381,7 +381,7 @@ def test_a_verdict_naming_a_later_checkpoint_needs_a_consistency_proof(ledger: L
 
 def test_export_refuses_a_checkpoint_the_stored_tree_does_not_match(ledger: Ledger) -> None:
     with closing(sqlite3.connect(ledger.store.db)) as conn, conn:
-        conn.execute("UPDATE nodes SET hash = ? WHERE level = 3 AND idx = 0", (b"\x09" * 32,))
+        conn.execute("UPDATE nodes SET hash = ? WHERE last = 7 AND level = 3", (b"\x09" * 32,))
     with pytest.raises(VerificationError) as err:
         export(ledger)
     assert err.value.reason == "checkpoint_root_mismatch"

@@ -131,7 +131,7 @@ def test_verify_all_includes_the_merkle_checks(home: Path) -> None:
 
 def test_verify_all_fails_when_the_stored_merkle_tree_was_altered(home: Path) -> None:
     with closing(sqlite3.connect(home / "ledger.db")) as conn, conn:
-        conn.execute("UPDATE nodes SET hash = ? WHERE level = 3 AND idx = 0", (b"\x09" * 32,))
+        conn.execute("UPDATE nodes SET hash = ? WHERE last = 7 AND level = 3", (b"\x09" * 32,))
     checked = run(home, "--json", "ledger", "verify", "--all")
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert json.loads(checked.stdout)["reason"] == "node_mismatch"  # the altered interior node itself is named (L1)

@@ -51,7 +51,7 @@ def test_every_stored_checkpoint_is_checked_against_the_rebuilt_tree(ledger: Led
 
 
 def test_a_stored_leaf_that_is_not_the_entry_at_its_index_is_reported(ledger: Ledger) -> None:
-    _sql(ledger, "UPDATE nodes SET hash = ? WHERE level = 0 AND idx = 5", b"\x09" * 32)
+    _sql(ledger, "UPDATE nodes SET hash = ? WHERE last = 5 AND level = 0", b"\x09" * 32)
     finding = audit(ledger)
     assert finding is not None and finding[0] == "leaf_mismatch"
 
@@ -104,7 +104,7 @@ def test_each_entry_of_one_session_is_proven_against_the_latest_checkpoint(ledge
 
 def test_a_session_whose_stored_tree_was_altered_is_not_proven(ledger: Ledger) -> None:
     # Leaf 4's own proof does not read leaf 4; the proof of its sibling, leaf 5, does.
-    _sql(ledger, "UPDATE nodes SET hash = ? WHERE level = 0 AND idx = 4", b"\x09" * 32)
+    _sql(ledger, "UPDATE nodes SET hash = ? WHERE last = 4 AND level = 0", b"\x09" * 32)
     store = ledger.store
     in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.nodes)
     report = verify_ledger(store, trusted(), session="s_verdict", extra=[in_log.check])
@@ -122,7 +122,7 @@ def test_the_verified_reader_refuses_a_session_whose_proof_reads_an_altered_node
     ledger: Ledger,
 ) -> None:
     # Leaf 3 is s_other's; the batch proof of s_verdict reads it as the sibling of its leaf 2 (seq 1).
-    _sql(ledger, "UPDATE nodes SET hash = ? WHERE level = 0 AND idx = 3", b"\x09" * 32)
+    _sql(ledger, "UPDATE nodes SET hash = ? WHERE last = 3 AND level = 0", b"\x09" * 32)
     yielded: list[int] = []
     with pytest.raises(VerificationError) as refused:
         for item in VerifiedStore(ledger.store, trusted()).read_session("s_verdict"):

@@ -8,8 +8,9 @@ One ``SqliteWriter`` owns the writer connection of one ``SqliteStore``:
 - ``BEGIN IMMEDIATE`` for every write: a second process waits up to the busy timeout and then
   gets ``StoreBusyError``; it never interleaves or corrupts.
 - ``synchronous=FULL`` on every commit except batches appended with ``durable=False``.
-- Each transaction reads the Merkle frontier (cached while no other process appended), appends
-  the new leaves and writes the completed nodes and the frontier beside the entries.
+- Each transaction takes the Merkle frontier from memory (rebuilt from the stored nodes of the
+  log's size when another connection committed), appends the new leaves and writes the nodes
+  they complete beside the entries; the frontier itself is never stored (schema 2).
 
 What it does not do: reads (``sqlite.SqliteStore``) or the session rules (``base.seal_batch``).
 """
@@ -24,18 +25,28 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from truss._clock import Clock
-from truss._errors import StoreBusyError, StoreConflictError, StoreError, TrussError
+from truss._errors import StoreBusyError, StoreConflictError, StoreError, TrussError, VerificationError
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry, encode_record, session_status
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
-from truss.ledger.merkle import Frontier, leaf_hash
+from truss.ledger.merkle import Frontier, NodeKey, leaf_hash, root_nodes
 from truss.ledger.stores.base import Lease, SessionHead, check_epoch, seal_batch, session_fields
 
-__all__ = ["LEASES_TABLE", "SqliteWriter", "begin", "key_retired", "read_lease", "store_error"]
+__all__ = [
+    "LEASES_TABLE",
+    "SqliteWriter",
+    "begin",
+    "key_retired",
+    "read_frontier",
+    "read_lease",
+    "read_nodes",
+    "store_error",
+]
 
 _T = TypeVar("_T")
 _HEADS_KEPT = 4096  # sessions whose head a writer remembers (a long serve-mcp drives many)
+_NODES_PER_QUERY = 400  # two parameters each, below SQLite's bound on parameters
 
 # Made on first use, so a ledger created before leases existed gets the table without a migration.
 LEASES_TABLE = (
@@ -85,6 +96,68 @@ def key_retired(conn: sqlite3.Connection, key_id: str) -> bool:
         (LOG_SESSION, key_id),
     ).fetchone()
     return row is not None
+
+
+def read_nodes(conn: sqlite3.Connection, keys: Sequence[NodeKey]) -> dict[NodeKey, bytes]:
+    """The stored subtrees among ``keys`` (``(level, index)``; absent ones are left out).
+
+    A node is keyed by the leaf that completes it, ``last = ((index + 1) << level) - 1``, then its
+    level, so each lookup goes through the primary key (a join from the listed keys: ``IN (VALUES
+    ...)`` would scan the table), ``_NODES_PER_QUERY`` keys per query.
+    """
+    found: dict[NodeKey, bytes] = {}
+    for at in range(0, len(keys), _NODES_PER_QUERY):
+        chunk = keys[at : at + _NODES_PER_QUERY]
+        marks = ", ".join(["(?, ?)"] * len(chunk))
+        sql = (
+            f"WITH k(last, level) AS (VALUES {marks}) "  # noqa: S608 (placeholders only)
+            "SELECT n.last, n.level, n.hash FROM k CROSS JOIN nodes AS n ON n.last = k.last AND n.level = k.level"
+        )
+        params = tuple(v for level, index in chunk for v in (((index + 1) << level) - 1, level))
+        for last, level, digest in conn.execute(sql, params):
+            found[(int(level), ((int(last) + 1) >> int(level)) - 1)] = bytes(digest)
+    return found
+
+
+def read_frontier(conn: sqlite3.Connection, db: Path, *, writing: bool = False) -> Frontier:
+    """The Merkle frontier as ``conn`` sees it, rebuilt from the stored complete subtrees of the
+    tree's size (the leaves stored, O(log n) rows); run it inside one transaction so an append
+    cannot split it.
+
+    When a subtree of the frontier is missing, or (``writing``) the log's entries and its nodes
+    disagree on its size, the file was changed outside Truss: a writer gets ``StoreError`` (nothing
+    may be appended to it), a reader ``VerificationError`` (``tree_mismatch``), as an unreadable
+    stored frontier was reported. A reader takes the size its nodes say, so verification finds a
+    truncated log.
+    """
+    if writing:
+        row = conn.execute("SELECT (SELECT MAX(idx) FROM entries), (SELECT MAX(last) FROM nodes)").fetchone()
+        logged = 0 if row is None or row[0] is None else int(row[0]) + 1
+        size = 0 if row is None or row[1] is None else int(row[1]) + 1
+        if logged != size:
+            raise StoreError(
+                f"{db}: the Merkle nodes cover {size} entries but the log holds {logged}",
+                remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
+                db=str(db),
+                reason="tree_mismatch",
+            )
+    else:
+        row = conn.execute("SELECT MAX(last) FROM nodes").fetchone()
+        size = 0 if row is None or row[0] is None else int(row[0]) + 1
+    keys = root_nodes(size)
+    found = read_nodes(conn, keys)
+    for level, index in keys:
+        if (level, index) not in found:
+            message = f"{db}: Merkle node ({level}, {index}) of the tree of {size} leaves is not stored"
+            remedy = "the ledger file was modified outside Truss; run `truss ledger verify --all`"
+            if writing:
+                raise StoreError(message, remedy=remedy, db=str(db), reason="tree_mismatch", level=level, index=index)
+            raise VerificationError(
+                message,
+                remedy="the ledger file was modified outside Truss; do not trust it beyond a checkpoint you hold",
+                reason="tree_mismatch",
+            )
+    return Frontier.at(size, lambda level, index: found[(level, index)])
 
 
 def begin(conn: sqlite3.Connection, db: Path, busy_ms: int) -> None:
@@ -378,7 +451,6 @@ class SqliteWriter:
                     frontier = Frontier.from_state(saved)
                     pending.result = []
                     pending.error = self._batch_error(pending, exc)
-            conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('frontier', ?)", (frontier.to_state(),))
             conn.execute("COMMIT")
             self._frontier, self._version = frontier, version
             if any(r.kind == "key_rotated" for p in group if p.result for r in p.records):
@@ -409,21 +481,12 @@ class SqliteWriter:
         self._leases.clear()
 
     def _reload(self, conn: sqlite3.Connection) -> int:
-        """Read the log's size and frontier as another writer (or none) left them; the next index."""
-        row = conn.execute("SELECT MAX(idx) FROM entries").fetchone()
-        next_index = 0 if row is None or row[0] is None else int(row[0]) + 1
-        state = conn.execute("SELECT v FROM meta WHERE k = 'frontier'").fetchone()
-        frontier = Frontier.from_state(bytes(state[0]))
-        if frontier.size != next_index:
-            raise StoreError(
-                f"{self._db}: the Merkle frontier covers {frontier.size} entries but the log holds {next_index}",
-                remedy="the ledger file was modified outside Truss; run `truss ledger verify --all`",
-                db=str(self._db),
-            )
+        """Rebuild the log's frontier as another writer (or none) left it; the next index."""
+        frontier = read_frontier(conn, self._db, writing=True)
         # Another writer may have rotated this key away: its entries would not verify.
         self._refuse_retired(conn)
         self._frontier = frontier
-        return next_index
+        return frontier.size
 
     def _refuse_retired(self, conn: sqlite3.Connection) -> None:
         assert self._key is not None
@@ -480,7 +543,7 @@ class SqliteWriter:
             expect_index=pending.expect_index,
         )
         entry_rows: list[tuple[Any, ...]] = []
-        node_rows: list[tuple[int, int, bytes]] = []
+        node_rows: list[tuple[int, int, bytes]] = []  # (last, level, hash): one append's nodes are adjacent
         blob_rows: list[tuple[str, bytes]] = []
         for record, entry in zip(records, out, strict=True):
             entry_rows.append(
@@ -496,13 +559,13 @@ class SqliteWriter:
                     key.key_id,
                 )
             )
-            node_rows.extend(frontier.append(leaf_hash(entry.raw)))
-            blob_rows.extend((ref, bytes(data)) for ref, data in record.blobs.items())
+            node_rows.extend((entry.index, level, digest) for level, _, digest in frontier.append(leaf_hash(entry.raw)))
+            blob_rows.extend(record.blobs.items())
         conn.executemany(
             "INSERT INTO entries (idx, session, seq, kind, ts, hash, raw, sig, keyid) VALUES (?,?,?,?,?,?,?,?,?)",
             entry_rows,
         )
-        conn.executemany("INSERT INTO nodes (level, idx, hash) VALUES (?,?,?)", node_rows)
+        conn.executemany("INSERT INTO nodes (last, level, hash) VALUES (?,?,?)", node_rows)
         if blob_rows:
             conn.executemany("INSERT OR IGNORE INTO blobs (ref, data) VALUES (?,?)", blob_rows)
             conn.executemany(

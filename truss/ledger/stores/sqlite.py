@@ -3,8 +3,10 @@
 Tables (docs/ledger-format.md, section 5): ``entries`` (``UNIQUE(session, seq)``, ``idx`` the
 primary key, so two writers can never record the same step), ``sessions`` (derived, for listing),
 ``blobs`` and ``session_blobs`` (content-addressed payloads and who links to them), ``erased``,
-``nodes`` and the ``frontier`` in ``meta`` (the Merkle log, written in the same transaction as the
-entries: O(log n) per append) and ``checkpoints``.
+``nodes`` (the Merkle log's complete subtrees, keyed by the leaf that completes them and written in
+the same transaction as the entries: O(log n) per append, on one page) and ``checkpoints``. The
+tree's frontier is not stored: it is rebuilt from the nodes of the log's size (``read_frontier``).
+A ledger of an older schema is brought to the current one when it is opened (``_migrate``).
 
 - WAL journal, ``busy_timeout``, ``synchronous=FULL`` on every commit except batches appended
   with ``durable=False`` ("process" durability: survives a crash of Truss, not of the machine).
@@ -43,7 +45,15 @@ from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
-from truss.ledger.stores._sqlite_writer import SqliteWriter, begin, key_retired, read_lease, store_error
+from truss.ledger.stores._sqlite_writer import (
+    SqliteWriter,
+    begin,
+    key_retired,
+    read_frontier,
+    read_lease,
+    read_nodes,
+    store_error,
+)
 from truss.ledger.stores.base import (
     DEFAULT_LEASE_MS,
     Lease,
@@ -56,11 +66,13 @@ from truss.ledger.stores.base import (
 
 __all__ = ["SCHEMA_VERSION", "SqliteStore", "open_sqlite", "sqlite_path"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""1: nodes keyed ``(level, idx)`` and the frontier in ``meta``, rewritten by every append.
+2: nodes keyed by the leaf that completes them, ``(last, level)``, so one append's nodes share a
+page; no stored frontier (derived from the nodes of the log's size). ``_migrate`` takes 1 to 2."""
 _PAGE = 1000
 _FIRST_PAGE = 8  # read_session's first page: what reading a session's first entry costs
 _IN_CHUNK = 500  # refs per IN (...) query, below SQLite's bound on parameters
-_NODES_PER_QUERY = 400  # two parameters each, below SQLite's bound too
 
 
 _SCHEMA = """
@@ -97,7 +109,10 @@ CREATE TABLE IF NOT EXISTS session_blobs (
 CREATE INDEX IF NOT EXISTS session_blobs_by_ref ON session_blobs (ref);
 CREATE TABLE IF NOT EXISTS erased (session TEXT NOT NULL, ref TEXT NOT NULL, PRIMARY KEY (session, ref)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nodes (
-    level INTEGER NOT NULL, idx INTEGER NOT NULL, hash BLOB NOT NULL, PRIMARY KEY (level, idx)
+    last INTEGER NOT NULL,
+    level INTEGER NOT NULL,
+    hash BLOB NOT NULL,
+    PRIMARY KEY (last, level)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS checkpoints (
     size INTEGER PRIMARY KEY, root BLOB NOT NULL, note TEXT NOT NULL, created_ms INTEGER NOT NULL
@@ -319,9 +334,10 @@ class SqliteStore:
                     )
                 conn.execute("INSERT INTO meta (k, v) VALUES ('schema', ?)", (str(SCHEMA_VERSION).encode(),))
                 conn.execute("INSERT INTO meta (k, v) VALUES ('origin', ?)", (self._key.name.encode("utf-8"),))
-                conn.execute("INSERT INTO meta (k, v) VALUES ('frontier', ?)", (Frontier().to_state(),))
+            elif _schema_number(row[0]) == 1:
+                self._migrate(conn)
             elif _schema_number(row[0]) != SCHEMA_VERSION:
-                raise StoreError(
+                raise InputError(  # a schema this Truss does not know: unusable input, nothing changed
                     f"{self.db} was written by another Truss (schema {_as_bytes(row[0]).decode('utf-8', 'replace')})",
                     remedy="use the Truss version that wrote this ledger",
                     db=str(self.db),
@@ -330,6 +346,44 @@ class SqliteStore:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Schema 1 to 2, inside the opening transaction (all or nothing; no key needed).
+
+        The nodes are re-keyed by the leaf that completes them, and the stored frontier is
+        dropped once it is shown to be the one the nodes give: a ledger whose frontier and nodes
+        disagree (changed outside Truss) is refused as it is, so the migration never hides it.
+        Entries, signatures, payloads and checkpoints are not touched: the log verifies as before.
+        """
+        state = conn.execute("SELECT v FROM meta WHERE k = 'frontier'").fetchone()
+        conn.execute("ALTER TABLE nodes RENAME TO nodes_v1")
+        nodes = next(part for part in _SCHEMA.split(";") if "TABLE IF NOT EXISTS nodes" in part)
+        conn.execute(nodes)
+        conn.execute(
+            "INSERT INTO nodes (last, level, hash)"
+            " SELECT ((idx + 1) << level) - 1, level, hash FROM nodes_v1 ORDER BY 1, 2"
+        )
+        conn.execute("DROP TABLE nodes_v1")
+        try:
+            derived = read_frontier(conn, self.db, writing=True)
+            stored = Frontier.from_state(_as_bytes(state[0])) if state is not None else Frontier()
+        except (StoreError, ValueError) as exc:
+            message = exc.message if isinstance(exc, StoreError) else str(exc)
+            raise VerificationError(
+                f"{self.db}: cannot migrate the ledger to schema {SCHEMA_VERSION}: its Merkle tree is unreadable"
+                f" ({message})",
+                remedy="the ledger file was modified outside Truss; do not trust it beyond a checkpoint you hold",
+                reason="tree_mismatch",
+            ) from exc
+        if stored.to_state() != derived.to_state():
+            raise VerificationError(
+                f"{self.db}: cannot migrate the ledger to schema {SCHEMA_VERSION}: its stored Merkle frontier"
+                f" (size {stored.size}) is not the one its nodes give (size {derived.size})",
+                remedy="the ledger file was modified outside Truss; do not trust it beyond a checkpoint you hold",
+                reason="tree_mismatch",
+            )
+        conn.execute("DELETE FROM meta WHERE k = 'frontier'")
+        conn.execute("UPDATE meta SET v = ? WHERE k = 'schema'", (str(SCHEMA_VERSION).encode(),))
 
     def connection_settings(self) -> dict[str, dict[str, Any]]:
         """The journal mode, sync level and busy timeout each connection runs with (diagnostics)."""
@@ -592,15 +646,18 @@ class SqliteStore:
         return {r[0] for r in self._rows("SELECT ref FROM session_blobs WHERE session = ?", (session,))}
 
     def _frontier_now(self) -> Frontier:
-        rows = self._rows("SELECT v FROM meta WHERE k = 'frontier'", ())
-        try:
-            return Frontier.from_state(_as_bytes(rows[0][0])) if rows else Frontier()
-        except ValueError as exc:
-            raise VerificationError(
-                f"{self.db}: the stored Merkle frontier is unreadable ({exc})",
-                remedy="the ledger file was modified outside Truss; do not trust it beyond a checkpoint you hold",
-                reason="tree_mismatch",
-            ) from exc
+        """The log's frontier as of one snapshot (size and nodes read in one read transaction)."""
+        self._check_open()
+        with self._rlock:
+            conn = self._r
+            try:
+                conn.execute("BEGIN")
+                try:
+                    return read_frontier(conn, self.db)
+                finally:
+                    conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise store_error(self.db, self._busy_ms, "read", exc) from exc
 
     def tree_size(self) -> int:
         return self._frontier_now().size
@@ -615,24 +672,16 @@ class SqliteStore:
 
     def node(self, level: int, index: int) -> bytes:
         """The hash of the complete subtree ``(level, index)``; ``StoreError`` if it is not stored."""
-        rows = self._rows("SELECT hash FROM nodes WHERE level = ? AND idx = ?", (level, index))
-        if not rows:
-            raise self._missing_node(level, index)
-        return bytes(rows[0][0])
+        return self.nodes([(level, index)])[(level, index)]
 
     def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
-        """The complete subtrees ``keys`` in one query (per ``_NODES_PER_QUERY``), each through the
-        primary key (a join from the listed keys: ``(level, idx) IN (VALUES ...)`` would scan the table)."""
-        found: dict[tuple[int, int], bytes] = {}
-        for at in range(0, len(keys), _NODES_PER_QUERY):
-            chunk = keys[at : at + _NODES_PER_QUERY]
-            marks = ", ".join(["(?, ?)"] * len(chunk))
-            sql = (
-                f"WITH k(level, idx) AS (VALUES {marks}) "  # noqa: S608 (placeholders only)
-                "SELECT n.level, n.idx, n.hash FROM k CROSS JOIN nodes AS n ON n.level = k.level AND n.idx = k.idx"
-            )
-            for level, idx, digest in self._rows(sql, tuple(v for key in chunk for v in key)):
-                found[(int(level), int(idx))] = bytes(digest)
+        """The complete subtrees ``keys`` in one query (per 400 keys), each through the primary key."""
+        self._check_open()
+        with self._rlock:
+            try:
+                found = read_nodes(self._r, keys)
+            except sqlite3.Error as exc:
+                raise store_error(self.db, self._busy_ms, "read", exc) from exc
         for level, index in keys:
             if (level, index) not in found:
                 raise self._missing_node(level, index)
