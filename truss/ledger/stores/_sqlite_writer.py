@@ -47,6 +47,7 @@ __all__ = [
 _T = TypeVar("_T")
 _HEADS_KEPT = 4096  # sessions whose head a writer remembers (a long serve-mcp drives many)
 _NODES_PER_QUERY = 400  # two parameters each, below SQLite's bound on parameters
+_ROWS_PER_INSERT = 64  # rows per multi-row INSERT: at most 576 parameters, one cached statement per count
 
 # Made on first use, so a ledger created before leases existed gets the table without a migration.
 LEASES_TABLE = (
@@ -158,6 +159,16 @@ def read_frontier(conn: sqlite3.Connection, db: Path, *, writing: bool = False) 
                 reason="tree_mismatch",
             )
     return Frontier.at(size, lambda level, index: found[(level, index)])
+
+
+def _insert(conn: sqlite3.Connection, head: str, width: int, flat: Sequence[Any]) -> None:
+    """``head VALUES (...), (...)``: the rows of ``flat`` (``width`` values each) in one statement
+    per ``_ROWS_PER_INSERT`` rows, instead of one ``executemany`` step per row."""
+    step = width * _ROWS_PER_INSERT
+    for at in range(0, len(flat), step):
+        chunk = flat[at : at + step]
+        row = "(" + ",".join("?" * width) + ")"
+        conn.execute(f"{head} VALUES {','.join([row] * (len(chunk) // width))}", chunk)
 
 
 def begin(conn: sqlite3.Connection, db: Path, busy_ms: int) -> None:
@@ -542,35 +553,25 @@ class SqliteWriter:
             expect_seq=pending.expect_seq,
             expect_index=pending.expect_index,
         )
-        entry_rows: list[tuple[Any, ...]] = []
-        node_rows: list[tuple[int, int, bytes]] = []  # (last, level, hash): one append's nodes are adjacent
-        blob_rows: list[tuple[str, bytes]] = []
+        entry_rows: list[Any] = []
+        node_rows: list[Any] = []  # last, level, hash: one append's nodes are one key range
+        blob_rows: list[Any] = []
+        link_rows: list[str] = []
+        key_id = key.key_id
         for record, entry in zip(records, out, strict=True):
-            entry_rows.append(
-                (
-                    entry.index,
-                    session,
-                    entry.seq,
-                    record.kind,
-                    entry.ts,
-                    bytes.fromhex(entry.hash),
-                    entry.raw,
-                    entry.sig,
-                    key.key_id,
-                )
-            )
-            node_rows.extend((entry.index, level, digest) for level, _, digest in frontier.append(leaf_hash(entry.raw)))
-            blob_rows.extend(record.blobs.items())
-        conn.executemany(
-            "INSERT INTO entries (idx, session, seq, kind, ts, hash, raw, sig, keyid) VALUES (?,?,?,?,?,?,?,?,?)",
-            entry_rows,
-        )
-        conn.executemany("INSERT INTO nodes (last, level, hash) VALUES (?,?,?)", node_rows)
+            at = entry.index
+            entry_rows += (at, session, entry.seq, record.kind, entry.ts, bytes.fromhex(entry.hash), entry.raw)
+            entry_rows += (entry.sig, key_id)
+            for level, _, digest in frontier.append(leaf_hash(entry.raw)):
+                node_rows += (at, level, digest)
+            for ref, data in record.blobs.items():
+                blob_rows += (ref, data)
+                link_rows += (session, ref)
+        _insert(conn, "INSERT INTO entries (idx, session, seq, kind, ts, hash, raw, sig, keyid)", 9, entry_rows)
+        _insert(conn, "INSERT INTO nodes (last, level, hash)", 3, node_rows)
         if blob_rows:
-            conn.executemany("INSERT OR IGNORE INTO blobs (ref, data) VALUES (?,?)", blob_rows)
-            conn.executemany(
-                "INSERT OR IGNORE INTO session_blobs (session, ref) VALUES (?,?)", [(session, r) for r, _ in blob_rows]
-            )
+            _insert(conn, "INSERT OR IGNORE INTO blobs (ref, data)", 2, blob_rows)
+            _insert(conn, "INSERT OR IGNORE INTO session_blobs (session, ref)", 2, link_rows)
         last = out[-1]
         ended = last.kind == "session_ended"
         seq, now = last.seq + 1, last.ts
