@@ -91,7 +91,7 @@ def child(code: Path, db_dir: Path, calls: int, prefill: int) -> dict[str, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description="The SQLite append alone, against a baseline checkout.")
     parser.add_argument("--baseline", type=Path, help="a checkout whose truss is the baseline")
     parser.add_argument("--db-dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--calls", type=int, default=400)
