@@ -16,6 +16,8 @@ Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]
   running and alternate batches of ten requests; timed inside the client, so process start-up
   is not counted. A second line gives Truss's own cost apart from the machine's scheduling: the
   CPU time (user + system) this process, where the egress proxy runs, spends per proxied request.
+  A third client, confined with network ``host`` and the same limits (no proxy: straight to the
+  server from inside the sandbox), splits the ratio into the sandbox's own share and the proxy's.
 - through Truss: the same start-up and call through the MCP tier's ``connect`` and
   ``SandboxLauncher`` (what ``truss run`` does: the contract's ``[mcp.servers.sandbox]``, the
   description computed before the start and checked after it, the egress reports), against the
@@ -188,10 +190,12 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-async def bench_https(requests: int, body: int) -> tuple[float, float, float]:
-    """(direct median, proxied median, the proxy's CPU seconds per proxied request)."""
+async def bench_https(requests: int, body: int) -> tuple[float, float, float, float]:
+    """(direct median, proxied median, the proxy's CPU seconds per proxied request, the median of
+    the same client confined with network ``host``: the sandbox's own share, with no proxy)."""
     plain: list[float] = []
     boxed: list[float] = []
+    hosted: list[float] = []
     cpu = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         async with https_process(Path(tmp), body) as (port, cafile):
@@ -199,20 +203,26 @@ async def bench_https(requests: int, body: int) -> tuple[float, float, float]:
             profile = Profile(
                 read=(str(cafile),), network="allow", allow_hosts=(parse_host_rule(f"127.0.0.1:{port}"),), limits=LIMITS
             )
+            host = Profile(read=(str(cafile),), network="host", limits=LIMITS)
             async with (
                 confined(profile, sys.executable, args, ENV, "/", server="fetch") as spawn,
+                confined(host, sys.executable, args, ENV, "/", server="fetch-host") as spawn_host,
                 client(spawn.command, spawn.args, spawn.env) as inside,
+                client(spawn_host.command, spawn_host.args, spawn_host.env) as inside_host,
                 client(sys.executable, args, ENV) as outside,
             ):
-                await inside.batch(10)  # warm both: imports, first handshakes
+                await inside.batch(10)  # warm all three: imports, first handshakes
+                await inside_host.batch(10)
                 await outside.batch(10)
-                # Small batches, interleaved: both sides see the same load on a shared machine.
+                # Small batches, interleaved: all sides see the same load on a shared machine.
                 for _ in range(max(1, requests // 10)):
                     plain += await outside.batch(10)
                     before = cpu_s()
                     boxed += await inside.batch(10)
                     cpu += cpu_s() - before
-    return statistics.median(plain), statistics.median(boxed), cpu / len(boxed)
+                    hosted += await inside_host.batch(10)
+    med = statistics.median
+    return med(plain), med(boxed), cpu / len(boxed), med(hosted)
 
 
 def time_contract(confine: bool) -> Contract:
@@ -287,8 +297,12 @@ async def main() -> None:
     print(f"{'':<11} the sandbox alone (/bin/true): plain {plain * 1000:.1f} ms, confined {boxed * 1000:.1f} ms")
     print(line("call", *await bench_call(options.calls), 1.05))
     for name, count, body in (("https", options.requests, 26), ("https 1M", max(10, options.requests // 4), 1 << 20)):
-        direct, proxied, cpu = await bench_https(count, body)
+        direct, proxied, cpu, hosted = await bench_https(count, body)
         print(line(name, direct, proxied, 1.2))
+        print(
+            f"{'':<11} the sandbox without the proxy (network host, same limits): {hosted * 1000:.2f} ms, "
+            f"{hosted / direct:.2f}x direct; through the proxy vs it: {proxied / hosted:.2f}x"
+        )
         print(f"{'':<11} the egress proxy's CPU time per request: {cpu * 1e6:8.0f} us (user + system, Truss's process)")
     start, call = await bench_connect(options.rounds, options.calls)
     print(line("truss start", *start, 1.15))
