@@ -106,8 +106,10 @@ def test_nested_exception_groups_are_flattened_to_the_telling_leaf() -> None:
     assert (error.cause, error.code) == ("connection_closed", -32000)
 
 
-def test_safe_url_masks_credentials_by_the_one_rule_and_keeps_the_rest() -> None:
-    # The rule is truss._credentials' (tests/security/test_credentials_in_urls.py tries every attack).
+def test_safe_url_masks_user_info_by_the_one_rule_and_leaves_out_query_and_fragment() -> None:
+    # The rule is truss._credentials' (tests/security/test_credentials_in_urls.py tries every attack);
+    # a parameter no rule would call a credential may still hold one, so no parameter is shown.
     shown = safe_url("https://user:pw@example.test:8443/mcp?region=eu&token=abc#access_token=xyz")
-    assert shown == "https://***@example.test:8443/mcp?region=eu&token=***#access_token=***"
+    assert shown == "https://***@example.test:8443/mcp"
+    assert safe_url("https://example.test/mcp?k=v") == "https://example.test/mcp"
     assert safe_url("https://example.test/\x1b[31mmcp") == "https://example.test/?[31mmcp"
