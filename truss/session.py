@@ -40,14 +40,17 @@ import contextlib
 import dataclasses
 import json
 import re
-from collections.abc import AsyncGenerator, Generator, Mapping
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import anyio
+from anyio.abc import TaskGroup
 
 from truss import _faults
+from truss._clock import Clock
 from truss._errors import (
     InDoubtError,
     InputError,
@@ -74,7 +77,7 @@ from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import IdentityKey
 from truss.ledger.reader import unverified
-from truss.ledger.stores.base import Lease, LedgerStore
+from truss.ledger.stores.base import Lease, LedgerStore, SessionInfo
 from truss.ledger.workers import end_checkpoint
 from truss.loop import LoopResult, run_loop
 from truss.panel import ReviewerSet, open_reviewers, run_panels
@@ -187,22 +190,49 @@ async def run_contract(
 
 
 async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | None = None) -> RunOutcome:
-    """Continue a suspended or interrupted session from its record (see the module docstring)."""
+    """Continue a suspended or interrupted session from its record (see the module docstring).
+
+    The session is read (and verified) once, whole, before anything is replayed or recorded. Its
+    servers start while that read goes on, once the batch holding ``session_started`` has proven
+    (``_EarlyServers``); a resume refused after the read stops them again with nothing said.
+    """
     store = runtime.store
-    entries: list[StoredEntry] | None = None
     listed = None if is_log_session(session) else unverified(store).session(session)  # the log's own is no run
     if listed is not None and not (listed.ended or listed.status in TERMINAL):
-        # What the store lists decides only the order of the reads: a session to resume is read
-        # (and verified) once, whole, and its facts below come from that same read.
-        entries = list(store.read_session(session))
+        # What the store lists decides only the order of the reads (and whether the servers may
+        # start before the read ends): a session to resume is read (and verified) once, whole, and
+        # its facts below come from that same read.
+        if not _waits_for_a_person(store, listed):
+            return await _resume_overlapped(runtime, session, stop)
+        return await _resume_read(runtime, session, list(store.read_session(session)), stop)
     info = None if listed is None else store.session(session)
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
     if info.status in TERMINAL or info.ended:
         return outcome_of(store, session)
-    if entries is None:
-        entries = list(store.read_session(session))
+    return await _resume_read(runtime, session, list(store.read_session(session)), stop)
+
+
+async def _resume_read(
+    runtime: Runtime,
+    session: str,
+    entries: list[StoredEntry],
+    stop: anyio.Event | None,
+    *,
+    contract: Contract | None = None,
+    owned: _Owned | None = None,
+    connector: Connector | None = None,
+) -> RunOutcome:
+    """The resume once its whole verified read is in: the refusals, then the run (its lease and
+    servers already taken when given)."""
+    store = runtime.store
+    info = store.session(session)  # derived from the read just done (R2), not verified again
+    if info is None:
+        raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
+                            remedy="List sessions with 'truss sessions'")  # fmt: skip
+    if info.status in TERMINAL or info.ended:
+        return outcome_of(store, session)
     waiting = pending_approvals(entries)
     if waiting:
         raise RunSuspended(
@@ -222,11 +252,91 @@ async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | 
             call=next(iter(signals)),
         )
     started = entries[0].body
-    contract = _recorded_contract(session, started)
+    contract = contract or _recorded_contract(session, started)
     journal = _journal(store, session, contract, recorded=entries)
     del entries  # folded into the journal: a long session's entries are not held through the run
-    run = _Run(runtime, contract, journal, stop)
-    return await run.drive(principal=started.get("principal"), resumed_from=started)
+    run = _Run(runtime, contract, journal, stop, connector=connector)
+    return await run.drive(principal=started.get("principal"), resumed_from=started, owned=owned)
+
+
+async def _resume_overlapped(runtime: Runtime, session: str, stop: anyio.Event | None) -> RunOutcome:
+    """A resume whose servers start while its verified read goes on (docs/durability.md).
+
+    In order: the read runs in a worker thread; once the batch holding ``session_started`` has
+    proven (the reader yields nothing before), the recorded contract is loaded from it, the lease
+    taken and the servers started from that contract; then the rest of the read, and only then the
+    refusals, every run event and every append. Whatever stops the resume before the run takes the
+    servers (the read fails, a refusal, a session that ended) stops them first. Anything that keeps
+    them from starting early (no proven start, a contract that does not load, the lease refused)
+    leaves the resume to happen in order, with the whole read first, so it fails as it always did.
+    """
+    reading = _Reading(runtime.store, session)
+    outcome: RunOutcome | None = None
+    with _one_error():  # the reader never fails (it keeps its error)
+        async with anyio.create_task_group() as group:
+            group.start_soon(reading.run)
+            outcome = await _resume_while_reading(runtime, session, stop, reading, group)
+    assert outcome is not None  # the body returned (else this line is not reached)
+    return outcome
+
+
+async def _resume_while_reading(
+    runtime: Runtime, session: str, stop: anyio.Event | None, reading: _Reading, group: TaskGroup
+) -> RunOutcome:
+    store = runtime.store
+    contract = _loadable(session, await reading.started())
+    if contract is None:
+        return await _resume_read(runtime, session, await reading.whole(), stop)
+    try:
+        lease = await anyio.to_thread.run_sync(
+            lambda: store.acquire_lease(session, runtime.lease_owner, ttl_ms=runtime.lease_ms)
+        )
+    except TrussError:
+        # Busy (or the store refused): the read's error and the refusals come first, as in order;
+        # the run then asks for the lease again and is refused the same way.
+        return await _resume_read(runtime, session, await reading.whole(), stop)
+    owned = _Owned(store, lease, runtime.lease_ms)
+    async with owned.held():
+        early = _EarlyServers(
+            runtime.connect(),
+            contract,
+            log_dir=runtime.home / "logs" / session,
+            environ=runtime.environ,
+            clock=runtime.clock,
+        )
+        group.start_soon(early.host)
+        try:
+            return await _resume_read(
+                runtime, session, await reading.whole(), stop, contract=contract, owned=owned, connector=early.attach
+            )
+        finally:
+            await early.discard()  # a no-op once the run took and closed them
+
+
+def _loadable(session: str, started: Mapping[str, Any] | None) -> Contract | None:
+    """The contract a proven ``session_started`` records, or None when the servers must wait for the
+    whole read (no proven start, or a contract that does not load: the in-order resume says why)."""
+    if started is None:
+        return None
+    try:
+        return _recorded_contract(session, started)
+    except TrussError:
+        return None
+
+
+def _waits_for_a_person(store: LedgerStore, listed: SessionInfo) -> bool:
+    """Whether the store's last entry of ``listed`` (unverified) says it suspended for an approval or a
+    signal: such a resume is usually refused after its read, so its servers are not started early.
+
+    A hint that only orders the work: what is refused is decided on the verified read either way,
+    and unverified bytes can only keep servers from starting early, never start one."""
+    if listed.status != "suspended" or int(listed.entries) < 1:
+        return False
+    last = next(iter(unverified(store).read_session(listed.id, from_seq=int(listed.entries) - 1)), None)
+    body: Any = None if last is None else last.entry.get("body")
+    if last is None or last.entry.get("kind") != "session_suspended" or not isinstance(body, dict):
+        return False
+    return cast(dict[str, Any], body).get("reason") in ("approval", "signal")
 
 
 def check_session_id(session_id: str) -> None:
@@ -328,14 +438,22 @@ def outcome_of(store: LedgerStore, session: str) -> RunOutcome:
 
 
 class _Run:
-    def __init__(self, runtime: Runtime, contract: Contract, journal: Journal, stop: anyio.Event | None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        contract: Contract,
+        journal: Journal,
+        stop: anyio.Event | None,
+        *,
+        connector: Connector | None = None,
+    ) -> None:
         self.contract = contract
         self.store = runtime.store
         self.key = runtime.signer
         self.clock = runtime.clock
         self.home = runtime.home
         self.environ = runtime.environ
-        self.connector = runtime.connect()
+        self.connector = connector or runtime.connect()
         self.journal = journal
         bus = EventBus(list(runtime.events))
         self.events = RunEvents(bus, runtime.clock, journal.session, start_seq=journal.next_seq)
@@ -348,46 +466,29 @@ class _Run:
         self.owner = runtime.lease_owner
         self.lease_ms = runtime.lease_ms
 
-    async def drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
+    async def drive(
+        self, *, principal: Any, resumed_from: Mapping[str, Any] | None, owned: _Owned | None = None
+    ) -> RunOutcome:
         """Drive the session as its one owner: take its lease (a second driver is refused with
         ``SessionBusyError``, exit 3), renew it while the run goes on, and carry its epoch on every
-        append (the store refuses them once another process took over); give it up on the way out."""
+        append (the store refuses them once another process took over); give it up on the way out.
+        ``owned``: the lease already taken and held by the caller (a resume that started early)."""
+        if owned is not None:
+            return await self._drive_owned(owned, principal=principal, resumed_from=resumed_from)
         lease = await anyio.to_thread.run_sync(
             lambda: self.store.acquire_lease(self.session, self.owner, ttl_ms=self.lease_ms)
         )
-        self.journal.epoch = lease.epoch
-        renewed = [lease]
-        outcome: RunOutcome | None = None
-        try:
-            with _one_error():  # the renewer never fails
-                async with anyio.create_task_group() as group:
-                    group.start_soon(self._renew, renewed)
-                    try:
-                        outcome = await self._drive_leg(principal=principal, resumed_from=resumed_from)
-                    finally:
-                        group.cancel_scope.cancel()
-            assert outcome is not None  # the leg returned (else this line is not reached)
-            return outcome
-        finally:
-            if outcome is None or outcome.status not in TERMINAL:  # an ended session needs no owner
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(lambda: self._release(renewed[0]))
+        owned = _Owned(self.store, lease, self.lease_ms)
+        async with owned.held():
+            return await self._drive_owned(owned, principal=principal, resumed_from=resumed_from)
 
-    async def _renew(self, held: list[Lease]) -> None:
-        """Renew the lease every third of its length (one store write each), until the run ends;
-        ``held[0]`` is the latest lease (one slot: a day-long run does not keep every renewal)."""
-        while True:
-            await anyio.sleep(self.lease_ms / 3000)
-            try:
-                held[0] = await anyio.to_thread.run_sync(lambda: self.store.renew_lease(held[0], ttl_ms=self.lease_ms))
-            except StoreConflictError:
-                return  # taken over: this run's next append is refused by the store (fencing)
-            except TrussError:
-                continue  # the store was busy or unreachable: try again next period
-
-    def _release(self, lease: Lease) -> None:
-        with contextlib.suppress(TrussError):
-            self.store.release_lease(lease)
+    async def _drive_owned(
+        self, owned: _Owned, *, principal: Any, resumed_from: Mapping[str, Any] | None
+    ) -> RunOutcome:
+        self.journal.epoch = owned.lease.epoch
+        outcome = await self._drive_leg(principal=principal, resumed_from=resumed_from)
+        owned.ended = outcome.status in TERMINAL  # an ended session needs no owner
+        return outcome
 
     async def _drive_leg(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
         """The run leg as one span of events: ``SessionStarted`` first, ``SessionEnded`` on every way out."""
@@ -772,6 +873,188 @@ class _Folds:
         self.verdict.add(entry)
         if self.usage is not None:
             self.usage.add(entry)
+
+
+class _Owned:
+    """A session's lease while its owner drives it: renewed every third of its length (one store
+    write each; ``lease`` is the latest renewal, so a day-long run keeps one), given up on the way
+    out unless the session ``ended``."""
+
+    def __init__(self, store: LedgerStore, lease: Lease, ttl_ms: int) -> None:
+        self.store = store
+        self.lease = lease
+        self.ttl_ms = ttl_ms
+        self.ended = False
+
+    @asynccontextmanager
+    async def held(self) -> AsyncGenerator[None]:
+        try:
+            with _one_error():  # the renewer never fails
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._renew)
+                    try:
+                        yield
+                    finally:
+                        group.cancel_scope.cancel()
+        finally:
+            if not self.ended:
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(self._release)
+
+    async def _renew(self) -> None:
+        while True:
+            await anyio.sleep(self.ttl_ms / 3000)
+            try:
+                self.lease = await anyio.to_thread.run_sync(
+                    lambda: self.store.renew_lease(self.lease, ttl_ms=self.ttl_ms)
+                )
+            except StoreConflictError:
+                return  # taken over: this run's next append is refused by the store (fencing)
+            except TrussError:
+                continue  # the store was busy or unreachable: try again next period
+
+    def _release(self) -> None:
+        with contextlib.suppress(TrussError):
+            self.store.release_lease(self.lease)
+
+
+class _Reading:
+    """A session's verified read (R1) in a worker thread, for a resume that starts its servers
+    before the read ends. ``started`` is the ``session_started`` body once the reader yielded it
+    (the reader yields an entry only once its whole batch proved: signature, chain, Merkle
+    inclusion); ``whole`` is every entry, or the read's error, raised as the in-order read raises it."""
+
+    def __init__(self, store: LedgerStore, session: str) -> None:
+        self._store = store
+        self._session = session
+        self._entries: list[StoredEntry] = []
+        self._first = anyio.Event()
+        self._done = anyio.Event()
+        self._error: Exception | None = None
+
+    async def run(self) -> None:
+        try:
+            await anyio.to_thread.run_sync(self._read)
+        except Exception as exc:  # raised by ``whole``, where the in-order resume would have raised it
+            self._error = exc
+        finally:
+            self._first.set()
+            self._done.set()
+
+    def _read(self) -> None:
+        entries = self._entries
+        for entry in self._store.read_session(self._session):
+            entries.append(entry)
+            if len(entries) == 1:
+                anyio.from_thread.run_sync(self._first.set)
+
+    async def started(self) -> Mapping[str, Any] | None:
+        """The proven ``session_started`` body; None when the read failed before it or the session
+        does not start with one (the whole read then says what is wrong)."""
+        await self._first.wait()
+        if not self._entries or self._entries[0].kind != "session_started" or self._entries[0].seq != 0:
+            return None
+        return self._entries[0].body
+
+    async def whole(self) -> list[StoredEntry]:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        entries, self._entries = self._entries, []  # the caller's now: not held here through the run
+        return entries
+
+
+class _EarlyServers:
+    """A resumed run's servers, started from the contract its proven ``session_started`` records
+    while the rest of the session is read and verified (``_resume_overlapped``).
+
+    The connector runs in a task of its own (``host``) until the run takes the servers through
+    ``attach`` (the run's connector: it yields the started ones, raises their start error, and
+    closes them on its way out, as the connector's own exit would) or they are ``discard``ed. What
+    the launchers report is held until the run takes it; discarded, the servers stop and their
+    reports are dropped, so a resume refused after its read leaves no event and no entry."""
+
+    def __init__(
+        self, connector: Connector, contract: Contract, *, log_dir: Path, environ: Mapping[str, str], clock: Clock
+    ) -> None:
+        self._connect = connector
+        self._contract = contract
+        self._log_dir = log_dir
+        self._environ = environ
+        self._clock = clock
+        self._scope = anyio.CancelScope()
+        self._ready = anyio.Event()  # connected, or failed to
+        self._close = anyio.Event()
+        self._done = anyio.Event()
+        self._hosting = False
+        self._mounts: Any = None
+        self._error: Exception | None = None
+        self._held: list[tuple[str, str, Mapping[str, Any]]] | None = []
+        self._sink: Callable[[str, str, Mapping[str, Any]], None] | None = None
+
+    def _report(self, server: str, name: str, attributes: Mapping[str, Any]) -> None:
+        if self._sink is not None:
+            self._sink(server, name, attributes)
+        elif self._held is not None:
+            self._held.append((server, name, dict(attributes)))
+
+    async def host(self) -> None:
+        if self._scope.cancel_called:
+            return  # discarded before this task ran: nothing was started
+        self._hosting = True
+        try:
+            with self._scope:
+                self._log_dir.mkdir(parents=True, exist_ok=True)
+                async with self._connect(
+                    self._contract, log_dir=self._log_dir, environ=self._environ, clock=self._clock,
+                    on_event=self._report,
+                ) as mounts:  # fmt: skip
+                    self._mounts = mounts
+                    self._ready.set()
+                    await self._close.wait()
+        except Exception as exc:  # raised where the run enters its servers, as the connector raises it
+            self._error = exc
+        finally:
+            self._ready.set()
+            self._done.set()
+
+    async def _stop(self) -> None:
+        """Close the servers (or stop them connecting) and wait until every one has ended."""
+        if self._mounts is not None:
+            self._close.set()
+        else:
+            self._scope.cancel()
+        if self._hosting:
+            with anyio.CancelScope(shield=True):  # the connector ends every process group on its way out
+                await self._done.wait()
+
+    async def discard(self) -> None:
+        """Stop the servers with nothing said (a no-op once the run closed them)."""
+        self._sink, self._held = None, None
+        await self._stop()
+
+    @asynccontextmanager
+    async def attach(self, contract: Contract, *, on_event: Callable[[str, str, Mapping[str, Any]], None],
+                     **_: Any) -> AsyncGenerator[Any]:  # fmt: skip
+        assert contract is self._contract  # the run's contract is the one the servers started from
+        held, self._held = self._held or [], None
+        self._sink = on_event
+        for server, name, attributes in held:
+            on_event(server, name, attributes)
+        try:
+            await self._ready.wait()
+        except BaseException:  # a stop request while they connect
+            await self._stop()
+            raise
+        if self._error is not None or self._mounts is None:
+            await self._stop()
+            raise self._error or McpError("the MCP servers did not start", remedy="Run `truss resume` again")
+        try:
+            yield self._mounts
+        finally:
+            await self._stop()
+        if self._error is not None:
+            raise self._error  # closing failed, as the connector's own exit would have raised it
 
 
 def _journal(

@@ -187,6 +187,37 @@ async def test_resume_before_a_decision_stays_suspended_and_records_nothing(tmp_
     assert len(kinds_of(w.store, first.session)) == count
 
 
+async def test_a_resume_refused_after_its_read_stops_the_servers_it_started_and_says_nothing(tmp_path: Path) -> None:
+    # Two writes wait; one is approved, so the record's last entry is a decision and the servers
+    # start while the read goes on; the other still waits, which only the whole read shows.
+    w = World(tmp_path, [calls((WRITE, {"path": "a", "text": "x"}), (WRITE, {"path": "b", "text": "y"}))])
+    first = await w.run()
+    assert first.waiting == ("c1.0", "c1.1")
+    approve_call(Runtime(w.store, key=w.key), first.session, "c1.0", approved=True)
+    count = len(kinds_of(w.store, first.session))
+    opened: list[str] = []
+
+    @asynccontextmanager
+    async def connector(_contract: Contract, **_: Any) -> AsyncGenerator[FakeTransport]:
+        opened.append("open")
+        try:
+            yield w.transport
+        finally:
+            opened.append("closed")
+
+    seen: list[Any] = []
+    runtime = Runtime(store=w.store, key=w.key, clock=w.clock, home=w.home, connector=connector,
+                      provider=w.provider, events=(seen.append,))  # fmt: skip
+    with pytest.raises(RunSuspended) as caught, anyio.fail_after(20):
+        await resume_session(runtime, first.session)
+    assert caught.value.exit_code == 3 and caught.value.call == "c1.1"
+    assert opened.count("open") == opened.count("closed")  # whatever started was stopped
+    assert seen == [] and w.transport.calls == []  # no run event, nothing sent
+    assert len(kinds_of(w.store, first.session)) == count  # nothing appended
+    lease = w.store.lease(first.session)
+    assert lease is None or not lease.held(w.clock.now_ms())  # given up again
+
+
 async def test_approving_twice_or_an_unknown_call_is_refused(tmp_path: Path) -> None:
     w = World(tmp_path)
     first = await w.run()

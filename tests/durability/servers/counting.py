@@ -9,7 +9,9 @@ that report, i.e. at an instant when the server certainly has the request.
 Tools: ``count {key}`` (answers ``counted <key>``), ``other {key}`` (the same, a second tool so a
 contract can declare one safe to re-send and one not), ``deploy {name}`` (the signal pattern: answers
 ``{"status": "pending", "job": "job-<name>"}`` at once; the result arrives later by ``truss signal``).
-Wire level, 2025-11-25 handshake: it starts in milliseconds.
+Wire level, 2025-11-25 handshake: it starts in milliseconds. With ``START_FILE`` set, each
+``initialize`` appends the server's pid to that file: a test can tell that a server was started,
+and find its process afterwards.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def send(message: dict[str, object]) -> None:
     sys.stdout.flush()
 
 
-def record(line: str) -> None:
-    path = os.environ["COUNT_FILE"]
+def record(line: str, path: str | None = None) -> None:
+    path = path or os.environ["COUNT_FILE"]
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, (line + "\n").encode())
@@ -73,6 +75,8 @@ def main() -> None:
         if request_id is None:
             continue
         if method == "initialize":
+            if os.environ.get("START_FILE"):
+                record(str(os.getpid()), os.environ["START_FILE"])
             value: dict[str, object] = {
                 "protocolVersion": "2025-11-25",
                 "capabilities": {"tools": {}},
