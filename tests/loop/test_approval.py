@@ -325,3 +325,27 @@ async def test_a_stop_request_while_servers_connect_records_nothing_and_closes_t
     assert first.status == "interrupted" and first.exit_code == 3 and first.head is None
     assert closed == [True]
     assert w.store.session(first.session) is None
+
+
+async def test_a_suspension_with_nothing_recorded_past_the_head_makes_no_verified_read_of_the_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A verified read proves the session from its first entry and keeps its payloads: at 3,000
+    # calls the suspension's reload of nothing held 10 MB (docs/benchmarks.md, issue 16).
+    from truss.ledger.reader import VerifiedStore
+
+    reads: list[int] = []
+    original = VerifiedStore.read_session
+
+    def counted(self: VerifiedStore, session: str, *, from_seq: int = 0) -> Any:
+        reads.append(from_seq)
+        return original(self, session, from_seq=from_seq)
+
+    monkeypatch.setattr(VerifiedStore, "read_session", counted)
+    w = World(tmp_path)
+    first = await w.run()
+    assert first.status == "suspended" and first.waiting == ("c2.1",)
+    assert reads == []
+    monkeypatch.setattr(VerifiedStore, "read_session", original)
+    approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=True)
+    assert (await w.resume(first.session)).status == "pass"
