@@ -40,6 +40,7 @@ __all__ = [
     "UNPARSABLE_URL",
     "ArgCredential",
     "credentials_in_args",
+    "display_url",
     "is_credential_param",
     "redact_url",
     "url_credentials",
@@ -175,6 +176,18 @@ def redact_url(url: str) -> str:
     if scan.fragment is not None:
         fragment = urlencode(masked(scan.fragment), safe="*")
     return _rebuild(scan, userinfo, masked(scan.query), fragment)
+
+
+def display_url(url: str) -> str:
+    """``url`` as an error message shows it (an MCP server's, an OAuth challenge's, a model
+    provider's): user info masked by ``redact_url``, the query and fragment left out whole (a
+    token may sit in a parameter whose name no rule knows, and an error needs only where the
+    request went), anything unprintable as ``?`` (the URL may come from a server's header)."""
+    shown = redact_url(url)
+    scheme, sep, rest = shown.partition("://")
+    if sep:  # after the masking neither ``?`` nor ``#`` is left in user info, host or path
+        shown = scheme + sep + re.split(r"[?#]", rest, maxsplit=1)[0]
+    return "".join(c if c.isprintable() else "?" for c in shown)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,9 @@ import mcp
 import mcp_types
 import pytest
 
+from truss._credentials import display_url
 from truss._errors import ServerStartError, ToolCallError
-from truss.mcp._errmap import classify, is_unmapped, safe_url, to_call_error, to_start_error
+from truss.mcp._errmap import classify, is_unmapped, to_call_error, to_start_error
 
 # Server-side and command-line modules are not on the client's path (and mcp.cli exits on import
 # without its optional dependencies).
@@ -109,7 +110,7 @@ def test_nested_exception_groups_are_flattened_to_the_telling_leaf() -> None:
 def test_safe_url_masks_user_info_by_the_one_rule_and_leaves_out_query_and_fragment() -> None:
     # The rule is truss._credentials' (tests/security/test_credentials_in_urls.py tries every attack);
     # a parameter no rule would call a credential may still hold one, so no parameter is shown.
-    shown = safe_url("https://user:pw@example.test:8443/mcp?region=eu&token=abc#access_token=xyz")
+    shown = display_url("https://user:pw@example.test:8443/mcp?region=eu&token=abc#access_token=xyz")
     assert shown == "https://***@example.test:8443/mcp"
-    assert safe_url("https://example.test/mcp?k=v") == "https://example.test/mcp"
-    assert safe_url("https://example.test/\x1b[31mmcp") == "https://example.test/?[31mmcp"
+    assert display_url("https://example.test/mcp?k=v") == "https://example.test/mcp"
+    assert display_url("https://example.test/\x1b[31mmcp") == "https://example.test/?[31mmcp"

@@ -26,12 +26,12 @@ import pytest
 from tests.durability.support import cli
 from tests.security._support import DATA
 from truss import ContractError, UsageError
+from truss._credentials import display_url
 from truss._errors import TrussError
 from truss.contract import load_contract_text, telemetry_from_text
 from truss.contract.harness_db import operator_db_from_text
 from truss.ledger.stores import redact_url
 from truss.mcp._claude_import import convert, render_toml
-from truss.mcp._errmap import safe_url
 from truss.telemetry.settings import resolve_settings
 
 ATTACKS = sorted(p for p in (DATA / "urls").glob("*.json") if p.name != "ordinary_urls.json")
@@ -191,7 +191,7 @@ def test_mcp_import_never_copies_a_credential_in_a_url_in_stdio_args(url: str) -
 
 @pytest.mark.parametrize("url", _urls(("https", "postgresql")))
 def test_a_url_in_a_message_shows_no_credential(url: str) -> None:
-    for shown in (redact_url(url), safe_url(url)):
+    for shown in (redact_url(url), display_url(url)):
         assert "CANARY" not in shown
         assert shown.startswith(url.partition("//")[0] + "//")
 
@@ -211,7 +211,7 @@ def test_urls_without_credentials_are_still_taken_everywhere(tmp_path: Path, sch
             assert load_contract_text(_agent(url), source="c.toml").agent.base_url == url
             reviewers = load_contract_text(_reviewer(url), source="c.toml").done.checks[0].reviewers
             assert reviewers is not None and reviewers[0].base_url == url
-            assert safe_url(url) == re.split(r"[?#]", url, maxsplit=1)[0]  # errors leave out query and fragment
+            assert display_url(url) == re.split(r"[?#]", url, maxsplit=1)[0]  # errors leave out query and fragment
             telemetry = telemetry_from_text(f"[telemetry]\notlp_endpoint = {json.dumps(url)}\n", file="c")
             assert telemetry is not None and telemetry.otlp_endpoint == url
             assert resolve_settings(None, {"OTEL_EXPORTER_OTLP_ENDPOINT": url}, check_extra=False) is not None

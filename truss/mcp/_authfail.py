@@ -19,9 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from truss._credentials import display_url
 from truss._errors import McpError, ToolCallError
 from truss.contract import SecretHeader, Server
-from truss.mcp._errmap import safe_url, to_start_error
+from truss.mcp._errmap import to_start_error
 
 __all__ = [
     "AUTH_FAILED",
@@ -59,7 +60,7 @@ def auth_failure(server: Server, status: int, www_authenticate: str | None) -> A
     text = f"HTTP status {status}: the server {what}"
     if metadata is not None:
         fields["oauth"] = True
-        fields["resource_metadata"] = safe_url(metadata.group(1))
+        fields["resource_metadata"] = display_url(metadata.group(1))
         text += f" and asks for OAuth authorization (resource metadata at {fields['resource_metadata']})"
     if oauth is not None:
         remedy = (

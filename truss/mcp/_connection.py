@@ -56,12 +56,13 @@ from mcp.shared.inbound import find_invalid_x_mcp_header
 from truss import __version__ as _truss_version
 from truss import elicitation
 from truss._clock import Clock
+from truss._credentials import display_url
 from truss._errors import McpError, PinMismatchError, ServerStartError, ToolCallError
 from truss.contract import Contract, SecretHeader, Server, duration_ms
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.mcp import _procs
 from truss.mcp._authfail import flow_failure, refused_at_connect
-from truss.mcp._errmap import leaves, safe_url, to_call_error, to_start_error
+from truss.mcp._errmap import leaves, to_call_error, to_start_error
 from truss.mcp._mount import UNPINNABLE, list_all, mount, pin_or_none
 from truss.mcp._results import closed
 from truss.mcp._schema import SchemaChecks
@@ -667,7 +668,7 @@ def _start_error(exc: BaseException, live: Live) -> McpError:
         fields["status"] = errors[0]
     http = server.transport == "http" and live.inprocess is None and server.url
     if http:
-        fields["url"] = safe_url(server.url or "")
+        fields["url"] = display_url(server.url or "")
     elif server.command is not None:
         fields["command"] = server.command
         if live.log is not None:

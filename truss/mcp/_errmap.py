@@ -14,13 +14,12 @@ connection's wire saw the server answer the call's request with it (``answered``
 
 What this module does not do: decide whether a call is re-sent (the gate does, from the
 contract), or put an exception's text in a message when that text could hold a secret (HTTP
-errors carry the request URL; ``safe_url`` shows a URL with its user info masked, without its query
-or fragment).
+errors carry the request URL; ``truss._credentials.display_url`` shows a URL with its user
+info masked, without its query or fragment).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any, cast
 
@@ -34,10 +33,9 @@ from mcp.client.streamable_http import StreamableHTTPError
 from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
 from mcp.shared.auth import InvalidRedirectUriError, InvalidScopeError
 
-from truss._credentials import redact_url
 from truss._errors import McpError, ServerStartError, ToolCallError
 
-__all__ = ["Mapped", "classify", "leaves", "safe_url", "to_call_error", "to_start_error"]
+__all__ = ["Mapped", "classify", "leaves", "to_call_error", "to_start_error"]
 
 # cause, retryable, readable text
 Mapped = tuple[str, bool, str, int | None]
@@ -51,18 +49,6 @@ def leaves(exc: BaseException) -> Iterator[BaseException]:
             yield from leaves(inner)
     else:
         yield exc
-
-
-def safe_url(url: str) -> str:
-    """``url`` as an error may show it: user info masked by Truss's one rule (``redact_url``; an
-    unparsable URL as ``scheme://***``), the query and fragment left out whole (a token may sit in
-    a parameter whose name no rule knows, and an error needs only where it went), and anything
-    unprintable as ``?``, since the URL may come from a server's header."""
-    shown = redact_url(url)
-    scheme, sep, rest = shown.partition("://")
-    if sep:  # after the masking neither ``?`` nor ``#`` is left in user info, host or path
-        shown = scheme + sep + re.split(r"[?#]", rest, maxsplit=1)[0]
-    return "".join(c if c.isprintable() else "?" for c in shown)
 
 
 def _mcp_error(exc: MCPError, answered: tuple[int, str] | None) -> Mapped:

@@ -32,6 +32,7 @@ import anyio
 import httpx2
 
 from truss._clock import Clock
+from truss._credentials import display_url
 from truss._errors import ProviderError
 from truss.ledger.canonical import CanonicalError, canonical
 
@@ -190,7 +191,7 @@ class JsonPoster:
     ) -> None:
         self.provider = provider
         self.url = url
-        self.display_url = _display_url(url)
+        self.display_url = display_url(url)
         self.last_attempts = 0
         self.settings = settings
         self._headers = dict(headers)
@@ -369,14 +370,3 @@ def _remedy_for(status: int) -> str:
     if 300 <= status < 400:
         return "Redirects are not followed; set agent.base_url to the final address"
     return "Check agent.model, agent.base_url and the provider's documentation for this error"
-
-
-def _display_url(url: str) -> str:
-    """The URL without user info, query or fragment: an operator may have put a token in either."""
-    try:
-        parsed = httpx2.URL(url)
-    except httpx2.InvalidURL:
-        return "<invalid URL>"
-    port = f":{parsed.port}" if parsed.port is not None else ""
-    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
-    return f"{parsed.scheme}://{host}{port}{parsed.path}"
