@@ -20,11 +20,14 @@ from truss.ledger.merkle import (
     consistency_nodes,
     consistency_proof,
     fetched,
+    in_order,
     inclusion_nodes,
     inclusion_proof,
+    inclusion_root,
     leaf_hash,
     leaves_nodes,
     node_hash,
+    path_nodes,
     root_at,
     root_nodes,
     root_with_leaves,
@@ -242,6 +245,55 @@ def test_inclusion_fails_for_any_changed_hash_index_or_size() -> None:
             assert not verify_inclusion(leaf, index, size, [*proof, proof[0] if proof else leaf], root)
             if proof:
                 assert not verify_inclusion(leaf, index, size, proof[:-1], root)
+
+
+def test_a_proof_folded_as_its_nodes_arrive_agrees_with_verify_inclusion_for_every_index_and_size_up_to_300() -> None:
+    tree = _tree(300)
+    leaves = _leaves(300)
+    for size in range(1, 301):
+        root = tree.root(size)
+        for index in range(size):
+            keys = list(path_nodes(index, size))
+            assert sorted(keys) == sorted(inclusion_nodes(index, size)), "the same subtrees, one at a time"
+            hashes = [tree.nodes[key] for key in keys]
+            assert inclusion_root(leaves[index], index, size, iter(hashes)) == root
+            assert inclusion_root(_flip(leaves[index]), index, size, hashes) != root
+            for i in range(len(hashes)) if size <= 64 else [(index + size) % len(hashes)] if hashes else []:
+                changed = dict(zip(keys, hashes, strict=True))
+                changed[keys[i]] = _flip(hashes[i])
+                assert inclusion_root(leaves[index], index, size, [changed[key] for key in keys]) != root
+                if size <= 64:
+                    proof = inclusion_proof(index, size, lambda level, at, nodes=changed: nodes[(level, at)])
+                    assert not verify_inclusion(leaves[index], index, size, proof, root), "both refuse the same nodes"
+
+
+def test_a_folded_proof_with_a_missing_extra_or_malformed_hash_gives_no_root() -> None:
+    tree = _tree(13)
+    leaf = tree.nodes[(0, 6)]
+    hashes = [tree.nodes[key] for key in path_nodes(6, 13)]
+    assert inclusion_root(leaf, 6, 13, hashes) == tree.root(13)
+    assert inclusion_root(leaf, 6, 13, hashes[:-1]) is None
+    assert inclusion_root(leaf, 6, 13, [*hashes, hashes[0]]) is None
+    assert inclusion_root(leaf, 6, 13, [*hashes[:-1], hashes[-1][:31]]) is None
+    assert inclusion_root(leaf[:31], 6, 13, hashes) is None
+    assert inclusion_root(leaf, 0, 1, []) == leaf, "a tree of one leaf is its leaf"
+    with pytest.raises(ValueError):
+        list(path_nodes(13, 13))
+
+
+def test_hashes_in_order_over_a_mapping_lookup_are_one_lookup_in_the_order_asked() -> None:
+    tree = _tree(20_000)
+    lookups: list[Sequence[tuple[int, int]]] = []
+
+    def get_nodes(keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        lookups.append(keys)
+        return tree.get_nodes(keys)
+
+    keys = list(path_nodes(28, 20_000))
+    assert list(in_order(get_nodes)(iter(keys))) == [tree.nodes[key] for key in keys]
+    assert len(lookups) == 1
+    assert inclusion_root(tree.nodes[(0, 28)], 28, 20_000, in_order(get_nodes)(path_nodes(28, 20_000))) == tree.root()
+    assert list(in_order(get_nodes)([])) == [] and len(lookups) == 2
 
 
 def test_inclusion_outside_the_tree_is_refused() -> None:

@@ -15,6 +15,9 @@ The ledger is one Merkle tree whose leaf ``i`` is the canonical bytes of the ent
   subtrees the matching computation reads, from sizes and indices alone (no hash decides which
   node is read next), so a store fetches them all in one lookup (``GetNodes``) and ``fetched``
   serves them to the computation: one query per proof, or per batch of proofs, instead of one per node.
+- ``path_nodes`` names the same subtrees as ``inclusion_nodes`` one at a time, in the order
+  ``inclusion_root`` folds them, so a store can stream their hashes (``NodeHashes``) into the check
+  and a proof's memory does not grow with the log.
 - ``verify_inclusion`` and ``verify_consistency`` are the RFC 9162 section 2.1.3.2 / 2.1.4.2
   algorithms over hashes alone; they return ``False`` on any malformed input rather than raising.
 
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
     "EMPTY_ROOT",
@@ -39,15 +42,19 @@ __all__ = [
     "GetNode",
     "GetNodes",
     "MemoryTree",
+    "NodeHashes",
     "NodeKey",
     "consistency_nodes",
     "consistency_proof",
     "fetched",
+    "in_order",
     "inclusion_nodes",
     "inclusion_proof",
+    "inclusion_root",
     "leaf_hash",
     "leaves_nodes",
     "node_hash",
+    "path_nodes",
     "root_at",
     "root_nodes",
     "root_with_leaves",
@@ -71,6 +78,10 @@ NodeKey = tuple[int, int]
 GetNodes = Callable[[Sequence[NodeKey]], Mapping[NodeKey, bytes]]
 """Many complete subtrees -> their hashes, in one lookup (a store's ``nodes``); it raises rather
 than leave one out."""
+
+NodeHashes = Callable[[Iterable[NodeKey]], Iterable[bytes]]
+"""Many complete subtrees -> their hashes in the order asked, streamed (a store's ``node_hashes``), for a
+fold that holds none of them (``inclusion_root``); it raises rather than skip one."""
 
 
 def leaf_hash(entry_bytes: bytes) -> bytes:
@@ -204,6 +215,17 @@ def fetched(get_nodes: GetNodes, *plans: Iterable[NodeKey]) -> GetNode:
     return lambda level, index: found[(level, index)]
 
 
+def in_order(get_nodes: GetNodes) -> NodeHashes:
+    """A ``NodeHashes`` over a store that only has ``nodes`` (a mapping): one lookup, then its values in order."""
+
+    def hashes(keys: Iterable[NodeKey]) -> Iterator[bytes]:
+        wanted = list(keys)
+        found: Mapping[NodeKey, bytes] = get_nodes(wanted) if wanted else {}
+        return (found[key] for key in wanted)
+
+    return hashes
+
+
 def _covers(ranges: Iterable[tuple[int, int]]) -> list[NodeKey]:
     return [key for start, end in ranges for key in _perfect_cover(start, end)]
 
@@ -292,6 +314,71 @@ def _inclusion_ranges(index: int, size: int) -> list[tuple[int, int]]:
 def inclusion_nodes(index: int, size: int) -> list[NodeKey]:
     """The stored subtrees ``inclusion_proof(index, size)`` reads."""
     return _covers(_inclusion_ranges(index, size))
+
+
+def _path(index: int, size: int) -> Iterator[tuple[bool, int, int]]:
+    """``(on the left, start, end)`` of the range of each hash of ``PATH(index, D[0:size])``, leaf
+    side first, one at a time: the ranges ``_inclusion_ranges`` lists, without a list.
+
+    RFC 9162's tree is the tree of aligned power-of-two subtrees in which a node without a right
+    sibling (past ``size``) is promoted unchanged: at each level the leaf's subtree has its sibling
+    on the left (a complete subtree), or on the right clipped to ``size``, or none.
+    """
+    if not 0 <= index < size:
+        raise ValueError(f"leaf {index} is not in a tree of size {size}")
+    level = 0
+    while index >> level or 1 << level < size:  # until the leaf's subtree is the whole tree
+        node = index >> level
+        if node & 1:
+            yield True, (node - 1) << level, node << level
+        elif (start := (node + 1) << level) < size:
+            end = (node + 2) << level
+            yield False, start, end if end < size else size
+        level += 1
+
+
+def _cover_right_to_left(start: int, end: int) -> Iterator[NodeKey]:
+    """``_perfect_cover(start, end)`` from its smallest (rightmost) subtree to its largest."""
+    pos, width = end, end - start
+    while width:
+        level = (width & -width).bit_length() - 1
+        pos -= 1 << level
+        width -= 1 << level
+        yield level, pos >> level
+
+
+def path_nodes(index: int, size: int) -> Iterator[NodeKey]:
+    """The stored subtrees ``inclusion_nodes(index, size)`` names, one at a time, in the order
+    ``inclusion_root`` folds them: the proof's hashes leaf side first, each one's subtrees right to left."""
+    for _, start, end in _path(index, size):
+        yield from _cover_right_to_left(start, end)
+
+
+def inclusion_root(leaf: bytes, index: int, size: int, hashes: Iterable[bytes]) -> bytes | None:
+    """The root of ``size`` leaves that the leaf *hash* ``leaf`` at ``index`` makes with the stored
+    subtrees ``path_nodes(index, size)`` names, given in that order: an inclusion proof folded as
+    its hashes arrive, holding none of them (``verify_inclusion`` over ``inclusion_proof`` gives the
+    same answer: the leaf is in the tree whose root this equals).
+
+    ``None`` when a hash is not 32 bytes or ``hashes`` holds fewer or more than the path needs;
+    ``hashes`` is read to its end, so that a lookup streaming them can report a node it lacks.
+    """
+    if not _is_hash(leaf):
+        return None
+    stream = iter(hashes)
+    acc = leaf
+    for left, start, end in _path(index, size):
+        sibling: bytes | None = None
+        for _ in range((end - start).bit_count()):
+            value = next(stream, None)
+            if not isinstance(value, bytes) or len(value) != HASH_SIZE:
+                return None
+            sibling = value if sibling is None else node_hash(value, sibling)
+        assert sibling is not None  # every range of a path is non-empty
+        acc = node_hash(sibling, acc) if left else node_hash(acc, sibling)
+    if next(stream, None) is not None:
+        return None
+    return acc
 
 
 def inclusion_proof(index: int, size: int, get_node: GetNode) -> list[bytes]:
