@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import pytest
 
 from tests.ledger.test_bundle import Ledger, build_ledger, trusted
 from truss._errors import VerificationError
+from truss.ledger import verify
 from truss.ledger.audit import LogAudit, SessionInLog
 from truss.ledger.note import sign_checkpoint_note
 from truss.ledger.reader import VerifiedStore
@@ -108,6 +109,34 @@ def test_a_session_whose_stored_tree_was_altered_is_not_proven(ledger: Ledger) -
     store = ledger.store
     in_log = SessionInLog(store.checkpoints(), trusted(), store.origin, store.nodes)
     report = verify_ledger(store, trusted(), session="s_verdict", extra=[in_log.check])
+    assert not report.ok and report.reason == "not_in_log" and report.index == 5
+
+
+@pytest.mark.parametrize(
+    ("statement", "value"),
+    [
+        ("UPDATE nodes SET hash = ? WHERE last = 4 AND level = 0", b"\x09" * 32),
+        ("UPDATE nodes SET hash = ? WHERE last = 4 AND level = 0", b"\x09" * 31),
+        ("DELETE FROM nodes WHERE last = 4 AND level = 0 AND ? IS NOT NULL", b""),
+    ],
+    ids=["altered", "short", "deleted"],
+)
+def test_verify_session_folds_each_proof_from_the_nodes_sqlite_streams_and_names_the_entry_an_altered_one_fails(
+    ledger: Ledger, statement: str, value: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ledger.store
+    streamed: list[int] = []
+    stream = store.node_hashes
+
+    def node_hashes(keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        streamed.append(1)
+        return stream(keys)
+
+    monkeypatch.setattr(store, "node_hashes", node_hashes)
+    assert verify(store, trusted(), session="s_verdict").ok
+    assert len(streamed) == 9, "one streamed lookup per entry's proof"
+    _sql(ledger, statement, value)
+    report = verify(store, trusted(), session="s_verdict")
     assert not report.ok and report.reason == "not_in_log" and report.index == 5
 
 

@@ -30,13 +30,17 @@ from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     Frontier,
     GetNodes,
+    NodeHashes,
     consistency_nodes,
     consistency_proof,
     fetched,
+    in_order,
     inclusion_nodes,
     inclusion_proof,
+    inclusion_root,
     leaf_hash,
     leaves_nodes,
+    path_nodes,
     root_at,
     root_nodes,
     root_with_leaves,
@@ -354,8 +358,10 @@ class SessionInLog:
     adjacent entries instead of per entry). A batch that does not prove is proven entry by entry,
     so the finding names the first entry that is not in the log. The caller must not use an
     entry before the ``settle`` after its ``check`` returned ``None``. Either way, the nodes one
-    proof (or one batch) needs are read in one lookup (``nodes``): the store's queries per entry do
-    not grow with the log.
+    proof (or one batch) needs are read in one lookup: the store's queries per entry do not grow
+    with the log. One entry's proof is folded as its nodes arrive (``merkle.inclusion_root`` over
+    ``node_hashes``, a store's streamed lookup, else ``nodes`` in order), so that the memory of
+    ``verify SESSION`` does not grow with the log either.
     """
 
     def __init__(
@@ -366,8 +372,10 @@ class SessionInLog:
         nodes: GetNodes,
         *,
         batch: bool = False,
+        node_hashes: NodeHashes | None = None,
     ) -> None:
         self._batch = batch
+        self._hashes = node_hashes if node_hashes is not None else in_order(nodes)
         self._pending: dict[int, tuple[bytes, Any]] = {}  # log index -> (leaf hash, seq), not yet proven
         self.failed: tuple[Any, int] | None = None  # (seq, log index) of the entry ``settle`` found
         self._nodes = nodes
@@ -414,7 +422,8 @@ class SessionInLog:
                 self._pending[index] = (leaf, item.seq)
                 return None
             if cp is not None and index < cp.size:
-                if verify_inclusion(leaf, index, cp.size, self._inclusion_proof(index, cp.size), cp.root):
+                # The proof's nodes are folded as the store streams them: none is held.
+                if inclusion_root(leaf, index, cp.size, self._hashes(path_nodes(index, cp.size))) == cp.root:
                     self.proven += 1
                     return None
             elif self._nodes([(0, index)])[(0, index)] == leaf:
@@ -435,10 +444,11 @@ def session_in_log(
     earlier ones read, latest first, so a session read costs the same at 20,000 checkpoints as at 20."""
     latest = store.latest_checkpoint()
     used: list[StoredCheckpointLike] = [latest] if latest is not None else []
-    in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch)
+    hashes: NodeHashes | None = getattr(store, "node_hashes", None)
+    in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch, node_hashes=hashes)
     if in_log.checkpoint is None and latest is not None:
         used = list(store.checkpoints())
-        in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch)
+        in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch, node_hashes=hashes)
     return in_log, used
 
 

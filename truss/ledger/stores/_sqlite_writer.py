@@ -18,9 +18,11 @@ What it does not do: reads (``sqlite.SqliteStore``) or the session rules (``base
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -118,6 +120,51 @@ def read_nodes(conn: sqlite3.Connection, keys: Sequence[NodeKey]) -> dict[NodeKe
         for last, level, digest in conn.execute(sql, params):
             found[(int(level), ((int(last) + 1) >> int(level)) - 1)] = bytes(digest)
     return found
+
+
+@functools.lru_cache(maxsize=64)
+def _ordered_nodes_sql(count: int) -> str:
+    # The keys' positions are literals, so a proof's query text depends only on its length.
+    marks = ", ".join(f"({pos}, ?, ?)" for pos in range(count))
+    return (
+        f"WITH k(pos, last, level) AS (VALUES {marks}) "  # noqa: S608 (placeholders and integers only)
+        "SELECT k.pos, n.hash FROM k CROSS JOIN nodes AS n ON n.last = k.last AND n.level = k.level ORDER BY k.pos"
+    )
+
+
+def iter_node_hashes(
+    conn: sqlite3.Connection, lock: threading.Lock, keys: Iterable[NodeKey], missing: Callable[[int, int], Exception]
+) -> Iterator[bytes]:
+    """The hashes of the stored subtrees ``keys``, in their order, one row at a time (``read_nodes``'s
+    lookup, ``_NODES_PER_QUERY`` keys per query); ``missing(level, index)`` is raised at the first
+    key not stored. The keys are held only as the query's parameters and the hashes not at all:
+    a caller folds them as they arrive (``merkle.inclusion_root``), so a proof's memory barely
+    grows with the log. The lock is taken per row, never across a ``yield``."""
+    stream = iter(keys)
+    while True:
+        params: list[int] = []
+        for level, index in itertools.islice(stream, _NODES_PER_QUERY):
+            params.append(((index + 1) << level) - 1)
+            params.append(level)
+        if not params:
+            return
+        with lock:
+            cursor = conn.execute(_ordered_nodes_sql(len(params) // 2), params)
+        try:
+            expected = 0
+            while True:
+                with lock:
+                    row = cursor.fetchone()
+                if row is None or row[0] != expected:
+                    if 2 * expected == len(params):
+                        break
+                    last, level = params[2 * expected], params[2 * expected + 1]
+                    raise missing(level, ((last + 1) >> level) - 1)
+                yield bytes(row[1])
+                expected += 1
+        finally:  # a fold that stops early (a malformed hash) ends the read at once
+            with lock:
+                cursor.close()
 
 
 def read_frontier(conn: sqlite3.Connection, db: Path, *, writing: bool = False) -> Frontier:
