@@ -128,8 +128,8 @@ def main(small: int, large: int, rounds: int, db_dir: str | None) -> None:
     for label in ("run end", "verify SESSION", "export SESSION"):
         t_small, t_large = statistics.median(times[(label, small)]), statistics.median(times[(label, large)])
         m_small, m_large = statistics.median(peaks[(label, small)]), statistics.median(peaks[(label, large)])
-        print(f"   {label:15s} {small:>6} sessions {t_small * 1000:8.2f} ms {m_small / 1e6:7.2f} MB | "
-              f"{large:>6} sessions {t_large * 1000:8.2f} ms {m_large / 1e6:7.2f} MB | "
+        print(f"   {label:15s} {small:>6} sessions {t_small * 1000:8.2f} ms {m_small / 1e3:8.1f} kB | "
+              f"{large:>6} sessions {t_large * 1000:8.2f} ms {m_large / 1e3:8.1f} kB | "
               f"ratio time {t_large / t_small:5.2f}x memory {m_large / m_small:5.2f}x (target <= 1.1)")  # fmt: skip
     print(f"   fsync state after:  {after}")
 
