@@ -86,8 +86,8 @@ def _ed25519_random_seed() -> bytes:
 def _ed25519_sign(secret: bytes, message: bytes) -> bytes:
     ffi = _sodium.ffi
     signed = ffi.new("unsigned char[]", len(message) + _ED25519_SIGNATURE_BYTES)
-    signed_len = ffi.new("unsigned long long *")
-    if _sodium.lib.crypto_sign(signed, signed_len, message, len(message), secret) != 0:  # signature || message
+    # signature || message; the signed length is known, so libsodium is not asked for it (NULL is allowed)
+    if _sodium.lib.crypto_sign(signed, ffi.NULL, message, len(message), secret) != 0:
         raise ValueError("libsodium could not sign")
     return bytes(ffi.buffer(signed, _ED25519_SIGNATURE_BYTES))
 

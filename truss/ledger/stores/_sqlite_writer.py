@@ -208,14 +208,28 @@ def read_frontier(conn: sqlite3.Connection, db: Path, *, writing: bool = False) 
     return Frontier.at(size, lambda level, index: found[(level, index)])
 
 
+_SQL: dict[tuple[str, int, int], str] = {}  # (head, width, rows) -> its INSERT: at most 4 heads x _ROWS_PER_INSERT
+
+
+def _insert_sql(head: str, width: int, rows: int) -> str:
+    sql = _SQL.get((head, width, rows))
+    if sql is None:
+        row = "(" + ",".join("?" * width) + ")"
+        sql = _SQL[(head, width, rows)] = f"{head} VALUES {','.join([row] * rows)}"
+    return sql
+
+
 def _insert(conn: sqlite3.Connection, head: str, width: int, flat: Sequence[Any]) -> None:
     """``head VALUES (...), (...)``: the rows of ``flat`` (``width`` values each) in one statement
-    per ``_ROWS_PER_INSERT`` rows, instead of one ``executemany`` step per row."""
+    per ``_ROWS_PER_INSERT`` rows, instead of one ``executemany`` step per row. Each statement's
+    text is built once per row count (an append's statements are the same every time)."""
     step = width * _ROWS_PER_INSERT
+    if len(flat) <= step:  # the common case: one statement, no slice
+        conn.execute(_insert_sql(head, width, len(flat) // width), flat)
+        return
     for at in range(0, len(flat), step):
         chunk = flat[at : at + step]
-        row = "(" + ",".join("?" * width) + ")"
-        conn.execute(f"{head} VALUES {','.join([row] * (len(chunk) // width))}", chunk)
+        conn.execute(_insert_sql(head, width, len(chunk) // width), chunk)
 
 
 def begin(conn: sqlite3.Connection, db: Path, busy_ms: int) -> None:
@@ -238,6 +252,7 @@ class _Pending:
         "expect_seq",
         "records",
         "result",
+        "rotates",
         "session",
         "wake",
     )
@@ -254,6 +269,7 @@ class _Pending:
     ) -> None:
         # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
         self.bodies = [encode_record(record) for record in records]
+        self.rotates = any(record.kind == "key_rotated" for record in records)
         self.session = session
         self.records = records
         self.durable = durable
@@ -464,7 +480,7 @@ class SqliteWriter:
             return
         conn = self._w
         try:
-            self._set_sync(any(p.durable for p in group))
+            self._set_sync(group[0].durable if len(group) == 1 else any(p.durable for p in group))
             begin(conn, self._db, self._busy_ms)
         except TrussError as exc:
             self._fail_all(group, exc)
@@ -511,7 +527,7 @@ class SqliteWriter:
                     pending.error = self._batch_error(pending, exc)
             conn.execute("COMMIT")
             self._frontier, self._version = frontier, version
-            if any(r.kind == "key_rotated" for p in group if p.result for r in p.records):
+            if not self._rotated_here and any(p.rotates for p in group if p.result):
                 self._rotated_here = True
             self._commits += 1
             self._flushes += int(bool(self._sync_full))
@@ -605,9 +621,11 @@ class SqliteWriter:
         blob_rows: list[Any] = []
         link_rows: list[str] = []
         key_id = key.key_id
+        digest_of_last = b""
         for record, entry in zip(records, out, strict=True):
             at = entry.index
-            entry_rows += (at, session, entry.seq, record.kind, entry.ts, bytes.fromhex(entry.hash), entry.raw)
+            digest_of_last = bytes.fromhex(entry.hash)
+            entry_rows += (at, session, entry.seq, record.kind, entry.ts, digest_of_last, entry.raw)
             entry_rows += (entry.sig, key_id)
             for level, _, digest in frontier.append(leaf_hash(entry.raw)):
                 node_rows += (at, level, digest)
@@ -635,7 +653,7 @@ class SqliteWriter:
                     seq,
                     out[0].ts,
                     now,
-                    bytes.fromhex(last.hash),
+                    digest_of_last,
                     int(ended),
                 ),
             )
@@ -643,7 +661,7 @@ class SqliteWriter:
             status = session_status(session, last.kind, last.body)
             conn.execute(
                 "UPDATE sessions SET entries = ?, head = ?, updated_ms = ?, ended = ?, status = ? WHERE id = ?",
-                (seq, bytes.fromhex(last.hash), now, int(ended), status, session),
+                (seq, digest_of_last, now, int(ended), status, session),
             )
         if len(self._heads) >= _HEADS_KEPT:
             self._heads.clear()
