@@ -28,6 +28,7 @@ from truss.ledger.entry import (
     entry_bytes,
     iter_refs,
     pae,
+    refs_in,
     seal,
 )
 from truss.ledger.keys import IdentityKey, TrustedKeys
@@ -200,6 +201,18 @@ def test_a_blob_is_kept_exactly_when_its_ref_is_named_anywhere_in_the_body(body:
             with pytest.raises(StoreError) as info:
                 check_record(record)
             assert info.value.reason == "unreferenced_blob"
+
+
+class _Text(str):
+    pass
+
+
+@given(body=ref_bodies)
+def test_refs_in_names_what_iter_refs_yields_once_each_in_order(body: Any) -> None:
+    expected = list(dict.fromkeys(iter_refs(body)))
+    assert refs_in(body) == expected
+    nested = {"a": [_Text(_REFS[2]), {"b": body}], "c": (_REFS[1],)}  # a str subclass counts, a tuple does not
+    assert refs_in(nested) == list(dict.fromkeys(iter_refs(nested)))
 
 
 def test_a_body_with_nan_is_refused() -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "entry_bytes",
     "iter_refs",
     "pae",
+    "refs_in",
     "seal",
     "session_status",
     "status_after",
@@ -349,7 +350,7 @@ class StoredEntry:
 
     def refs(self) -> list[str]:
         """The ``sha256:`` refs the body names, in order of first appearance, once each."""
-        return list(dict.fromkeys(iter_refs(self.body)))
+        return refs_in(self.body)
 
     def to_json(self) -> dict[str, Any]:
         """The portable form: ``{"entry", "hash", "sig" (base64), "keyid"}``."""
@@ -405,6 +406,35 @@ def iter_refs(value: Any) -> Iterator[str]:
                 yield item
         elif isinstance(item, dict | list | str):
             yield from iter_refs(item)
+
+
+def refs_in(value: Any) -> list[str]:
+    """What ``iter_refs`` yields, once each in order of first appearance: without a generator per
+    object or array, since a verified read walks every entry's body (V11 and its payload fetch)."""
+    found: dict[str, None] = {}
+    _gather_refs(value, found)
+    return list(found)
+
+
+def _gather_refs(value: Any, found: dict[str, None]) -> None:
+    if isinstance(value, str):
+        if len(value) == 71 and REF_RE.fullmatch(value):
+            found[value] = None
+        return
+    items: Iterable[Any]
+    if isinstance(value, dict):
+        items = cast(dict[str, Any], value).values()
+    elif isinstance(value, list):
+        items = cast(list[Any], value)
+    else:
+        return
+    match = REF_RE.fullmatch
+    for item in items:
+        if type(item) is str:  # the common case, without a call per string
+            if len(item) == 71 and match(item):
+                found[item] = None
+        elif isinstance(item, dict | list | str):
+            _gather_refs(item, found)
 
 
 def _collect_refs(value: Any, out: set[str]) -> None:

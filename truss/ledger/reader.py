@@ -38,7 +38,7 @@ from typing import Any
 from truss._errors import InputError, TrussError, VerificationError
 from truss.ledger.audit import SessionInLog, session_in_log, store_key_history
 from truss.ledger.canonical import canonical, sha256_ref
-from truss.ledger.entry import Record, StoredEntry, iter_refs
+from truss.ledger.entry import Record, StoredEntry, refs_in
 from truss.ledger.envelope import open_verdict
 from truss.ledger.keyhistory import KeyHistory
 from truss.ledger.keys import TrustedKeys
@@ -145,6 +145,7 @@ class VerifiedStore:
         # V11 looks payloads up in the page fetched for the entries around it (one query per page,
         # not one per payload); each payload V11 hashed is kept for the replay that follows (R5).
         page: dict[str, bytes] = {}
+        named: dict[int, list[str]] = {}  # the refs of each entry of the page, by the entry's id()
         kept = self._keeping(session)
         handed: list[tuple[str, bytes]] = []  # what V11 looked up for the entry being checked
 
@@ -154,8 +155,12 @@ class VerifiedStore:
                 handed.append((ref, data))
             return data
 
-        verifier = EntryVerifier(trusted, blobs=payload, session=session, origin=self.origin, extra=extra)
-        stream = _prefetched(self.raw, self.raw.read_session(session), page)
+        def refs(item: StoredEntry) -> Iterable[str]:
+            found = named.get(id(item))
+            return found if found is not None else refs_in(item.entry["body"])
+
+        verifier = EntryVerifier(trusted, blobs=payload, session=session, origin=self.origin, extra=extra, refs=refs)
+        stream = _prefetched(self.raw, self.raw.read_session(session), page, named)
         first: StoredEntry | None = None
         last: StoredEntry | None = None
         listed_head: str | None = None  # the hash of the entry the row (read before the entries) ends at
@@ -493,22 +498,33 @@ class _Kept:
         handed.clear()
 
 
-def _prefetched(raw: LedgerStore, entries: Iterator[StoredEntry], page: dict[str, bytes]) -> Iterator[StoredEntry]:
+def _prefetched(
+    raw: LedgerStore, entries: Iterator[StoredEntry], page: dict[str, bytes], named: dict[int, list[str]]
+) -> Iterator[StoredEntry]:
     """``entries`` a page at a time, with ``page`` holding the payloads that page's entries name
-    (fetched in one ``blobs_for``) while its entries are yielded; absent payloads stay absent."""
+    (fetched in one ``blobs_for``) while its entries are yielded; absent payloads stay absent.
+    ``named`` holds each entry's refs (by ``id()``, the entries held in the page meanwhile), so
+    V11 does not walk the body a second time."""
     batch: list[StoredEntry] = []
     for item in entries:
         batch.append(item)
         if len(batch) == _PROOF_BATCH:
-            _fetch(raw, batch, page)
+            _fetch(raw, batch, page, named)
             yield from batch
             batch = []
-    _fetch(raw, batch, page)
+    _fetch(raw, batch, page, named)
     yield from batch
 
 
-def _fetch(raw: LedgerStore, batch: list[StoredEntry], page: dict[str, bytes]) -> None:
+def _fetch(raw: LedgerStore, batch: list[StoredEntry], page: dict[str, bytes], named: dict[int, list[str]]) -> None:
     page.clear()
-    refs = [ref for item in batch if type(item.entry.get("body")) is dict for ref in iter_refs(item.entry["body"])]
+    named.clear()
+    refs: list[str] = []
+    for item in batch:
+        body = item.entry.get("body")
+        if type(body) is dict:
+            own = refs_in(body)
+            named[id(item)] = own
+            refs.extend(own)
     if refs:
         page.update(raw.blobs_for(refs))

@@ -60,6 +60,7 @@ from truss.ledger.entry import (
     entry_bytes,
     entry_signing_payload,
     iter_refs,
+    refs_in,
     session_status,
 )
 from truss.ledger.keys import TrustedKeys
@@ -113,6 +114,8 @@ Finding = tuple[str, str]
 """``(reason code, message)`` for a failed check."""
 
 BlobLookup = Callable[[str], bytes | None]
+RefsOf = Callable[[StoredEntry], Iterable[str]]
+"""The refs an entry's body names, once each in order of first appearance (what V11 looks up)."""
 EntryCheck = Callable[[StoredEntry], Finding | None]
 """A caller's extra per-entry check (V12): ``None`` when the entry passes."""
 
@@ -234,7 +237,9 @@ class EntryVerifier:
 
     ``check(item)`` returns ``None`` when the entry passes (and records it), else the finding of
     the first failing step; after a finding the verifier is not used again. ``lookahead`` is the
-    rest of the stream, read only to tell a reorder from a gap (V6).
+    rest of the stream, read only to tell a reorder from a gap (V6). ``refs`` gives the refs V11
+    looks up for an entry whose body V1 found an object (default: walked from the body here); a
+    reader that already walked each body to fetch its payloads hands the same lists over.
     """
 
     def __init__(
@@ -246,9 +251,11 @@ class EntryVerifier:
         origin: str | None = None,
         full_log: bool = False,
         extra: Sequence[EntryCheck] = (),
+        refs: RefsOf | None = None,
     ) -> None:
         self._trusted = trusted
         self._blobs = blobs
+        self._refs = refs or _refs_of
         self._session = session
         self._origin = origin
         self._full_log = full_log
@@ -313,7 +320,7 @@ class EntryVerifier:
             raise _Failed("index_order", f"{_where(entry)}: log index {index} is not after {last_index}")
         _signed(item, self._trusted)  # V10
         if self._blobs is not None:  # V11
-            for ref in dict.fromkeys(iter_refs(entry["body"])):
+            for ref in self._refs(item):
                 data = self._blobs(ref)
                 if data is None:
                     self.blobs_absent += 1
@@ -330,6 +337,10 @@ class EntryVerifier:
         self.last_index = index
         self.last_hash = item.hash
         self.count += 1
+
+
+def _refs_of(item: StoredEntry) -> Iterable[str]:
+    return refs_in(item.entry["body"])
 
 
 def chain_link(before: StoredEntry | None, item: StoredEntry) -> Finding | None:
