@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -226,7 +226,12 @@ def charge_turn(state: BudgetState, contract: Contract, now_ms: int) -> Charged 
     max_tokens = contract.budget.max_tokens
     if max_tokens is not None and state.tokens >= max_tokens:
         return Exceeded("max_tokens", f"the run has used {state.tokens} tokens of max_tokens {max_tokens}")
-    return Charged(replace(state, model_turns=state.model_turns + 1))
+    # The constructor, not ``dataclasses.replace`` (as in ``charge_call``): this runs for every turn.
+    return Charged(
+        BudgetState(
+            state.tool_calls, state.model_turns + 1, state.tokens, state.per_server, state.per_tool, state.started_ms
+        )
+    )
 
 
 def add_usage(state: BudgetState, contract: Contract, input_tokens: int, output_tokens: int) -> Charged | Exceeded:
@@ -237,7 +242,9 @@ def add_usage(state: BudgetState, contract: Contract, input_tokens: int, output_
     from a provider count as 0.
     """
     spent = _count(input_tokens) + _count(output_tokens)
-    new = replace(state, tokens=state.tokens + spent)
+    new = BudgetState(
+        state.tool_calls, state.model_turns, state.tokens + spent, state.per_server, state.per_tool, state.started_ms
+    )
     max_tokens = contract.budget.max_tokens
     if max_tokens is not None and new.tokens > max_tokens:
         return Exceeded("max_tokens", f"the run has used {new.tokens} tokens of max_tokens {max_tokens}", new)
