@@ -80,6 +80,7 @@ __all__ = ["CALLING", "ELICITING", "Live", "Reach", "quiet_sdk_logs", "run_serve
 
 _LISTEN_ACK_S = 5.0
 _LIMIT_WAIT_S = 2.0  # for a server that died of a limit, until its exit status is known
+_NO_LIMITS: frozenset[tuple[str, str]] = frozenset()
 
 # (server, tool) of the call in progress in this task: a re-list inside it must not re-send to a changed tool.
 CALLING: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("truss_mcp_calling", default=None)
@@ -238,7 +239,7 @@ class Live:
         """The baseline a call's new limit hits are measured against."""
         if self.limits_seen is None and self.confinement is not None:
             self.limits_seen = self.limits_reached()
-        return self.limits_seen or frozenset()
+        return self.limits_seen or _NO_LIMITS
 
     def limits_reached(self) -> frozenset[tuple[str, str]]:
         """(limit, evidence) of every kernel limit the server's sandbox has reached so far."""
@@ -246,8 +247,10 @@ class Live:
         if confinement is None:
             return frozenset()
         with contextlib.suppress(OSError):
-            return frozenset((hit.limit, hit.evidence) for hit in confinement.limit_hits())
-        return frozenset()
+            hits = confinement.limit_hits()
+            if hits:  # the usual answer, none, is not built anew after every call
+                return frozenset((hit.limit, hit.evidence) for hit in hits)
+        return _NO_LIMITS
 
     async def limit_error(self, tool: str, before: frozenset[tuple[str, str]], *, ended: bool) -> ToolCallError | None:
         """The ``sandbox_limit`` failure of a call during which the sandbox reached a limit, else None.

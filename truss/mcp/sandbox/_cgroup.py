@@ -51,7 +51,7 @@ class Cgroups:
     )  # controller -> (version, dir)
     # The counter files, opened once and re-read with pread: a call's limit check reads them after
     # every call, and an open, read and close through pathlib cost ~13 us each against ~1 us.
-    _counters: dict[Path, int] = field(default_factory=dict[Path, int], repr=False, compare=False)
+    _counters: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int], repr=False, compare=False)
 
     @property
     def summary(self) -> dict[str, str]:
@@ -62,41 +62,45 @@ class Cgroups:
         return sorted({str(d / "cgroup.procs") for _, d in self.dirs.values()})
 
     def hits(self) -> list[LimitHit]:
+        # Asked after every call: each counter file is read once (one pread on a descriptor kept
+        # open), by a path string built once, and parsed for every key it holds.
         found: list[LimitHit] = []
         if "pids" in self.dirs:
-            _, d = self.dirs["pids"]
-            count = self._counter(d / "pids.events", "max")
+            count = self._fields("pids", "pids.events").get("max", 0)
             if count:
                 found.append(LimitHit("processes", f"pids.events max {count}"))
         if "memory" in self.dirs:
-            version, d = self.dirs["memory"]
-            if version == "v2":
-                count = self._counter(d / "memory.events", "oom_kill") or self._counter(d / "memory.events", "oom")
+            if self.dirs["memory"][0] == "v2":
+                events = self._fields("memory", "memory.events")
+                count = events.get("oom_kill", 0) or events.get("oom", 0)
                 if count:
                     found.append(LimitHit("memory", f"memory.events oom_kill {count}"))
             else:
-                count = self._counter(d / "memory.oom_control", "oom_kill")
-                fails = _int(self._read(d / "memory.failcnt"))
+                count = self._fields("memory", "memory.oom_control").get("oom_kill", 0)
+                fails = _int(self._read("memory", "memory.failcnt"))
                 if count or fails:
                     found.append(LimitHit("memory", f"memory.oom_control oom_kill {count}, memory.failcnt {fails}"))
         return found
 
-    def _read(self, path: Path) -> str:
+    def _read(self, controller: str, name: str) -> str:
         """The text of a kernel counter file ('' when it cannot be read), its descriptor kept open."""
+        key = (controller, name)
         try:
-            fd = self._counters.get(path)
+            fd = self._counters.get(key)
             if fd is None:
-                fd = self._counters[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                path = self.dirs[controller][1] / name
+                fd = self._counters[key] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             return os.pread(fd, _COUNTER_LIMIT, 0).decode("ascii", "replace")
         except OSError:
             return ""
 
-    def _counter(self, path: Path, key: str) -> int:
-        for line in self._read(path).splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
-                return _int(value)
-        return 0
+    def _fields(self, controller: str, name: str) -> dict[str, int]:
+        """The ``key value`` lines of a counter file, read once."""
+        fields: dict[str, int] = {}
+        for line in self._read(controller, name).splitlines():
+            key, _, value = line.partition(" ")
+            fields[key] = _int(value)
+        return fields
 
     def close(self) -> None:
         """Close the counter files (``hits`` reopens them if it is asked again)."""

@@ -95,7 +95,7 @@ class Spawn:
             return dict(self.final[0])
         if self.runtime_dir is None:
             return out
-        path = self.runtime_dir / "status.json"
+        path = os.path.join(self.runtime_dir, "status.json")  # a str: a Path's join and fspath cost more than the stat
         try:
             # Asked after every call (is this a limit's signal?): bwrap only ever appends to the
             # file, so an unchanged size and time mean an unchanged answer, without a read and parse.
