@@ -13,7 +13,14 @@ replay every recorded turn and result and run the approved call live. Measured i
 3. the resume of the whole session vs the original run (target <= 0.1), in wall time and in the
    CPU time of this process (steadier than wall time on a loaded machine);
 4. the fsync state the run was measured in (``bench/_disk.py``: a bare fsync and a bare
-   synchronous SQLite commit next to the ledger, medians, before and after).
+   synchronous SQLite commit next to the ledger, medians, before and after);
+5. this machine's own speed in each block: a fixed reference workload (Python, JSON, SHA-256,
+   an in-memory SQLite insert; about 5 ms of CPU) run after every 50th call, between two calls'
+   timestamps, so outside the per-call costs; a block's speed is the median of its samples. On a
+   shared VM the CPU time of the same work moves by up to two times in stretches of seconds; the
+   reference shows such a stretch, and 1. divided by the reference's ratio is a rough correction
+   for it (a sample every 50 calls follows the machine only roughly: read the target from 1.,
+   over several runs).
 
 Usage: ``python bench/long_run.py [--calls N] [--block N] [--db-dir DIR]``; needs ``make peers``.
 Record results in docs/benchmarks.md.
@@ -23,8 +30,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
+import json
 import os
 import resource
+import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -51,6 +62,7 @@ from truss.session import approve_call, pending_approvals, resume_session, run_c
 CLOCK = SystemClock()
 TIME_SERVER = REPO / ".peers" / "py" / "bin" / "mcp-server-time"
 PAGE = os.sysconf("SC_PAGE_SIZE")
+_SAMPLE_EVERY = 50  # calls between two samples of the machine's speed
 
 
 def rss_mb() -> float:
@@ -84,6 +96,22 @@ def contract(calls: int) -> Contract:
     )
 
 
+def reference_ms() -> float:
+    """CPU time of a fixed workload shaped like a call's."""
+    doc = {"content": [{"type": "text", "text": "2026-12-02T00:00:00+00:00"}], "n": list(range(40))}
+    start = time.process_time()
+    if True:
+        db = sqlite3.connect(":memory:")
+        db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB)")
+        for i in range(400):
+            raw = json.dumps(doc, sort_keys=True).encode()
+            json.loads(raw)
+            db.execute("INSERT INTO t VALUES (?, ?)", (i, hashlib.sha256(raw).digest()))
+        db.commit()
+        db.close()
+    return (time.process_time() - start) * 1000.0
+
+
 class Probe:
     """Times and memory at each block boundary, from the run's own call events."""
 
@@ -91,14 +119,30 @@ class Probe:
         self.block = block
         self.times: list[float] = []
         self.cpu: list[float] = []
+        self.samples: list[tuple[int, float]] = []  # (calls so far, the reference's CPU ms): item 5
+        self.skew_wall = self.skew_cpu = 0.0
         self.rss_after_first: float | None = None
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, CallEnded) and not event.replayed and event.outcome == "ok":
-            self.times.append(time.perf_counter())
-            self.cpu.append(time.process_time())
+            # Timestamps less the reference workload's time so far: it never counts as a call's.
+            self.times.append(time.perf_counter() - self.skew_wall)
+            self.cpu.append(time.process_time() - self.skew_cpu)
             if len(self.times) == self.block:
                 self.rss_after_first = rss_mb()
+            if len(self.times) % _SAMPLE_EVERY == 0:
+                wall, cpu = time.perf_counter(), time.process_time()
+                self.samples.append((len(self.times), reference_ms()))
+                self.skew_wall += time.perf_counter() - wall
+                self.skew_cpu += time.process_time() - cpu
+
+    def reference_per_block(self) -> list[float]:
+        """The median of each block's reference samples (ms of CPU)."""
+        out: list[float] = []
+        for start in range(0, len(self.times) - self.block + 1, self.block):
+            inside = [ms for at, ms in self.samples if start < at <= start + self.block]
+            out.append(statistics.median(inside))
+        return out
 
     def per_call_ms(self, cpu: bool = False) -> list[float]:
         out: list[float] = []
@@ -141,6 +185,11 @@ async def main(calls: int, block: int, db_dir: str | None) -> None:
     print("   CPU of this process per call, each block: " + ", ".join(f"{ms:.2f}" for ms in cpu) + " ms")
     print(f"1. last block / first block                          {blocks[-1] / blocks[0]:8.3f}x  (target <= 1.1)")
     print(f"   the same in CPU time of this process              {cpu[-1] / cpu[0]:8.3f}x")
+    ref = probe.reference_per_block()
+    print("   the machine's reference workload, each block: " + ", ".join(f"{ms:.2f}" for ms in ref) + " ms CPU")
+    print(f"   reference last / first                            {ref[-1] / ref[0]:8.3f}x")
+    print(f"   last / first block, for the machine's speed       {blocks[-1] / blocks[0] / (ref[-1] / ref[0]):8.3f}x"
+          f" (CPU {cpu[-1] / cpu[0] / (ref[-1] / ref[0]):.3f}x)")  # fmt: skip
     assert probe.rss_after_first is not None
     print(f"2. RSS after {block} calls {probe.rss_after_first:7.1f} MB, at the end {rss_end:7.1f} MB "
           f"(peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1000:.1f} MB)")  # fmt: skip
