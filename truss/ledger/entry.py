@@ -211,9 +211,9 @@ def encode_record(record: Record) -> bytes:
             remedy="entry bodies hold JSON values only (no NaN, no integers of magnitude 2**53 or more)",
             reason="bad_body",
         ) from exc
-    named = set[str]()
+    named: dict[str, None] = {}
     if record.blobs:  # the refs the body names, collected in one walk (no generator per level)
-        _collect_refs(record.body, named)
+        _gather_refs(record.body, named)
     for ref, data in record.blobs.items():
         if ref not in named:
             raise StoreError(
@@ -435,23 +435,3 @@ def _gather_refs(value: Any, found: dict[str, None]) -> None:
                 found[item] = None
         elif isinstance(item, dict | list | str):
             _gather_refs(item, found)
-
-
-def _collect_refs(value: Any, out: set[str]) -> None:
-    """Add to ``out`` every ``sha256:`` ref in ``value`` (what ``iter_refs`` yields, as a set)."""
-    items: Iterable[Any]
-    if type(value) is dict:
-        items = cast(dict[str, Any], value).values()
-    elif type(value) is list:
-        items = cast(list[Any], value)
-    else:
-        out.update(iter_refs(value))
-        return
-    for item in items:
-        if type(item) is str:
-            if len(item) == 71 and REF_RE.fullmatch(item):
-                out.add(item)
-        elif isinstance(item, dict | list):
-            _collect_refs(item, out)
-        elif isinstance(item, str):  # a str subclass
-            out.update(iter_refs(item))
