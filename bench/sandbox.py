@@ -1,7 +1,7 @@
 """What confining a stdio server costs, each against the unconfined baseline measured in the same run.
 
-Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]`` (needs
-``make peers`` and a bwrap that can run here).
+Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M] [--only PART ...]``
+(needs ``make peers`` and a bwrap that can run here; ``--only https`` runs the HTTPS lines alone).
 
 - start-up: spawn to tools listed of mcp-server-time through ``confined`` (network ``none``, all
   four limits) against the same command unconfined, rounds interleaved; the ratio is of the
@@ -276,6 +276,9 @@ async def bench_connect(rounds: int, calls: int) -> tuple[tuple[float, float], t
     return (med(starts[False]), med(starts[True])), (med(timed[False]), med(timed[True]))
 
 
+PARTS = ("start", "call", "https", "truss")
+
+
 def line(name: str, base: float, measured: float, target: float) -> str:
     ratio = measured / base
     verdict = "ok" if ratio <= target else "OVER TARGET"
@@ -288,15 +291,22 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument(
+        "--only", action="append", choices=PARTS, help="run only these parts (repeatable; default: all)"
+    )
     options = parser.parse_args()
+    parts = set(options.only or PARTS)
     bwrap = await find_bwrap()
     sizes = f"rounds {options.rounds}, calls {options.calls}, requests {options.requests}"
     print(f"bwrap {bwrap.version} ({bwrap.source}); {sizes}")
-    print(line("start-up", *await bench_start(options.rounds), 1.15))
-    plain, boxed = await bench_true(options.rounds * 2)
-    print(f"{'':<11} the sandbox alone (/bin/true): plain {plain * 1000:.1f} ms, confined {boxed * 1000:.1f} ms")
-    print(line("call", *await bench_call(options.calls), 1.05))
-    for name, count, body in (("https", options.requests, 26), ("https 1M", max(10, options.requests // 4), 1 << 20)):
+    if "start" in parts:
+        print(line("start-up", *await bench_start(options.rounds), 1.15))
+        plain, boxed = await bench_true(options.rounds * 2)
+        print(f"{'':<11} the sandbox alone (/bin/true): plain {plain * 1000:.1f} ms, confined {boxed * 1000:.1f} ms")
+    if "call" in parts:
+        print(line("call", *await bench_call(options.calls), 1.05))
+    https = (("https", options.requests, 26), ("https 1M", max(10, options.requests // 4), 1 << 20))
+    for name, count, body in https if "https" in parts else ():
         direct, proxied, cpu, hosted = await bench_https(count, body)
         print(line(name, direct, proxied, 1.2))
         print(
@@ -304,9 +314,10 @@ async def main() -> None:
             f"{hosted / direct:.2f}x direct; through the proxy vs it: {proxied / hosted:.2f}x"
         )
         print(f"{'':<11} the egress proxy's CPU time per request: {cpu * 1e6:8.0f} us (user + system, Truss's process)")
-    start, call = await bench_connect(options.rounds, options.calls)
-    print(line("truss start", *start, 1.15))
-    print(line("truss call", *call, 1.05))
+    if "truss" in parts:
+        start, call = await bench_connect(options.rounds, options.calls)
+        print(line("truss start", *start, 1.15))
+        print(line("truss call", *call, 1.05))
 
 
 if __name__ == "__main__":
