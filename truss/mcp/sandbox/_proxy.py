@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import inspect
 import ipaddress
-import queue
 import select
 import socket
 import threading
@@ -126,13 +126,17 @@ class _Count:
 class EgressProxy:
     """Serves one sandbox's listening socket until cancelled; ``flush`` reports the summaries.
 
-    The event loop only reports. Pooled worker threads do the rest with plain sockets: one of
-    them at a time waits in ``accept``; on a connection it passes that role on and handles the
-    connection itself (read the head, decide, resolve, connect, answer), then copies an allowed
-    one both ways in the same thread with ``poll``. A message crossing the proxy costs one thread
-    wakeup and two system calls (three with the ``poll``), not an event-loop turn with its
-    callbacks, futures and transports, nor a handoff between threads: the proxy's cost is per
-    round trip, so this is the path to keep short. Events go back to the loop once per connection.
+    The event loop only reports. Worker threads do the rest with plain sockets: every idle
+    worker waits in ``accept`` on the listener (the kernel wakes one per connection), handles the
+    connection it got (read the head, decide, resolve, connect, answer), copies an allowed one
+    both ways in the same thread with ``poll``, and goes back to ``accept``. No thread hands a
+    connection or a role to another; a worker starts a new one only when it leaves none idle. A
+    message crossing the proxy costs one thread wakeup and two system calls (three with the
+    ``poll``), not an event-loop turn with its callbacks, futures and transports, nor a handoff
+    between threads: the proxy's cost is per round trip, so this is the path to keep short. Every
+    socket stays in blocking mode and each call that must not block says so (``MSG_DONTWAIT``),
+    waiting with ``poll`` and a deadline when it would: no ``fcntl`` flips per connection. Events
+    go back to the loop once per connection.
     """
 
     def __init__(
@@ -161,12 +165,14 @@ class EgressProxy:
         self._done: collections.deque[EgressEvent] = collections.deque()  # reported by workers, for the loop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
-        # Every pending connection and every tunnel holds one worker, the accept role one more;
-        # the slack covers workers that have reported a connection but not yet returned.
-        self._pool = _Pool(max_tunnels + _MAX_PENDING + 1 + _POOL_SLACK)
+        # Every pending connection and every tunnel holds one worker, and one more waits in accept;
+        # the slack covers workers that have reported a connection but not yet returned to accept.
+        self._max_workers = max_tunnels + _MAX_PENDING + 1 + _POOL_SLACK
+        self._workers = 0  # threads started and not yet ended
+        self._idle = 0  # workers in accept, or committed to calling it (the listener must outlive them)
+        self._off_listener = threading.Condition(self._lock)  # notified when _idle drops to 0 while stopping
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
-        self._accepting = threading.Event()  # set when the accept role has left the listener for good
         self._stopping = False
         self._rules_seen: dict[tuple[str, int], HostRule | None] = {}
 
@@ -175,52 +181,85 @@ class EgressProxy:
         raw: socket.socket = listener.extra(anyio.abc.SocketAttribute.raw_socket)  # noqa: S610 - anyio, not Django
         loop = asyncio.get_running_loop()
         self._loop, self._loop_thread = loop, threading.get_ident()
-        raw.setblocking(True)  # the worker holding the accept role waits in accept(2) itself
+        raw.setblocking(True)  # idle workers wait in accept(2) themselves
         self._listener = raw
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(self._deliver)
-            if not self._pool.run(self._accept, raw):
+            # Two from the start: a worker busy with one connection leaves the other in accept, and
+            # then comes back to accept itself, so one connection after another starts no thread.
+            with self._lock:
+                started = self._spawn(raw)
+                self._spawn(raw)
+            if not started:
                 raise RuntimeError("the egress proxy could not start a worker thread")
             try:
                 await anyio.sleep_forever()
             finally:
                 self._stop()
 
-    def _accept(self, raw: socket.socket) -> None:
-        """The accept role (one worker at a time): accept, pass the role on, handle the connection here.
+    def _spawn(self, raw: socket.socket) -> bool:
+        """Start a worker that will wait in accept (under ``_lock``); False at the bound or when stopping."""
+        if self._stopping or self._workers >= self._max_workers:
+            return False
+        self._workers += 1
+        self._idle += 1
+        try:
+            threading.Thread(target=self._work, args=(raw,), name="truss-egress", daemon=True).start()
+        except RuntimeError:  # the system cannot start another thread now: as if at the bound
+            self._workers -= 1
+            self._idle -= 1
+            return False
+        return True
 
-        The accepting worker hands the role to an idle (or new) worker and goes on with the
-        connection itself: the head is read by the thread that accepted it, with no event-loop
-        turn and no thread wakeup between the client's connect and the proxy's first ``recv``.
+    def _work(self, raw: socket.socket) -> None:
+        """A worker (counted in ``_idle`` when it starts): accept, handle that connection here, again.
+
+        The head is read by the thread the kernel woke for the connection, with no event-loop
+        turn and no other thread's wakeup between the client's connect and the proxy's first
+        ``recv``. A worker that takes a connection and leaves no other one in accept starts one
+        first; at the bound it refuses the connection as busy and stays in accept itself.
         """
-        while True:
-            try:
-                client, _ = raw.accept()
-            except OSError:
-                if self._stopping:
-                    self._accepting.set()  # off the listener: it may be closed now
-                    return
-                self._stopped.wait(_ACCEPT_RETRY_S)  # ECONNABORTED, or out of descriptors: try again soon
-                continue
-            conn = self._admit(client)
-            if conn is None:
-                continue  # refused as busy: this worker keeps the role
-            if not self._pool.run(self._accept, raw):
-                # No worker to pass the role to (a worker that just reported has not yet returned
-                # to the pool, or the proxy is stopping): refuse this one and keep accepting.
-                self._refuse_busy(conn)
-                continue
-            self._handle(conn)
-            return
+        idle = True  # counted in _idle: may call accept, so the listener must stay open
+        try:
+            while True:
+                try:
+                    client, _ = raw.accept()
+                except OSError:
+                    if self._stopping:
+                        return
+                    self._stopped.wait(_ACCEPT_RETRY_S)  # ECONNABORTED, or out of descriptors: try again soon
+                    continue
+                conn = self._admit(client, raw)
+                if conn is None:
+                    continue  # refused as busy: still counted idle, back to accept
+                idle = False
+                with contextlib.suppress(Exception):  # a worker must survive any one connection
+                    self._handle(conn)
+                with self._lock:
+                    if self._stopping:
+                        return
+                    self._idle += 1
+                    idle = True
+        finally:
+            with self._lock:
+                self._workers -= 1
+                if idle:
+                    self._idle -= 1
+                    if self._idle == 0:
+                        self._off_listener.notify_all()
 
-    def _admit(self, client: socket.socket) -> _Conn | None:
+    def _admit(self, client: socket.socket, raw: socket.socket) -> _Conn | None:
+        """A connection this worker (idle until now) takes, or None when refused as busy."""
         if client.family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):  # already reset: the head read will say so
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
         conn = _Conn(client, self.clock)
         with self._lock:
-            admitted = self._pending < _MAX_PENDING and not self._stopping
+            # With no other worker left in accept, start one before taking this connection: a
+            # worker must stay there to answer the next one (if only with 503).
+            admitted = self._pending < _MAX_PENDING and not self._stopping and (self._idle > 1 or self._spawn(raw))
             if admitted:
+                self._idle -= 1
                 self._pending += 1
                 self._live.add(conn)
         if admitted:
@@ -253,9 +292,9 @@ class EgressProxy:
         listener = self._listener
         if listener is not None:
             with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # accept(2) returns (EINVAL) in the worker holding the role
-            self._accepting.wait(_CLOSE_TIMEOUT_S)  # before the listener is closed: never a reused descriptor
-        self._pool.stop()
+                listener.shutdown(socket.SHUT_RDWR)  # accept(2) returns (EINVAL) in every idle worker
+            with self._lock:  # before the listener is closed: never a reused descriptor
+                self._off_listener.wait_for(lambda: self._idle == 0, _CLOSE_TIMEOUT_S)
         self._drain()
 
     async def _deliver(self) -> None:
@@ -355,20 +394,19 @@ class EgressProxy:
             conn.close()
 
     def _handle_open(self, conn: _Conn) -> None:
-        client = conn.client
+        client, clock = conn.client, self.clock
         try:
-            head, rest = _read_head(client, self.clock.monotonic() + _HEAD_TIMEOUT_S, self.clock)
+            head, rest = _read_head(client, clock.monotonic() + _HEAD_TIMEOUT_S, clock)
             conn.method, conn.host, conn.port, forward = _parse(head)
         except (_BadRequest, OSError) as exc:
             with contextlib.suppress(OSError):
-                client.settimeout(_HEAD_TIMEOUT_S)
-                client.sendall(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+                _send_all(client, _BAD_REQUEST, clock.monotonic() + _HEAD_TIMEOUT_S, clock)
             self._finish(conn, "refused", "bad_request" if isinstance(exc, _BadRequest) else "incomplete_request")
             return
         host, port = conn.host, conn.port
         rule = self._rule(host, port)
         if rule is None:
-            _answer(client, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
+            _answer(client, clock, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
             self._finish(conn, "refused", "not_allowed")
             return
         with self._lock:
@@ -378,37 +416,35 @@ class EgressProxy:
                 self._pending -= 1
                 conn.tunnel = True
         if not opened:
-            _answer(client, 503, _BUSY)
+            _answer(client, clock, 503, _BUSY)
             self._finish(conn, "refused", "busy")
             return
         try:
             address = _resolve(host, port, literal=rule.is_literal)
         except _Internal:
-            _answer(client, 403, f"{host} resolves to an internal address")
+            _answer(client, clock, 403, f"{host} resolves to an internal address")
             self._finish(conn, "refused", "resolves_to_internal")
             return
         except OSError:
-            _answer(client, 502, f"cannot resolve {host}")
+            _answer(client, clock, 502, f"cannot resolve {host}")
             self._finish(conn, "failed", "resolve_failed")
             return
         try:
-            upstream = conn.upstream = _connect(address, port)
+            upstream = conn.upstream = _connect(address, port, clock.monotonic() + _CONNECT_TIMEOUT_S, clock)
         except OSError:
-            _answer(client, 502, f"cannot connect to {host}:{port}")
+            _answer(client, clock, 502, f"cannot connect to {host}:{port}")
             self._finish(conn, "failed", "connect_failed")
             return
         try:
-            client.settimeout(_HEAD_TIMEOUT_S)
+            deadline = clock.monotonic() + _HEAD_TIMEOUT_S
             if conn.method == "CONNECT":
-                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                _send_all(client, _ESTABLISHED, deadline, clock)
             else:
-                upstream.sendall(forward)
+                _send_all(upstream, forward, deadline, clock)
                 conn.counts[0] += len(forward)
             if rest:
-                upstream.sendall(rest)
+                _send_all(upstream, rest, deadline, clock)
                 conn.counts[0] += len(rest)
-            client.settimeout(None)
-            upstream.settimeout(None)
         except OSError:
             self._finish(conn, "allowed", "closed_early")
             return
@@ -417,6 +453,9 @@ class EgressProxy:
 
 
 _POOL_SLACK = 8
+_ESTABLISHED = b"HTTP/1.1 200 Connection established\r\n\r\n"
+_BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+_NOWAIT = socket.MSG_DONTWAIT
 _BUSY = "too many connections through this sandbox's proxy"
 _ACCEPT_RETRY_S = 0.05
 _MAX_PENDING = 64  # connections past accept and before their tunnel (a slow head holds one for 10 s)
@@ -463,6 +502,7 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
     ``_CLOSE_TIMEOUT_S`` cuts both off: a peer that reads nothing does not keep the tunnel open.
     One thread per tunnel: a message crossing the proxy wakes one thread, and no two of a
     tunnel's threads ever wait for each other (or for the interpreter lock) on the data path.
+    The sockets stay in blocking mode; every ``recv`` and ``send`` here is ``MSG_DONTWAIT``.
     """
     socks = (client, upstream)
     fds = (client.fileno(), upstream.fileno())
@@ -475,8 +515,6 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
     poller = select.poll()
     masks = [-1, -1]
     try:
-        for sock in socks:
-            sock.setblocking(False)
         while not (done[0] and done[1]):
             want = [0, 0]
             timeout: float | None = None
@@ -513,7 +551,7 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
                 if view is not None:
                     if revents[1 - i] & select.POLLOUT:
                         try:
-                            sent = dst.send(view)
+                            sent = dst.send(view, _NOWAIT)
                         except (BlockingIOError, InterruptedError):
                             sent = 0
                         if sent == len(view):
@@ -524,7 +562,7 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
                     buf = bufs[i]
                     while True:  # a full buffer means more is likely waiting: read on without a poll
                         try:
-                            size = src.recv_into(buf)
+                            size = src.recv_into(buf, 0, _NOWAIT)
                         except (BlockingIOError, InterruptedError):
                             break
                         if not size:
@@ -532,7 +570,7 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
                             break
                         counts[i] += size
                         try:
-                            sent = dst.send(buf[:size])
+                            sent = dst.send(buf[:size], _NOWAIT)
                         except (BlockingIOError, InterruptedError):
                             sent = 0
                         if sent < size:
@@ -548,61 +586,6 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket) -> None:
         conn.cut()  # a connection lost (reset, refused write, or the proxy stopping) ends the tunnel
 
 
-class _Pool:
-    """Worker threads for the proxy, started on demand up to ``limit``, idle ones reused."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.threads = 0
-        self.idle = 0
-        self.stopped = False
-
-    def run(self, job: Callable[..., None], *args: Any) -> bool:
-        """Run ``job(*args)`` in a worker; False when every worker is busy (or the pool stopped)."""
-        with self.lock:
-            if self.stopped:
-                return False
-            if self.idle:
-                self.idle -= 1
-                self.jobs.put((job, args))
-                return True
-            if self.threads >= self.limit:
-                return False
-            self.threads += 1
-        try:
-            threading.Thread(target=self._work, args=((job, args),), name="truss-egress", daemon=True).start()
-        except RuntimeError:  # the system cannot start another thread now: as if every worker were busy
-            with self.lock:
-                self.threads -= 1
-            return False
-        return True
-
-    def _work(self, first: tuple[Callable[..., None], tuple[Any, ...]]) -> None:
-        item: tuple[Callable[..., None], tuple[Any, ...]] | None = first
-        while item is not None:
-            job, args = item
-            with contextlib.suppress(Exception):  # a worker must survive any one connection
-                job(*args)
-            with self.lock:
-                if self.stopped:
-                    self.threads -= 1
-                    return
-                self.idle += 1
-            item = self.jobs.get()
-        with self.lock:
-            self.threads -= 1
-
-    def stop(self) -> None:
-        """Idle workers end now, busy ones when their connection ends."""
-        with self.lock:
-            self.stopped = True
-            idle, self.idle = self.idle, 0
-        for _ in range(idle):
-            self.jobs.put(None)
-
-
 class _Internal(Exception):
     pass
 
@@ -614,22 +597,45 @@ def _answer_bytes(status: int, text: str) -> bytes:
     return head.encode() + b"Connection: close\r\n\r\n" + body
 
 
-def _answer(client: socket.socket, status: int, text: str) -> None:
+def _answer(client: socket.socket, clock: Clock, status: int, text: str) -> None:
     with contextlib.suppress(OSError):
-        client.settimeout(_HEAD_TIMEOUT_S)
-        client.sendall(_answer_bytes(status, text))
+        _send_all(client, _answer_bytes(status, text), clock.monotonic() + _HEAD_TIMEOUT_S, clock)
+
+
+def _wait(sock: socket.socket, events: int, deadline: float, clock: Clock) -> None:
+    """Until ``sock`` is ready for ``events``; ``TimeoutError`` past ``deadline``."""
+    left = deadline - clock.monotonic()
+    poller = select.poll()
+    poller.register(sock.fileno(), events)
+    if left <= 0 or not poller.poll(int(left * 1000) + 1):
+        raise TimeoutError("the peer did not get ready in time")
+
+
+def _send_all(sock: socket.socket, data: bytes, deadline: float, clock: Clock) -> None:
+    """Send all of ``data`` by ``deadline``: usually one ``send``, with a ``poll`` only when the peer lags."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view, _NOWAIT) :]
+        except (BlockingIOError, InterruptedError):
+            _wait(sock, select.POLLOUT, deadline, clock)
 
 
 def _read_head(client: socket.socket, deadline: float, clock: Clock) -> tuple[bytes, bytes]:
+    """The request head and what followed it. Read first, ``poll`` only when nothing has come yet:
+    the head usually arrives with (or right after) the connection, in one segment."""
     buf = b""
     while b"\r\n\r\n" not in buf:
         if len(buf) > _HEAD_LIMIT:
             raise _BadRequest("request head too large")
-        left = deadline - clock.monotonic()
-        if left <= 0:
-            raise TimeoutError("the request head did not arrive in time")
-        client.settimeout(left)
-        chunk = client.recv(_HEAD_LIMIT)
+        try:
+            chunk = client.recv(_HEAD_LIMIT, _NOWAIT)
+        except (BlockingIOError, InterruptedError):
+            try:
+                _wait(client, select.POLLIN, deadline, clock)
+            except TimeoutError:
+                raise TimeoutError("the request head did not arrive in time") from None
+            continue
         if not chunk:
             raise ConnectionResetError("the client closed before the end of its request head")
         buf += chunk
@@ -637,14 +643,22 @@ def _read_head(client: socket.socket, deadline: float, clock: Clock) -> tuple[by
     return head, rest
 
 
-def _connect(address: str, port: int) -> socket.socket:
-    """A TCP connection to ``address`` (an IP address), with Nagle off like the client's."""
+def _connect(address: str, port: int, deadline: float, clock: Clock) -> socket.socket:
+    """A TCP connection to ``address`` (an IP address) by ``deadline``, with Nagle off like the client's.
+
+    Made non-blocking and left so (one mode, set once): every call on it is ``MSG_DONTWAIT`` in
+    any case, like those on the client's socket, which stays in blocking mode.
+    """
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(_CONNECT_TIMEOUT_S)
-        sock.connect((address, port))
+        code = sock.connect_ex((address, port))
+        if code == errno.EINPROGRESS:
+            _wait(sock, select.POLLOUT, deadline, clock)
+            code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if code:
+            raise OSError(code, f"connect to {address}:{port} failed")
     except BaseException:
         sock.close()
         raise
