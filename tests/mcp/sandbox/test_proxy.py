@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -295,3 +296,58 @@ async def test_stopping_the_proxy_ends_an_open_tunnel_reports_its_bytes_and_leav
     [event] = events
     assert isinstance(event, EgressEvent)
     assert (event.decision, event.bytes_up, event.bytes_down) == ("allowed", 5, 5)
+
+
+async def open_tunnels(p: Path, port: int, count: int, stack: contextlib.AsyncExitStack) -> None:
+    """``count`` tunnels to the answering listener, each past its answer and held open in ``stack``."""
+    with anyio.fail_after(30):
+        for _ in range(count):
+            stream = await stack.enter_async_context(await anyio.connect_unix(p))
+            await stream.send(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nping\n".encode())
+            answer = b""
+            while not answer.endswith(b"pong\n"):
+                answer += await stream.receive()
+
+
+async def test_tunnels_that_end_together_wake_the_event_loop_once_per_batch_and_each_is_reported_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[SandboxEvent] = []
+    loop, loop_thread = asyncio.get_running_loop(), threading.get_ident()
+    wakeups: list[object] = []
+    call_soon_threadsafe = loop.call_soon_threadsafe
+
+    def counted(callback: Callable[..., object], *args: object) -> asyncio.Handle:
+        if threading.get_ident() != loop_thread:
+            wakeups.append(callback)
+        return call_soon_threadsafe(callback, *args)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    async with (
+        answering_listener(b"pong\n") as port,
+        running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _),
+        contextlib.AsyncExitStack() as stack,
+    ):
+        await open_tunnels(p, port, 20, stack)
+        before = len(wakeups)
+        await stack.aclose()  # all 20 end within a few ms of each other
+        await settle(events, 20)
+        woken = len(wakeups) - before
+    assert 1 <= woken <= 5  # one per tunnel without the batching
+    assert [(e.decision, e.bytes_up, e.bytes_down) for e in events if isinstance(e, EgressEvent)] == [
+        ("allowed", 5, 5)
+    ] * 20
+
+
+async def test_tunnel_ends_held_for_a_batch_are_all_reported_when_the_proxy_stops_first(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    async with (
+        answering_listener(b"pong\n") as port,
+        running_proxy(tmp_path, [f"127.0.0.1:{port}"], events) as (p, _),
+        contextlib.AsyncExitStack() as stack,
+    ):
+        await open_tunnels(p, port, 20, stack)
+        await stack.aclose()
+        # No wait: the proxy stops while the ends of most tunnels are still held for the batch.
+    assert len(events) == 20
+    assert all(isinstance(e, EgressEvent) and e.decision == "allowed" and e.bytes_up == 5 for e in events)
