@@ -263,7 +263,12 @@ class Live:
         if ended and self.pid is not None:
             await _procs.wait_gone(self.pid, _LIMIT_WAIT_S)
         now = self.limits_reached()
-        self.limits_seen = now | (self.limits_seen or frozenset())
+        seen = self.limits_seen
+        if seen is not None and now <= before:
+            # The usual answer: nothing reached, or only what was reached before the call (which
+            # ``limits_seen`` holds already: it only grows, from the baseline ``before`` was).
+            return None
+        self.limits_seen = now | (seen or frozenset())
         new = sorted(now - before)
         if not new:
             return None

@@ -60,6 +60,7 @@ _MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes
 _STATUS_LIMIT = 64 * 1024
 _EXIT_SIGNALS = {24: "cpu", 25: "file_size"}  # SIGXCPU, SIGXFSZ: the rlimit's own signals
 _MAX_HANDOVER_TRIES = 4
+_NO_STATUS: dict[str, int] = {}  # shared, never changed: what ``_current_status`` answers before bwrap wrote
 _HANDOVER_TIMEOUT_S = 10.0
 
 
@@ -87,26 +88,37 @@ class Spawn:
     final: tuple[dict[str, int], list[LimitHit]] | None = None
     # The last status read, by the file's (size, mtime): ``status`` is asked after every call.
     _status: tuple[tuple[int, int], dict[str, int]] | None = field(default=None, repr=False, compare=False)
+    # The status file, opened once it exists and then only ``fstat``ed (no path walk per call).
+    _status_fd: int | None = field(default=None, repr=False, compare=False)
 
     def status(self) -> dict[str, int]:
         """What bwrap reported so far: ``child-pid`` (the sandbox's init), then ``exit-code``."""
-        out: dict[str, int] = {}
         if self.final is not None:
             return dict(self.final[0])
+        return dict(self._current_status())
+
+    def _current_status(self) -> dict[str, int]:
+        """``status`` without the copy (callers must not change it); read again only when the file changed."""
         if self.runtime_dir is None:
-            return out
-        path = os.path.join(self.runtime_dir, "status.json")  # a str: a Path's join and fspath cost more than the stat
+            return _NO_STATUS
         try:
-            # Asked after every call (is this a limit's signal?): bwrap only ever appends to the
-            # file, so an unchanged size and time mean an unchanged answer, without a read and parse.
-            seen = os.stat(path)
+            fd = self._status_fd
+            if fd is None:
+                # Created by the launcher (O_TRUNC, before bwrap runs), then only appended to by
+                # bwrap: the descriptor opened once sees every later line. The runtime directory
+                # is Truss's (mode 0700) and not visible inside the sandbox.
+                path = os.path.join(self.runtime_dir, "status.json")
+                fd = self._status_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            # Asked after every call (is this a limit's signal?): an unchanged size and time mean
+            # an unchanged answer, without a read and parse.
+            seen = os.fstat(fd)
             stamp = (seen.st_size, seen.st_mtime_ns)
             if self._status is not None and self._status[0] == stamp:
-                return dict(self._status[1])
-            with open(path, "rb") as handle:
-                text = handle.read(_STATUS_LIMIT)
+                return self._status[1]
+            text = os.pread(fd, _STATUS_LIMIT, 0)
         except OSError:
-            return out
+            return _NO_STATUS
+        out: dict[str, int] = {}
         for line in text.decode("utf-8", "replace").splitlines():
             with contextlib.suppress(ValueError):
                 record = json.loads(line)
@@ -114,16 +126,25 @@ class Spawn:
                     for key, value in record.items():  # pyright: ignore[reportUnknownVariableType]
                         if key in ("child-pid", "exit-code") and isinstance(value, int):
                             out[key] = value
-        self._status = (stamp, dict(out))
+        self._status = (stamp, out)
         return out
+
+    def close(self) -> None:
+        """Close the status file (``confined`` does, on exit; ``final`` holds the last status by then)."""
+        fd, self._status_fd = self._status_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def exit_code(self) -> int | None:
         """The supervisor's exit status once the sandbox ended (``128 + n``: the server got signal n)."""
-        return self.status().get("exit-code")
+        if self.final is not None:
+            return self.final[0].get("exit-code")
+        return self._current_status().get("exit-code")
 
     def limit_hits(self) -> list[LimitHit]:
         """The kernel limits the sandbox ran into so far (cgroup counters, a limit's own signal)."""
-        hits = list(self.final[1] if self.final is not None else self.cgroups.hits())
+        hits = list(self.final[1]) if self.final is not None else self.cgroups.hits()
         code = self.exit_code()
         if code is not None and code > 128 and (code - 128) in _EXIT_SIGNALS:
             hits.append(LimitHit(_EXIT_SIGNALS[code - 128], f"the server was ended by signal {code - 128}"))
@@ -276,6 +297,7 @@ async def confined(
         ) from None
     socket_path = runtime / "proxy.sock"
     cgroups = Cgroups()
+    spawn: Spawn | None = None
     try:
         if len(str(socket_path).encode()) > _MAX_SOCKET_PATH:
             raise SandboxError(
@@ -356,6 +378,8 @@ async def confined(
                 if proxy is not None:
                     await proxy.flush()
     finally:
+        if spawn is not None:
+            spawn.close()
         with anyio.CancelScope(shield=True):
             await cgroups.kill_all()
             cgroups.remove()
