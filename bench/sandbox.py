@@ -21,7 +21,9 @@ Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]
 - through Truss: the same start-up and call through the MCP tier's ``connect`` and
   ``SandboxLauncher`` (what ``truss run`` does: the contract's ``[mcp.servers.sandbox]``, the
   description computed before the start and checked after it, the egress reports), against the
-  same contract without the table (targets as above).
+  same contract without the table (targets as above). Under the call line, the CPU time Truss's
+  process spends per call on each side: what only the confined call does there is the limit
+  check after it.
 """
 
 from __future__ import annotations
@@ -247,8 +249,11 @@ async def mounted(confine: bool, logs: Path) -> AsyncGenerator[Mounts]:
         yield mounts
 
 
-async def bench_connect(rounds: int, calls: int) -> tuple[tuple[float, float], tuple[float, float]]:
-    """Start-up (connect to tools mounted) and call medians through ``connect``: (plain, confined) each."""
+async def bench_connect(
+    rounds: int, calls: int
+) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+    """Start-up (connect to tools mounted) and call medians through ``connect``, and the CPU time this
+    process spends per call (user + system, outside the timings): (plain, confined) each."""
     starts: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
@@ -262,6 +267,7 @@ async def bench_connect(rounds: int, calls: int) -> tuple[tuple[float, float], t
                     async with mounted(confine, logs):
                         starts[confine].append(time.perf_counter() - start)
         timed: dict[bool, list[float]] = {False: [], True: []}
+        cpu = {False: 0.0, True: 0.0}
         async with mounted(False, logs) as a, mounted(True, logs) as b:
             pairs = ((False, a), (True, b))
             for _, m in pairs:
@@ -269,11 +275,14 @@ async def bench_connect(rounds: int, calls: int) -> tuple[tuple[float, float], t
                     await m.call(m.tools["mcp:time:get_current_time"], {"timezone": "UTC"}, timeout_s=30)
             for _ in range(calls):
                 for confine, m in pairs:
+                    before = cpu_s()
                     start = time.perf_counter()
                     await m.call(m.tools["mcp:time:get_current_time"], {"timezone": "UTC"}, timeout_s=30)
                     timed[confine].append(time.perf_counter() - start)
+                    cpu[confine] += cpu_s() - before
     med = statistics.median
-    return (med(starts[False]), med(starts[True])), (med(timed[False]), med(timed[True]))
+    per_call = (cpu[False] / calls, cpu[True] / calls)
+    return (med(starts[False]), med(starts[True])), (med(timed[False]), med(timed[True])), per_call
 
 
 PARTS = ("start", "call", "https", "truss")
@@ -315,9 +324,13 @@ async def main() -> None:
         )
         print(f"{'':<11} the egress proxy's CPU time per request: {cpu * 1e6:8.0f} us (user + system, Truss's process)")
     if "truss" in parts:
-        start, call = await bench_connect(options.rounds, options.calls)
+        start, call, (plain_cpu, boxed_cpu) = await bench_connect(options.rounds, options.calls)
         print(line("truss start", *start, 1.15))
         print(line("truss call", *call, 1.05))
+        print(
+            f"{'':<11} Truss's CPU time per call (user + system, this process): unconfined {plain_cpu * 1e6:.0f} us, "
+            f"confined {boxed_cpu * 1e6:.0f} us ({(boxed_cpu - plain_cpu) * 1e6:+.0f} us: the limit check)"
+        )
 
 
 if __name__ == "__main__":
