@@ -329,7 +329,7 @@ async def main() -> None:
         print(line("truss call", *call, 1.05))
         print(
             f"{'':<11} Truss's CPU time per call (user + system, this process): unconfined {plain_cpu * 1e6:.0f} us, "
-            f"confined {boxed_cpu * 1e6:.0f} us ({(boxed_cpu - plain_cpu) * 1e6:+.0f} us: the limit check)"
+            f"confined {boxed_cpu * 1e6:.0f} us (difference {(boxed_cpu - plain_cpu) * 1e6:+.0f} us)"
         )
 
 
