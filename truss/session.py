@@ -255,7 +255,9 @@ async def _resume_read(
     contract = contract or _recorded_contract(session, started)
     journal = _journal(store, session, contract, recorded=entries)
     del entries  # folded into the journal: a long session's entries are not held through the run
-    run = _Run(runtime, contract, journal, stop, connector=connector)
+    # ``_recorded_contract`` checked that the contract hashes to the recorded hash: not hashed again.
+    recorded_hash = str(started.get("contract_hash"))
+    run = _Run(runtime, contract, journal, stop, connector=connector, contract_hash=recorded_hash)
     return await run.drive(principal=started.get("principal"), resumed_from=started, owned=owned)
 
 
@@ -446,8 +448,13 @@ class _Run:
         stop: anyio.Event | None,
         *,
         connector: Connector | None = None,
+        contract_hash: str | None = None,
     ) -> None:
         self.contract = contract
+        # The contract's hash, computed once for the run (it is recorded at the start, in the verdict
+        # and its envelope; a 5,000-step plan takes milliseconds to hash); a resume hands over the
+        # recorded hash its loaded contract was just checked against.
+        self.contract_hash = contract_hash or contract.hash
         self.store = runtime.store
         self.key = runtime.signer
         self.clock = runtime.clock
@@ -494,7 +501,7 @@ class _Run:
         """The run leg as one span of events: ``SessionStarted`` first, ``SessionEnded`` on every way out."""
         name, resumed = self.contract.contract.name, resumed_from is not None
         agent = self.contract.agent
-        self.events.session_started(contract=name, contract_hash=self.contract.hash, resumed=resumed,
+        self.events.session_started(contract=name, contract_hash=self.contract_hash, resumed=resumed,
                                     provider=agent.provider, model=agent.model)  # fmt: skip
         status, reason = "error", None
         try:
@@ -669,7 +676,7 @@ class _Run:
             servers[str(name)] = _server_json(status)
         body: dict[str, Any] = {
             "contract": self.contract.contract.name,
-            "contract_hash": self.contract.hash,
+            "contract_hash": self.contract_hash,
             "effective": self.contract.to_json(),
             "pins": dict(sorted(dict(mounts.pins()).items())),
             "servers": servers,
@@ -721,7 +728,7 @@ class _Run:
             raise exc
         body: dict[str, Any] = {
             "contract": self.contract.contract.name,
-            "contract_hash": self.contract.hash,
+            "contract_hash": self.contract_hash,
             "effective": self.contract.to_json(),
             "pins": {},
             "servers": {},
@@ -762,7 +769,7 @@ class _Run:
     async def _seal(self, verdict: Verdict) -> RunOutcome:
         await self._record_server_events()  # the servers' last reports come as they end
         body = verdict.to_json()
-        body["contract_hash"] = self.contract.hash
+        body["contract_hash"] = self.contract_hash
         recorded = self.journal.verdict
         if recorded is not None:
             # A run killed while sealing (after the verdict, before session_ended): the replayed run
@@ -788,7 +795,7 @@ class _Run:
         predicate = {
             "status": verdict.status,
             "checks": body["checks"],
-            "contract_hash": self.contract.hash,
+            "contract_hash": self.contract_hash,
             "head": ended.hash,
             "checkpoint": checkpoint,
         }
@@ -1131,13 +1138,14 @@ def _recorded_contract(session: str, started: Mapping[str, Any]) -> Contract:
             expected="a loadable contract",
             actual=f"{exc.error_count()} validation error(s)",
         ) from exc
-    if contract.hash != started.get("contract_hash"):
+    found = contract.hash
+    if found != started.get("contract_hash"):
         raise ReplayDivergenceError(
             f"session {session}: the recorded effective contract does not hash to the recorded contract hash",
             remedy="Verify the ledger with 'truss ledger verify'",
             session=session,
             expected=str(started.get("contract_hash")),
-            actual=contract.hash,
+            actual=found,
         )
     return contract
 
