@@ -233,7 +233,9 @@ async def _resume_read(
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
     if info.status in TERMINAL or info.ended:
         return outcome_of(store, session)
-    waiting = pending_approvals(entries)
+    # Both refusals read only a few kinds of entry: one pass over the session finds those first.
+    asks = [e for e in entries if e.entry["kind"] in _WAITING_KINDS]
+    waiting = pending_approvals(asks)
     if waiting:
         raise RunSuspended(
             f"session {session} still waits for approval of call(s) {', '.join(waiting)}",
@@ -242,7 +244,7 @@ async def _resume_read(
             reason="approval",
             call=waiting[0],
         )
-    signals = pending_signals(entries)
+    signals = pending_signals(asks)
     if signals:
         raise RunSuspended(
             f"session {session} still waits for signal(s) {', '.join(repr(n) for n in signals.values())}",
@@ -379,6 +381,12 @@ def approve_call(
         body["by"] = by
     [entry] = store.append(session, [Record("approval_decided", body)], durable=True, expect_seq=entries[-1].seq + 1)
     return entry
+
+
+# The kinds ``pending_approvals`` and ``pending_signals`` read (each ignores every other entry).
+_WAITING_KINDS = frozenset(
+    {"approval_requested", "approval_decided", "signal_received", "mcp_tool_call", "mcp_tool_pending"}
+)
 
 
 def pending_approvals(entries: list[StoredEntry]) -> list[str]:

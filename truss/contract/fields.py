@@ -9,6 +9,7 @@ form and its hash are what the operator wrote; ``duration_ms()`` converts them. 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 import warnings
 from typing import Annotated, Any
@@ -146,8 +147,10 @@ PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
+@functools.lru_cache(maxsize=1024)
 def duration_ms(value: str) -> int:
-    """Milliseconds of a validated duration string."""
+    """Milliseconds of a validated duration string (remembered: the run's deadline is read several
+    times per model turn and per call, always the same few strings)."""
     return parse_duration_ms(value)
 
 
