@@ -11,9 +11,10 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from tests.gate.support import ListProvider, calls, contract_from, fake_connector, kinds_of, new_store
+from tests.gate.support import ListProvider, calls, contract_from, entries_of, fake_connector, kinds_of, new_store
 from truss._errors import NotFoundError, RunSuspended, UsageError, VerificationError
 from truss.contract import Contract
+from truss.ledger.envelope import open_verdict
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.verification import verify_entries
 from truss.providers.base import Provider, TurnResponse
@@ -139,6 +140,27 @@ async def test_ask_suspends_the_run_and_approval_lets_resume_finish_it(tmp_path:
     assert kinds.count("session_resumed") == 1 and kinds.count("approval_decided") == 1
     assert kinds[-2:] == ["verdict", "session_ended"]
     assert w.verified(first.session)
+
+
+async def test_a_resumed_run_seals_its_verdict_with_the_contract_hash_its_session_started_with(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path)
+    first = await w.run()
+    approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=True)
+    second = await w.resume(first.session)
+    assert second.status == "pass"
+    recorded = entries_of(w.store, first.session)
+    started = recorded[0].body["contract_hash"]
+    # The resume takes the hash the loaded contract was checked against instead of hashing it again:
+    # the verdict, the outcome and the envelope's predicate still name the contract that ran.
+    assert started == w.contract.hash
+    assert [e.body["contract_hash"] for e in recorded if e.kind == "verdict"] == [started]
+    assert second.verdict is not None and second.verdict["contract_hash"] == started
+    envelope = w.store.envelope(first.session)
+    assert envelope is not None
+    opened = open_verdict(envelope, TrustedKeys([w.key.verifier]), session=first.session, head=second.head)
+    assert opened.contract_hash == started
 
 
 async def test_a_denied_approval_reaches_the_model_as_a_denial(tmp_path: Path) -> None:
