@@ -225,3 +225,35 @@ def test_nesting_beyond_the_limit_is_refused_not_a_recursion_error() -> None:
 def test_integers_at_the_i_json_limit_are_exact() -> None:
     assert canonical([2**53 - 1, -(2**53 - 1)]) == b"[9007199254740991,-9007199254740991]"
     assert canonical({"a": [2**53 - 1]}) == b'{"a":[9007199254740991]}'  # the fast path holds the same bound
+
+
+bmp_keys = st.text(st.characters(max_codepoint=0xFFFF, exclude_categories=["Cs"]), max_size=6)
+plain_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53 - 1), max_value=2**53 - 1)
+    | st.text(st.characters(exclude_categories=["Cs"])),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(bmp_keys, children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(plain_values)
+def test_values_without_floats_take_the_fast_encoder_and_get_the_reference_bytes(value: Any) -> None:
+    from truss.ledger.canonical import _reference, is_plain  # pyright: ignore[reportPrivateUsage]
+
+    assert is_plain(value)
+    assert canonical(value) == _reference(value) == canonical(value)  # the encoder built once is reused
+
+
+def test_a_plain_value_nested_to_the_limit_and_shared_subvalues_encode_as_the_reference_does() -> None:
+    from truss.ledger.canonical import MAX_DEPTH, _reference  # pyright: ignore[reportPrivateUsage]
+
+    deep: Any = "x"
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    shared = {"a": 1}
+    values: list[Any] = [deep, [shared, shared, {"s": shared}], "\u00e9\u2028\x7f\x00", {}, [], 0]
+    for value in values:
+        assert canonical(value) == _reference(value)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import json.encoder
 import math
 from collections.abc import Callable, Sequence
 from decimal import Decimal
@@ -62,6 +63,24 @@ class CanonicalError(ValueError):
 _FAST = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _c_encoder() -> Callable[[Any, int], Sequence[str]] | None:
+    """``_FAST``'s C encoder, built once (``_FAST.encode`` builds a new one, and a circular-reference
+    table, on every call): the arguments ``JSONEncoder.iterencode`` passes, without the table. A
+    value ``is_plain`` accepts needs none: its depth is bounded, so it holds no cycle, and it holds
+    no float or foreign type, so ``default`` is never called. None where Python has no C
+    accelerator or builds it otherwise (then ``_FAST.encode``)."""
+    make: Any = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    try:
+        return make(None, _FAST.default, json.encoder.encode_basestring, None, ":", ",", True, False, True)
+    except TypeError:
+        return None
+
+
+_C_ENCODE = _c_encoder()
+
+
 def canonical(value: Any) -> bytes:
     """The RFC 8785 canonical UTF-8 bytes of ``value``.
 
@@ -73,6 +92,8 @@ def canonical(value: Any) -> bytes:
     """
     if is_plain(value):
         try:
+            if _C_ENCODE is not None:
+                return "".join(_C_ENCODE(value, 0)).encode("utf-8")
             return _FAST.encode(value).encode("utf-8")
         except UnicodeEncodeError:
             pass  # a lone surrogate: the reference encoder names where it is
