@@ -10,6 +10,7 @@ Also here: the namespacing rules and the reversible mapping to provider-safe nam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -89,8 +90,8 @@ class MountedTool:
     definition: Mapping[str, Any]  # wire form: name, title, description, inputSchema, outputSchema, annotations
     pin: str
 
-    @property
-    def name(self) -> str:
+    @functools.cached_property
+    def name(self) -> str:  # made once per tool: the gate, policy and budget ask for it on every call
         return namespaced(self.server, self.tool)
 
     @property

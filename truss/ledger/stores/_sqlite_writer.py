@@ -268,8 +268,13 @@ class _Pending:
         epoch: int | None = None,
     ) -> None:
         # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
-        self.bodies = [encode_record(record) for record in records]
-        self.rotates = any(record.kind == "key_rotated" for record in records)
+        bodies: list[bytes] = []
+        rotates = False
+        for record in records:  # one pass, no generator: every append makes one of these
+            bodies.append(encode_record(record))
+            rotates = rotates or record.kind == "key_rotated"
+        self.bodies = bodies
+        self.rotates = rotates
         self.session = session
         self.records = records
         self.durable = durable
@@ -527,7 +532,9 @@ class SqliteWriter:
                     pending.error = self._batch_error(pending, exc)
             conn.execute("COMMIT")
             self._frontier, self._version = frontier, version
-            if not self._rotated_here and any(p.rotates for p in group if p.result):
+            if not self._rotated_here and (
+                group[0].rotates if len(group) == 1 else any(p.rotates for p in group if p.result)
+            ):  # a lone batch that got here committed, so its own flag says it (no generator per commit)
                 self._rotated_here = True
             self._commits += 1
             self._flushes += int(bool(self._sync_full))
