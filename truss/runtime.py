@@ -75,13 +75,16 @@ class Runtime:
     def __post_init__(self) -> None:
         # Every read of the ledger goes through the one verified reader (truss.ledger.reader);
         # writes go to the store it wraps.
+        from truss._sigcheck import process_checks
         from truss.ledger.reader import VerifiedStore
         from truss.ledger.stores.base import LeaseOwner
 
         if self.owner is None:  # one owner id per runtime; copies (dataclasses.replace) keep it
             object.__setattr__(self, "owner", LeaseOwner.this_process(new_owner_id()))
 
-        object.__setattr__(self, "store", VerifiedStore(self.store, lambda: self.trusted, now_ms=self.clock.now_ms))
+        # A long session's signature checks (V10) run ahead in a helper process (truss._sigcheck).
+        verified = VerifiedStore(self.store, lambda: self.trusted, now_ms=self.clock.now_ms, signatures=process_checks)
+        object.__setattr__(self, "store", verified)
 
     @classmethod
     def open(

@@ -43,11 +43,21 @@ from truss.ledger.envelope import open_verdict
 from truss.ledger.keyhistory import KeyHistory
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.stores.base import DEFAULT_LEASE_MS, Lease, LeaseOwner, LedgerStore, SessionInfo, StoredCheckpoint
-from truss.ledger.verification import EntryCheck, EntryVerifier, SessionFacts, check_entry_alone, row_mismatch
+from truss.ledger.verification import (
+    EntryCheck,
+    EntryVerifier,
+    SessionFacts,
+    SignatureChecks,
+    check_entry_alone,
+    row_mismatch,
+)
 
-__all__ = ["VerifiedStore", "unverified"]
+__all__ = ["SignatureSource", "VerifiedStore", "unverified"]
 
 TrustSource = TrustedKeys | Callable[[], TrustedKeys]
+SignatureSource = Callable[[int], SignatureChecks | None]
+"""Given the entry count a session's (unverified) row lists, the ``SignatureChecks`` a read of it
+uses, or None: the count only chooses how V10 is computed, never what it answers."""
 _PROOF_BATCH = 512  # entries proven in the log at once (L6): bounded memory, O(log n) nodes per batch
 
 
@@ -72,12 +82,21 @@ def _refused(session: str | None, finding: tuple[str, str], *, seq: Any = None, 
 class VerifiedStore:
     """A ``LedgerStore`` that reads only what verifies (see the module docstring)."""
 
-    def __init__(self, store: LedgerStore, trusted: TrustSource, *, now_ms: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        store: LedgerStore,
+        trusted: TrustSource,
+        *,
+        now_ms: Callable[[], int] | None = None,
+        signatures: SignatureSource | None = None,
+    ) -> None:
         if isinstance(store, VerifiedStore):
+            signatures = signatures or store._signatures
             store = store.raw
         self.raw: LedgerStore = store
         self.origin = store.origin
         self._trusted_source = trusted
+        self._signatures = signatures
         self._now_ms = now_ms
         self._lock = threading.Lock()
         self._history: tuple[int, KeyHistory] | None = None
@@ -126,6 +145,25 @@ class VerifiedStore:
         from_seq: int = 0,
         on_last: Callable[[StoredEntry, StoredEntry], None] | None = None,
     ) -> Iterator[StoredEntry]:
+        # V10 computed ahead (a long session): started first, so that it gets ready while the key
+        # history and the proof are read; closed however the read ends.
+        source = self._signatures
+        checks = source(int(row.entries)) if source is not None and row is not None else None
+        try:
+            yield from self._checked(session, row, from_seq=from_seq, on_last=on_last, checks=checks)
+        finally:
+            if checks is not None:
+                checks.close()
+
+    def _checked(
+        self,
+        session: str,
+        row: SessionInfo | None,
+        *,
+        from_seq: int,
+        on_last: Callable[[StoredEntry, StoredEntry], None] | None,
+        checks: SignatureChecks | None,
+    ) -> Iterator[StoredEntry]:
         history = self.history()
         trusted = history.trusted
         sizes = [self.raw.tree_size()]
@@ -159,8 +197,15 @@ class VerifiedStore:
             found = named.get(id(item))
             return found if found is not None else refs_in(item.entry["body"])
 
-        verifier = EntryVerifier(trusted, blobs=payload, session=session, origin=self.origin, extra=extra, refs=refs)
-        stream = _prefetched(self.raw, self.raw.read_session(session), page, named)
+        verifier = EntryVerifier(
+            trusted, blobs=payload, session=session, origin=self.origin, extra=extra, refs=refs, signatures=checks
+        )
+
+        def submit(batch: list[StoredEntry]) -> None:
+            if checks is not None:
+                checks.submit(batch, trusted)
+
+        stream = _prefetched(self.raw, self.raw.read_session(session), page, named, submit)
         first: StoredEntry | None = None
         last: StoredEntry | None = None
         listed_head: str | None = None  # the hash of the entry the row (read before the entries) ends at
@@ -499,19 +544,26 @@ class _Kept:
 
 
 def _prefetched(
-    raw: LedgerStore, entries: Iterator[StoredEntry], page: dict[str, bytes], named: dict[int, list[str]]
+    raw: LedgerStore,
+    entries: Iterator[StoredEntry],
+    page: dict[str, bytes],
+    named: dict[int, list[str]],
+    submit: Callable[[list[StoredEntry]], None],
 ) -> Iterator[StoredEntry]:
     """``entries`` a page at a time, with ``page`` holding the payloads that page's entries name
     (fetched in one ``blobs_for``) while its entries are yielded; absent payloads stay absent.
     ``named`` holds each entry's refs (by ``id()``, the entries held in the page meanwhile), so
-    V11 does not walk the body a second time."""
+    V11 does not walk the body a second time. Each page is handed to ``submit`` (V10 computed
+    ahead, elsewhere) before its payloads are fetched."""
     batch: list[StoredEntry] = []
     for item in entries:
         batch.append(item)
         if len(batch) == _PROOF_BATCH:
+            submit(batch)
             _fetch(raw, batch, page, named)
             yield from batch
             batch = []
+    submit(batch)
     _fetch(raw, batch, page, named)
     yield from batch
 

@@ -73,6 +73,7 @@ __all__ = [
     "Finding",
     "LedgerReader",
     "SessionFacts",
+    "SignatureChecks",
     "VerifyReport",
     "chain_link",
     "check_entries",
@@ -118,6 +119,28 @@ RefsOf = Callable[[StoredEntry], Iterable[str]]
 """The refs an entry's body names, once each in order of first appearance (what V11 looks up)."""
 EntryCheck = Callable[[StoredEntry], Finding | None]
 """A caller's extra per-entry check (V12): ``None`` when the entry passes."""
+
+
+class SignatureChecks(Protocol):
+    """V10's answers computed ahead of the step, elsewhere (a helper process at the edge): for a long
+    read, the Ed25519 arithmetic of a page's entries runs on another core while this one does the
+    other steps. The step itself stays where it is, in the same order: it takes a ``True`` answer
+    for the very entry object it checks, and computes the signature check itself for anything else
+    (no answer yet, the helper gone, or ``False``: a refusal is always found here)."""
+
+    def submit(self, items: Sequence[StoredEntry], trusted: TrustedKeys) -> None:
+        """Start checking ``items``' signatures under the keys ``trusted`` holds for their key ids."""
+        ...
+
+    def answer(self, item: StoredEntry) -> bool | None:
+        """Whether ``item`` (an object given to ``submit``) is signed by a trusted key of its key id,
+        or ``None`` when that is not known yet. Never waits."""
+        ...
+
+    def close(self) -> None:
+        """Stop: nothing is checked or answered after this."""
+        ...
+
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 # How far past a seq gap to look for the missing entry before calling it a gap, not a reorder.
@@ -240,6 +263,8 @@ class EntryVerifier:
     rest of the stream, read only to tell a reorder from a gap (V6). ``refs`` gives the refs V11
     looks up for an entry whose body V1 found an object (default: walked from the body here); a
     reader that already walked each body to fetch its payloads hands the same lists over.
+    ``signatures`` gives V10 answers computed ahead (``SignatureChecks``); without one, or without
+    an answer for an entry, V10 checks the signature here.
     """
 
     def __init__(
@@ -252,8 +277,10 @@ class EntryVerifier:
         full_log: bool = False,
         extra: Sequence[EntryCheck] = (),
         refs: RefsOf | None = None,
+        signatures: SignatureChecks | None = None,
     ) -> None:
         self._trusted = trusted
+        self._signatures = signatures
         self._blobs = blobs
         self._refs = refs or _refs_of
         self._session = session
@@ -318,7 +345,7 @@ class EntryVerifier:
             raise _Failed("index_gap", f"{_where(entry)}: log index {index} after {last_index}; entries missing")
         if index <= last_index:
             raise _Failed("index_order", f"{_where(entry)}: log index {index} is not after {last_index}")
-        _signed(item, self._trusted)  # V10
+        _signed(item, self._trusted, self._signatures)  # V10
         if self._blobs is not None:  # V11
             for ref in self._refs(item):
                 data = self._blobs(ref)
@@ -435,12 +462,15 @@ def _sound(item: StoredEntry, origin: str | None) -> None:
         raise _Failed("hash_mismatch", f"{_where(entry)}: its stated hash does not match its bytes")
 
 
-def _signed(item: StoredEntry, trusted: TrustedKeys) -> None:
-    """V10: signed by a key in ``trusted``, and the signature verifies."""
+def _signed(item: StoredEntry, trusted: TrustedKeys, signatures: SignatureChecks | None = None) -> None:
+    """V10: signed by a key in ``trusted``, and the signature verifies (a ``True`` answer computed
+    ahead by ``signatures`` for this entry is that check; anything else is checked here)."""
     if item.keyid not in trusted:
         raise _Failed(
             "untrusted_key", f"{_where(item.entry)}: signed by key {item.keyid!r}, which is not in the trusted set"
         )
+    if signatures is not None and signatures.answer(item) is True:
+        return
     if not trusted.verify(item.keyid, entry_signing_payload(item.raw), item.sig):
         raise _Failed("bad_signature", f"{_where(item.entry)}: the signature does not verify")
 
