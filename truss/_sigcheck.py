@@ -49,8 +49,8 @@ _PIPE_BYTES = 1 << 20  # asked of the kernel for the frames' pipe (bounded by fs
 _MAX_KEYS = 255
 _FIRST_SHARE = 0.3  # of the first page (the helper starts meanwhile); then between these:
 _MIN_SHARE = 0.1
-_MAX_SHARE = 0.9
-_PROBE = 0.05  # more for the helper after a page it answered all of in time
+_MAX_SHARE = 1.0
+_PROBE = 0.1  # more for the helper after a page it answered all of in time
 _BEHIND = 8  # entries checked in process before the pipe is read again, when the helper was behind
 
 
@@ -69,7 +69,9 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _reap(process: subprocess.Popen[bytes]) -> None:
+def _reap(process: subprocess.Popen[bytes], skip: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(skip)
     for stream in (process.stdin, process.stdout):
         if stream is not None:
             with contextlib.suppress(OSError):
@@ -83,19 +85,22 @@ def _reap(process: subprocess.Popen[bytes]) -> None:
 class ProcessSignatureChecks:
     """``SignatureChecks`` (``truss.ledger.verification``) answered by a helper process."""
 
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], skip: int) -> None:
         assert process.stdin is not None and process.stdout is not None
         self._process: subprocess.Popen[bytes] | None = process
         self._to = process.stdin.fileno()
         self._from = process.stdout.fileno()
+        self._skip = skip
         os.set_blocking(self._to, False)
         os.set_blocking(self._from, False)
+        os.set_blocking(skip, False)
         with contextlib.suppress(AttributeError, OSError, ValueError):
             import fcntl
 
             fcntl.fcntl(self._to, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-        self._reaper = weakref.finalize(self, _reap, process)
+        self._reaper = weakref.finalize(self, _reap, process, skip)
         self._slots: dict[int, tuple[StoredEntry, int]] = {}  # id(entry) -> (entry, frame number)
+        self._older: dict[int, tuple[StoredEntry, int]] = {}
         self._frames = 0
         self._unsent = bytearray()
         self._answers = bytearray()  # the helper's answers, by frame number
@@ -112,21 +117,29 @@ class ProcessSignatureChecks:
     def start(cls) -> ProcessSignatureChecks | None:
         environ = {name: os.environ[name] for name in ("LD_LIBRARY_PATH",) if name in os.environ}
         try:
+            skips, skip = os.pipe()  # the frames the reader has checked itself: the helper skips them
+        except OSError:
+            return None
+        try:
             process = subprocess.Popen(
-                [sys.executable, "-I", str(_CHILD)],
+                [sys.executable, "-I", str(_CHILD), str(skips)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 bufsize=0,
                 stderr=subprocess.DEVNULL,
                 env=environ,
                 close_fds=True,
+                pass_fds=(skips,),
             )
         except (OSError, ValueError, subprocess.SubprocessError):
+            os.close(skip)
             return None
+        finally:
+            os.close(skips)
         try:
-            return cls(process)
+            return cls(process, skip)
         except (OSError, ValueError):
-            _reap(process)
+            _reap(process, skip)
             return None
 
     @property
@@ -137,10 +150,12 @@ class ProcessSignatureChecks:
     def submit(self, items: Sequence[StoredEntry], trusted: TrustedKeys) -> None:
         if self._process is None:
             return
-        self._slots = {}  # the previous page has been checked: only this one is asked about
+        # Two pages are asked about: this one and the one being checked (the reader reads a page
+        # ahead); the one before has been checked.
+        self._older, self._slots = self._slots, {}
         self._adjust(len(items))
         frames = self._unsent
-        for item in items[len(items) - round(len(items) * self._share) :]:
+        for item in items[: round(len(items) * self._share)]:
             sig = item.sig
             keys = trusted.get(item.keyid) if type(item.keyid) is str else []
             if type(sig) is not bytes or len(sig) != 64 or not keys or len(keys) > _MAX_KEYS:
@@ -156,7 +171,7 @@ class ProcessSignatureChecks:
         self._pump()
 
     def answer(self, item: StoredEntry) -> bool | None:
-        slot = self._slots.get(id(item))
+        slot = self._slots.get(id(item)) or self._older.get(id(item))
         if slot is None or slot[0] is not item:
             return None
         number = slot[1]
@@ -166,7 +181,10 @@ class ProcessSignatureChecks:
                 return None
             self._pump()
             if number >= len(self._answers):
-                self._next_pump = number + _BEHIND  # the helper is behind: look again a few entries on
+                # The helper is behind: the reader checks the next few itself, and the helper skips them.
+                self._next_pump = number + _BEHIND
+                with contextlib.suppress(OSError):
+                    os.write(self._skip, self._next_pump.to_bytes(8, "big"))
                 return None
             self._late -= 1
         byte = self._answers[number]
@@ -223,7 +241,7 @@ class ProcessSignatureChecks:
             self._gone()
 
     def _gone(self) -> None:
-        self._slots = {}
+        self._slots, self._older = {}, {}
         self._unsent.clear()
         self.close()
 
@@ -231,4 +249,4 @@ class ProcessSignatureChecks:
         process, self._process = self._process, None
         if process is not None:
             self._reaper.detach()
-            _reap(process)
+            _reap(process, self._skip)

@@ -205,7 +205,8 @@ class VerifiedStore:
             if checks is not None:
                 checks.submit(batch, trusted)
 
-        stream = _prefetched(self.raw, self.raw.read_session(session), page, named, submit)
+        ahead = submit if checks is not None else None
+        stream = _prefetched(self.raw, self.raw.read_session(session), page, named, ahead)
         first: StoredEntry | None = None
         last: StoredEntry | None = None
         listed_head: str | None = None  # the hash of the entry the row (read before the entries) ends at
@@ -548,22 +549,34 @@ def _prefetched(
     entries: Iterator[StoredEntry],
     page: dict[str, bytes],
     named: dict[int, list[str]],
-    submit: Callable[[list[StoredEntry]], None],
+    submit: Callable[[list[StoredEntry]], None] | None = None,
 ) -> Iterator[StoredEntry]:
     """``entries`` a page at a time, with ``page`` holding the payloads that page's entries name
     (fetched in one ``blobs_for``) while its entries are yielded; absent payloads stay absent.
     ``named`` holds each entry's refs (by ``id()``, the entries held in the page meanwhile), so
-    V11 does not walk the body a second time. Each page is handed to ``submit`` (V10 computed
-    ahead, elsewhere) before its payloads are fetched."""
+    V11 does not walk the body a second time. With ``submit`` (V10 computed ahead, elsewhere), the
+    entries are read a page ahead: each page is handed to it while the page before is checked."""
     batch: list[StoredEntry] = []
+    held: list[StoredEntry] | None = None  # read and submitted, checked after the page before it
     for item in entries:
         batch.append(item)
         if len(batch) == _PROOF_BATCH:
-            submit(batch)
-            _fetch(raw, batch, page, named)
-            yield from batch
+            if submit is None:
+                _fetch(raw, batch, page, named)
+                yield from batch
+            else:
+                submit(batch)
+                if held is not None:
+                    _fetch(raw, held, page, named)
+                    yield from held
+                held = batch
             batch = []
-    submit(batch)
+    if submit is not None:
+        if batch:
+            submit(batch)
+        if held is not None:
+            _fetch(raw, held, page, named)
+            yield from held
     _fetch(raw, batch, page, named)
     yield from batch
 
