@@ -7,11 +7,13 @@ empty environment, stderr discarded) and returns a ``ProcessSignatureChecks`` ov
 otherwise None (the read checks every signature itself, as before). The row is untrusted, but it
 only chooses where the arithmetic runs.
 
-The reader submits each page of entries as it reads it; the helper checks the signatures of the
-last part of the page (its share, which follows how the previous page went) while the reader checks
-the first part itself and runs the other steps. The reader's V10 takes a helper's ``True`` for the
-entry it checks, and checks the signature itself when there is no answer yet (it never waits), when
-the answer is ``False`` (a refusal is always found in process) or when the helper is gone. The
+The reader submits each page of entries as it reads it, a page ahead of the one it checks; the
+helper checks the signatures of the head of each page (its share, which follows how the previous
+page went) while the reader checks the rest itself and runs the other steps; what the reader had
+to check itself for want of an answer, the helper is told to skip. The reader's V10 takes a
+helper's ``True`` for the entry it checks, and checks the signature itself when there is no answer
+yet (it never waits), when the answer is ``False`` (a refusal is always found in process) or when
+the helper is gone. The
 helper is Truss's own code on a private pipe, so its answers are trusted; it gets public keys and
 signed bytes only. Each answer byte carries its frame's number (modulo 128) beside the result, so
 an answer is never taken for another entry's. Any error, end of file or unexpected byte means "no
@@ -105,8 +107,8 @@ class ProcessSignatureChecks:
         self._unsent = bytearray()
         self._answers = bytearray()  # the helper's answers, by frame number
         self._next_pump = 0
-        # The helper checks the last ``_share`` of each page while the reader checks the first part
-        # itself: started together, the helper's part is ready when the reader gets to it. The share
+        # The helper checks the first ``_share`` of each page while the reader checks the rest itself;
+        # given a page ahead, the helper's part is ready when the reader gets to it. The share
         # follows the last page: smaller by what was not ready in time, larger when all was.
         self._share = _FIRST_SHARE
         self._late = 0
