@@ -172,3 +172,39 @@ def test_a_runtime_checks_a_long_session_in_a_helper_and_a_short_one_in_process(
     assert len(list(runtime.store.read_session("s_long"))) == ENTRIES
     assert len(started) == 1 and started[0] is not None and started[0].pid is None
     assert process_checks(sigcheck.LONG_SESSION - 1) is None
+
+
+LIAR = """
+import os
+# "verifies" for the first ten frames, each numbered as the answer to the frame after it
+os.write(1, bytes((n + 1) << 1 | 1 for n in range(10)))
+while os.read(0, 1 << 20):
+    pass
+"""
+
+
+def test_a_helper_whose_answers_are_out_of_step_is_not_followed(
+    long_store: LedgerStore, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    liar = tmp_path / "liar.py"
+    liar.write_text(LIAR, encoding="utf-8")
+    monkeypatch.setattr(sigcheck, "_CHILD", liar)
+    made: list[ProcessSignatureChecks] = []
+
+    class _Slow(_Waiting):
+        def submit(self, items: Any, trusted: TrustedKeys) -> None:
+            self.inner.submit(items, trusted)
+            self.inner.settle(0.5)  # bounded: the liar never answers them all
+
+    def source(entries: int) -> _Slow | None:
+        checks = ProcessSignatureChecks.start()
+        if checks is None:
+            return None
+        made.append(checks)
+        return _Slow(checks)
+
+    tampered = cast(LedgerStore, _Tampered(long_store, 5))  # an answer the liar would pass
+    with pytest.raises(VerificationError) as refused:
+        list(VerifiedStore(tampered, _trusted(), signatures=source).read_session("s_long"))
+    assert (refused.value.reason, refused.value.seq) == ("bad_signature", 5)
+    assert made[0].answered == 0 and made[0].pid is None
