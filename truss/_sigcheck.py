@@ -49,7 +49,7 @@ other core and ~2 ms of this one, is small next to ~45 us a check)."""
 _CHILD = Path(__file__).with_name("_sigchild.py")
 _PIPE_BYTES = 1 << 20  # asked of the kernel for the frames' pipe (bounded by fs.pipe-max-size)
 _MAX_KEYS = 255
-_FIRST_SHARE = 0.3  # of the first page (the helper starts meanwhile); then between these:
+_FIRST_SHARE = 0.5  # of the first page (the helper starts meanwhile); then between these:
 _MIN_SHARE = 0.1
 _MAX_SHARE = 1.0
 _PROBE = 0.1  # more for the helper after a page it answered all of in time
@@ -219,7 +219,9 @@ class ProcessSignatureChecks:
         self._page, self._late = size, 0
         if last and self._answers:  # a page went by with the helper up
             if late:
-                self._share = max(_MIN_SHARE, self._share - late / last)
+                # Half what was late: the page after it was already handed over at the same share,
+                # and is counted next time.
+                self._share = max(_MIN_SHARE, self._share - late / last / 2)
             else:
                 self._share = min(_MAX_SHARE, self._share + _PROBE)
 
