@@ -23,7 +23,7 @@ What this module does not do: decide anything about a call (the gate does) or re
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -152,7 +152,18 @@ class Journal:
         self.head: StoredEntry | None = None
         self.verdict: StoredEntry | None = None  # the last ``verdict`` entry (a run killed while sealing)
         self.denials = 0
+        # Called once the loop has replayed the last recorded model turn (the resume's collector
+        # window ends there: truss._collector); None when nothing waits for it.
+        self.on_replayed: Callable[[], None] | None = None
         self.extend(recorded)
+
+    def replayed_turn(self, number: int) -> StoredEntry | None:
+        """The recorded model turn ``number``, taken out of the record (replayed once, not kept)."""
+        recorded = self.turns.pop(number, None)
+        if recorded is not None and not self.turns and self.on_replayed is not None:
+            done, self.on_replayed = self.on_replayed, None
+            done()
+        return recorded
 
     @property
     def entries(self) -> list[StoredEntry]:

@@ -450,7 +450,7 @@ async def _turn(  # noqa: PLR0917 - one private call site
     pending = turn.conversation.pending()
     bare = [_recorded_form(message, redactor, by_provider, contract) for message, _ in pending]
     replay_key = sha256_ref(turn.link(turn.chain.key, bare))
-    recorded = journal.turns.pop(turn.number, None)  # replayed once: not kept for the rest of the run
+    recorded = journal.replayed_turn(turn.number)  # replayed once: not kept for the rest of the run
     if recorded is not None:
         body: Mapping[str, Any] = recorded.body
         if body.get("replay_key") != replay_key:

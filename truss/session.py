@@ -51,6 +51,7 @@ from anyio.abc import TaskGroup
 
 from truss import _faults
 from truss._clock import Clock
+from truss._collector import ReplayCollections
 from truss._errors import (
     InDoubtError,
     InputError,
@@ -196,6 +197,11 @@ async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | 
     servers start while that read goes on, once the batch holding ``session_started`` has proven
     (``_EarlyServers``); a resume refused after the read stops them again with nothing said.
     """
+    with ReplayCollections() as held:  # the replay kept out of full collections (truss._collector)
+        return await _resume(runtime, session, stop, held)
+
+
+async def _resume(runtime: Runtime, session: str, stop: anyio.Event | None, held: ReplayCollections) -> RunOutcome:
     store = runtime.store
     listed = None if is_log_session(session) else unverified(store).session(session)  # the log's own is no run
     if listed is not None and not (listed.ended or listed.status in TERMINAL):
@@ -203,15 +209,15 @@ async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | 
         # start before the read ends): a session to resume is read (and verified) once, whole, and
         # its facts below come from that same read.
         if not _waits_for_a_person(store, listed):
-            return await _resume_overlapped(runtime, session, stop)
-        return await _resume_read(runtime, session, list(store.read_session(session)), stop)
+            return await _resume_overlapped(runtime, session, stop, held)
+        return await _resume_read(runtime, session, list(store.read_session(session)), stop, held=held)
     info = None if listed is None else store.session(session)
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
     if info.status in TERMINAL or info.ended:
         return outcome_of(store, session)
-    return await _resume_read(runtime, session, list(store.read_session(session)), stop)
+    return await _resume_read(runtime, session, list(store.read_session(session)), stop, held=held)
 
 
 async def _resume_read(
@@ -223,6 +229,7 @@ async def _resume_read(
     contract: Contract | None = None,
     owned: _Owned | None = None,
     connector: Connector | None = None,
+    held: ReplayCollections | None = None,
 ) -> RunOutcome:
     """The resume once its whole verified read is in: the refusals, then the run (its lease and
     servers already taken when given)."""
@@ -260,10 +267,17 @@ async def _resume_read(
     # ``_recorded_contract`` checked that the contract hashes to the recorded hash: not hashed again.
     recorded_hash = str(started.get("contract_hash"))
     run = _Run(runtime, contract, journal, stop, connector=connector, contract_hash=recorded_hash)
+    if held is not None:  # the run's live steps get the collector as always
+        if journal.turns:
+            journal.on_replayed = held.release
+        else:
+            held.release()
     return await run.drive(principal=started.get("principal"), resumed_from=started, owned=owned)
 
 
-async def _resume_overlapped(runtime: Runtime, session: str, stop: anyio.Event | None) -> RunOutcome:
+async def _resume_overlapped(
+    runtime: Runtime, session: str, stop: anyio.Event | None, held: ReplayCollections
+) -> RunOutcome:
     """A resume whose servers start while its verified read goes on (docs/durability.md).
 
     In order: the read runs in a worker thread; once the batch holding ``session_started`` has
@@ -279,18 +293,24 @@ async def _resume_overlapped(runtime: Runtime, session: str, stop: anyio.Event |
     with _one_error():  # the reader never fails (it keeps its error)
         async with anyio.create_task_group() as group:
             group.start_soon(reading.run)
-            outcome = await _resume_while_reading(runtime, session, stop, reading, group)
+            outcome = await _resume_while_reading(runtime, session, stop, reading, group, held=held)
     assert outcome is not None  # the body returned (else this line is not reached)
     return outcome
 
 
 async def _resume_while_reading(
-    runtime: Runtime, session: str, stop: anyio.Event | None, reading: _Reading, group: TaskGroup
+    runtime: Runtime,
+    session: str,
+    stop: anyio.Event | None,
+    reading: _Reading,
+    group: TaskGroup,
+    *,
+    held: ReplayCollections,
 ) -> RunOutcome:
     store = runtime.store
     contract = _loadable(session, await reading.started())
     if contract is None:
-        return await _resume_read(runtime, session, await reading.whole(), stop)
+        return await _resume_read(runtime, session, await reading.whole(), stop, held=held)
     try:
         lease = await anyio.to_thread.run_sync(
             lambda: store.acquire_lease(session, runtime.lease_owner, ttl_ms=runtime.lease_ms)
@@ -298,7 +318,7 @@ async def _resume_while_reading(
     except TrussError:
         # Busy (or the store refused): the read's error and the refusals come first, as in order;
         # the run then asks for the lease again and is refused the same way.
-        return await _resume_read(runtime, session, await reading.whole(), stop)
+        return await _resume_read(runtime, session, await reading.whole(), stop, held=held)
     owned = _Owned(store, lease, runtime.lease_ms)
     async with owned.held():
         early = _EarlyServers(
@@ -311,7 +331,14 @@ async def _resume_while_reading(
         group.start_soon(early.host)
         try:
             return await _resume_read(
-                runtime, session, await reading.whole(), stop, contract=contract, owned=owned, connector=early.attach
+                runtime,
+                session,
+                await reading.whole(),
+                stop,
+                contract=contract,
+                owned=owned,
+                connector=early.attach,
+                held=held,
             )
         finally:
             await early.discard()  # a no-op once the run took and closed them
