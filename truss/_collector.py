@@ -17,7 +17,10 @@ off the replay and off what it built:
   not before: the cost is bounded by the replay, and held no longer than the run.
 
 Windows may overlap (serve-mcp resuming two sessions at once): the thresholds come back when the
-last replay ends, and the frozen objects when the last window is left. Time-free and I/O-free.
+last replay ends, and the frozen objects when the last window is left. The freeze happens once per
+such episode (when no window is replaying any more), so what it holds back from the collector is
+one snapshot, however many resumes overlap: a cycle that was garbage then waits for the episode's
+end, and everything allocated after it is collected as usual. Time-free and I/O-free.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ _lock = threading.Lock()
 _holding = 0  # windows still replaying: full collections off
 _open = 0  # windows not yet left: frozen objects stay frozen
 _saved: tuple[int, int, int] | None = None
+_frozen = False  # gc.freeze() was called in this episode (until the last window is left)
 
 
 class ReplayCollections:
@@ -55,7 +59,7 @@ class ReplayCollections:
 
     def release(self) -> None:
         """The replay is over: full collections as configured, the replay's survivors frozen."""
-        global _holding, _saved
+        global _holding, _saved, _frozen
         with _lock:
             if not self._holding:
                 return
@@ -65,17 +69,20 @@ class ReplayCollections:
                 if gc.get_threshold()[2] == _NEVER:  # unless someone set other thresholds meanwhile
                     gc.set_threshold(*_saved)
                 _saved = None
-            gc.freeze()
+            if _holding == 0 and not _frozen:  # once per episode: what is frozen stays one snapshot
+                gc.freeze()
+                _frozen = True
 
     def __exit__(
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        global _open
+        global _open, _frozen
         self.release()
         with _lock:
             if not self._entered:
                 return
             self._entered = False
             _open -= 1
-            if _open == 0:
+            if _open == 0 and _frozen:
                 gc.unfreeze()
+                _frozen = False

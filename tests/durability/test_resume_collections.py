@@ -62,6 +62,7 @@ def test_overlapping_resumes_give_the_thresholds_back_after_the_last_replay_and_
             assert gc.get_threshold()[2] == HELD
             first.release()
             assert gc.get_threshold()[2] == HELD  # the second still replays
+            assert gc.get_freeze_count() == frozen  # nothing frozen while a replay goes on
             second.release()
             assert gc.get_threshold() == thresholds
             assert gc.get_freeze_count() > frozen  # the replays' survivors are out of the collector's view
@@ -69,6 +70,21 @@ def test_overlapping_resumes_give_the_thresholds_back_after_the_last_replay_and_
         assert gc.get_freeze_count() > frozen  # the first window is still open
     assert gc.get_threshold() == thresholds and gc.get_freeze_count() == frozen
     assert len(keep) == 3
+
+
+def test_a_resume_that_starts_while_another_runs_live_freezes_nothing_more() -> None:
+    frozen = gc.get_freeze_count()
+    with ReplayCollections() as first:
+        first.release()
+        once = gc.get_freeze_count()
+        assert once > frozen
+        with ReplayCollections() as second:
+            garbage: list[object] = []
+            garbage.append(garbage)  # a cycle made after the first freeze
+            del garbage
+            second.release()
+            assert gc.get_freeze_count() == once  # one snapshot per episode, not one per resume
+    assert gc.get_freeze_count() == frozen
 
 
 def test_a_resume_that_fails_before_its_replay_ends_still_gives_the_collector_back() -> None:
