@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
-import subprocess
 import sys
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,7 +35,13 @@ from truss._clock import SystemClock
 from truss.ledger.entry import StoredEntry, entry_signing_payload
 
 if TYPE_CHECKING:
+    import subprocess
+
     from truss.ledger.keys import TrustedKeys
+
+# Every Runtime hands ``process_checks`` to its reader, so importing this module is part of every
+# command's start-up: ``subprocess``, ``select`` and ``weakref`` (~5 ms) are imported only when a
+# long session's read starts a helper.
 
 __all__ = ["LONG_SESSION", "ProcessSignatureChecks", "process_checks"]
 
@@ -72,6 +75,8 @@ def _cores() -> int:
 
 
 def _reap(process: subprocess.Popen[bytes], skip: int) -> None:
+    import subprocess
+
     with contextlib.suppress(OSError):
         os.close(skip)
     for stream in (process.stdin, process.stdout):
@@ -88,6 +93,8 @@ class ProcessSignatureChecks:
     """``SignatureChecks`` (``truss.ledger.verification``) answered by a helper process."""
 
     def __init__(self, process: subprocess.Popen[bytes], skip: int) -> None:
+        import weakref
+
         assert process.stdin is not None and process.stdout is not None
         self._process: subprocess.Popen[bytes] | None = process
         self._to = process.stdin.fileno()
@@ -117,6 +124,8 @@ class ProcessSignatureChecks:
 
     @classmethod
     def start(cls) -> ProcessSignatureChecks | None:
+        import subprocess
+
         environ = {name: os.environ[name] for name in ("LD_LIBRARY_PATH",) if name in os.environ}
         try:
             skips, skip = os.pipe()  # the frames the reader has checked itself: the helper skips them
@@ -202,6 +211,8 @@ class ProcessSignatureChecks:
         """Wait, at most ``timeout`` seconds, until the helper has answered every frame submitted:
         whether it has (False: it is gone, or slower). The reader never calls this; tests and
         benches do, to know that the answers came from the helper."""
+        import select
+
         clock = SystemClock()
         deadline = clock.monotonic() + timeout
         while self._process is not None and len(self._answers) < self._frames:
