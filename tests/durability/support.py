@@ -51,6 +51,18 @@ def make_home(path: Path) -> Path:
     return path
 
 
+def long_counting_contract(directory: Path, steps: int) -> Path:
+    """``counting_contract`` with ``steps`` calls of ``mcp:cnt:count`` (keys k0, k1, ...) and budgets
+    and a deadline that let all of them run: a long session to resume."""
+    return counting_contract(
+        directory,
+        steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(steps)],
+        check_tool="mcp:cnt:count",
+        contract=f"[budget]\nmax_tool_calls = {steps + 5}\nmax_model_turns = {steps + 5}\n"
+        f'deadline = "1h"\n[agent]\nmax_turns = {steps + 5}\n',
+    )
+
+
 def counting_contract(
     directory: Path,
     *,

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.durability.support import TIMEOUT, counting_contract, make_home, truss
+from tests.durability.support import TIMEOUT, long_counting_contract, make_home, truss
 from truss._collector import ReplayCollections
 from truss.runtime import Runtime
 from truss.session import resume_session
@@ -21,13 +21,7 @@ HELD = 1 << 30
 
 def _killed_session(tmp_path: Path) -> Path:
     home = make_home(tmp_path / "home")
-    contract = counting_contract(
-        tmp_path,
-        steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(STEPS)],
-        check_tool="mcp:cnt:count",
-        contract=f"[budget]\nmax_tool_calls = {STEPS + 5}\nmax_model_turns = {STEPS + 5}\n"
-        f'deadline = "1h"\n[agent]\nmax_turns = {STEPS + 5}\n',
-    )
+    contract = long_counting_contract(tmp_path, STEPS)
     crashed = truss(home, "run", str(contract), "--session", "s1", env={"TRUSS_FAULT": "during_verdict"})
     assert crashed.returncode == -9, crashed.stdout + crashed.stderr
     return home

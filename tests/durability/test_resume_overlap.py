@@ -16,7 +16,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.durability.support import TIMEOUT, counting_contract, make_home, truss
+from tests.durability.support import TIMEOUT, long_counting_contract, make_home, truss
 from truss._errors import VerificationError
 from truss.ledger.reader import unverified
 from truss.runtime import Runtime
@@ -61,13 +61,7 @@ def _long_session(tmp_path: Path) -> tuple[Path, Path]:
     file the counting server writes its pid to when it starts."""
     home = make_home(tmp_path / "home")
     starts = tmp_path / "starts.txt"
-    contract = counting_contract(
-        tmp_path,
-        steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(STEPS)],
-        check_tool="mcp:cnt:count",
-        contract=f"[budget]\nmax_tool_calls = {STEPS + 5}\nmax_model_turns = {STEPS + 5}\n"
-        f'deadline = "1h"\n[agent]\nmax_turns = {STEPS + 5}\n',
-    )
+    contract = long_counting_contract(tmp_path, STEPS)
     text = contract.read_text(encoding="utf-8").replace(
         "env = { ", f"env = {{ START_FILE = {json.dumps(str(starts))}, "
     )
