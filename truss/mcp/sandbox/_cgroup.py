@@ -52,9 +52,11 @@ class Cgroups:
     # The counter files, opened once and re-read with pread: a call's limit check reads them after
     # every call, and an open, read and close through pathlib cost ~13 us each against ~1 us.
     _counters: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int], repr=False, compare=False)
-    # The bytes of the last read and what they meant: the usual answer after a call is the same
-    # counters as after the last one, which then need no parsing.
-    _last: tuple[tuple[bytes, ...], tuple[LimitHit, ...]] | None = field(default=None, repr=False, compare=False)
+    # Each counter file's last bytes and their ``key value`` fields: the usual answer after a call
+    # is the same bytes as after the last one, which then need no parsing.
+    _parsed: dict[tuple[str, str], tuple[bytes, dict[str, int]]] = field(
+        default_factory=dict[tuple[str, str], tuple[bytes, dict[str, int]]], repr=False, compare=False
+    )
 
     @property
     def summary(self) -> dict[str, str]:
@@ -68,45 +70,41 @@ class Cgroups:
         # Asked after every call (in Truss's process, between the answer and the model): each
         # counter file is read once, with one pread on a descriptor kept open, and parsed only
         # when its bytes differ from the last read's.
-        raw = tuple([self._read(controller, name) for controller, name in self._files()])
-        last = self._last
-        if last is not None and last[0] == raw:
-            return list(last[1])
-        found = self._parse(raw)
-        self._last = (raw, tuple(found))
-        return found
-
-    def _files(self) -> list[tuple[str, str]]:
-        """The counter files ``hits`` reads, in the order ``_parse`` expects them."""
-        files: list[tuple[str, str]] = []
-        if "pids" in self.dirs:
-            files.append(("pids", "pids.events"))
-        if "memory" in self.dirs:
-            if self.dirs["memory"][0] == "v2":
-                files.append(("memory", "memory.events"))
-            else:
-                files += [("memory", "memory.oom_control"), ("memory", "memory.failcnt")]
-        return files
-
-    def _parse(self, raw: tuple[bytes, ...]) -> list[LimitHit]:
-        texts = iter(raw)
         found: list[LimitHit] = []
         if "pids" in self.dirs:
-            count = _fields(next(texts)).get("max", 0)
+            count = self._fields("pids", "pids.events").get("max", 0)
             if count:
                 found.append(LimitHit("processes", f"pids.events max {count}"))
         if "memory" in self.dirs:
             if self.dirs["memory"][0] == "v2":
-                events = _fields(next(texts))
+                events = self._fields("memory", "memory.events")
                 count = events.get("oom_kill", 0) or events.get("oom", 0)
                 if count:
                     found.append(LimitHit("memory", f"memory.events oom_kill {count}"))
             else:
-                count = _fields(next(texts)).get("oom_kill", 0)
-                fails = _int(_text(next(texts)))
+                count = self._fields("memory", "memory.oom_control").get("oom_kill", 0)
+                fails = self._fields("memory", "memory.failcnt").get("", 0)  # a bare number: key ""
                 if count or fails:
                     found.append(LimitHit("memory", f"memory.oom_control oom_kill {count}, memory.failcnt {fails}"))
         return found
+
+    def _fields(self, controller: str, name: str) -> dict[str, int]:
+        """The ``key value`` lines of a counter file (a bare number under the key ""), read once;
+        parsed again only when its bytes changed. Callers must not change the answer."""
+        key = (controller, name)
+        raw = self._read(controller, name)
+        last = self._parsed.get(key)
+        if last is not None and last[0] == raw:
+            return last[1]
+        fields: dict[str, int] = {}
+        for line in raw.decode("ascii", "replace").splitlines():
+            head, _, value = line.partition(" ")
+            if value:
+                fields[head] = _int(value)
+            else:
+                fields[""] = _int(head)
+        self._parsed[key] = (raw, fields)
+        return fields
 
     def _read(self, controller: str, name: str) -> bytes:
         """The bytes of a kernel counter file (b'' when it cannot be read), its descriptor kept open."""
@@ -155,19 +153,6 @@ class Cgroups:
         for _, d in self.dirs.values():
             with contextlib.suppress(OSError):
                 d.rmdir()
-
-
-def _text(raw: bytes) -> str:
-    return raw.decode("ascii", "replace")
-
-
-def _fields(raw: bytes) -> dict[str, int]:
-    """The ``key value`` lines of a counter file."""
-    fields: dict[str, int] = {}
-    for line in _text(raw).splitlines():
-        key, _, value = line.partition(" ")
-        fields[key] = _int(value)
-    return fields
 
 
 def _int(text: str) -> int:
