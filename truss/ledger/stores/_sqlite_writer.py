@@ -532,9 +532,7 @@ class SqliteWriter:
                     pending.error = self._batch_error(pending, exc)
             conn.execute("COMMIT")
             self._frontier, self._version = frontier, version
-            if not self._rotated_here and (
-                group[0].rotates if len(group) == 1 else any(p.rotates for p in group if p.result)
-            ):  # a lone batch that got here committed, so its own flag says it (no generator per commit)
+            if not self._rotated_here and any(p.rotates for p in group if p.result):
                 self._rotated_here = True
             self._commits += 1
             self._flushes += int(bool(self._sync_full))
