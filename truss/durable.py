@@ -389,6 +389,9 @@ class _ReadOnlyStore:
     def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         return self._store.nodes(keys)
 
+    def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        return self._store.node_hashes(keys)
+
     def checkpoints(self) -> list[StoredCheckpoint]:
         return self._store.checkpoints()
 

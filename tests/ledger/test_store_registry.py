@@ -38,6 +38,7 @@ from truss.ledger.stores.base import (
     StoredCheckpoint,
     check_epoch,
     grant_lease,
+    nodes_in_order,
     seal_batch,
 )
 from truss.ledger.stores.sqlite import SqliteStore, sqlite_path
@@ -310,6 +311,9 @@ class ToyStore:
 
     def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         return {(level, index): self.node(level, index) for level, index in keys}
+
+    def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        return nodes_in_order(self.nodes, keys)
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         with self._lock:

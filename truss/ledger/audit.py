@@ -81,6 +81,8 @@ class AuditSource(LedgerReader, Protocol):
 
     def nodes(self, keys: Sequence[tuple[int, int]]) -> Mapping[tuple[int, int], bytes]: ...
 
+    def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterable[bytes]: ...
+
 
 @overload
 def verify(evidence: bytes, trusted: TrustedKeys | Iterable[VerifierKey]) -> BundleReport: ...
@@ -360,8 +362,8 @@ class SessionInLog:
     entry before the ``settle`` after its ``check`` returned ``None``. Either way, the nodes one
     proof (or one batch) needs are read in one lookup: the store's queries per entry do not grow
     with the log. One entry's proof is folded as its nodes arrive (``merkle.inclusion_root`` over
-    ``node_hashes``, a store's streamed lookup, else ``nodes`` in order), so that the memory of
-    ``verify SESSION`` does not grow with the log either.
+    ``node_hashes``, the store's ``LedgerStore.node_hashes``; when none is given, ``nodes`` in order),
+    so that the memory of ``verify SESSION`` does not grow with the log either.
     """
 
     def __init__(
@@ -444,11 +446,10 @@ def session_in_log(
     earlier ones read, latest first, so a session read costs the same at 20,000 checkpoints as at 20."""
     latest = store.latest_checkpoint()
     used: list[StoredCheckpointLike] = [latest] if latest is not None else []
-    hashes: NodeHashes | None = getattr(store, "node_hashes", None)
-    in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch, node_hashes=hashes)
+    in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch, node_hashes=store.node_hashes)
     if in_log.checkpoint is None and latest is not None:
         used = list(store.checkpoints())
-        in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch, node_hashes=hashes)
+        in_log = SessionInLog(used, trusted, store.origin, store.nodes, batch=batch, node_hashes=store.node_hashes)
     return in_log, used
 
 

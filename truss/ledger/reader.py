@@ -475,6 +475,9 @@ class VerifiedStore:
     def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         return self.raw.nodes(keys)
 
+    def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        return self.raw.node_hashes(keys)
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         self.raw.add_checkpoint(size, root, note)
 

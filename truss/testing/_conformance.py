@@ -16,7 +16,7 @@ from truss.ledger.canonical import sha256_ref
 from truss.ledger.cosignature import cosign, with_signature_lines
 from truss.ledger.entry import ZERO_HASH, Record, StoredEntry
 from truss.ledger.keys import CosignerKey, IdentityKey, TrustedKeys
-from truss.ledger.merkle import MemoryTree, NodeHashes, fetched, leaf_hash, root_at, root_nodes
+from truss.ledger.merkle import MemoryTree, fetched, leaf_hash, root_at, root_nodes
 from truss.ledger.note import sign_checkpoint_note
 from truss.ledger.stores.base import LeaseOwner, LedgerStore, append_checked
 from truss.ledger.verification import verify_ledger
@@ -185,13 +185,11 @@ def _the_merkle_tree_is_maintained(store: LedgerStore, key: IdentityKey, clock: 
     assert store.nodes([]) == {}
     assert root_at(11, fetched(store.nodes, root_nodes(11))) == tree.root(11)
     _expect(StoreError, lambda: store.nodes([(0, 1), (4, 0)]), "one node of the lookup not stored")
-    streamed: NodeHashes | None = getattr(store, "node_hashes", None)
-    if streamed is not None:  # optional: a store that streams a proof's nodes for a fold holding none of them
-        backwards = wanted[::-1]
-        assert list(streamed(iter(backwards))) == [tree.nodes[k] for k in backwards], "streamed in the order asked"
-        assert list(streamed(iter([]))) == []
-        for keys in ([(0, 1), (4, 0), (0, 2)], [(0, 1), (4, 0)], [(4, 0)]):
-            _expect(StoreError, lambda keys=keys: list(streamed(iter(keys))), "a streamed node not stored")
+    backwards = wanted[::-1]  # node_hashes: a proof's nodes for a fold that holds none of them
+    assert list(store.node_hashes(iter(backwards))) == [tree.nodes[k] for k in backwards], "streamed in the order asked"
+    assert list(store.node_hashes(iter([]))) == []
+    for keys in ([(0, 1), (4, 0), (0, 2)], [(0, 1), (4, 0)], [(4, 0)]):
+        _expect(StoreError, lambda keys=keys: list(store.node_hashes(iter(keys))), "a streamed node not stored")
 
 
 def _checkpoints_and_envelopes_are_kept(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:

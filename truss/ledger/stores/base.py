@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from truss._errors import SessionBusyError, StoreConflictError, StoreError
 from truss.ledger.canonical import CanonicalError
 from truss.ledger.entry import ZERO_HASH, Record, Signer, StoredEntry, seal
+from truss.ledger.merkle import in_order
 
 if TYPE_CHECKING:
     from truss._clock import Clock
@@ -45,6 +46,7 @@ __all__ = [
     "check_epoch",
     "check_status",
     "grant_lease",
+    "nodes_in_order",
     "owner_gone",
     "seal_batch",
     "session_fields",
@@ -290,6 +292,15 @@ class LedgerStore(Protocol):
         the log's size; ``StoreError`` as ``node`` raises it, naming one that is not stored."""
         ...
 
+    def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        """The hashes of the complete subtrees ``keys`` in the order asked, for a fold that holds
+        none of them (``merkle.inclusion_root`` over ``merkle.path_nodes``, as ``verify SESSION``
+        proves each entry); ``StoreError`` as ``nodes`` raises it, at the latest when the one not
+        stored is reached. A store that can stream them from one query does (SQLite), so a proof's
+        memory does not grow with the log; one that can only answer ``nodes`` returns
+        ``nodes_in_order(self.nodes, keys)``."""
+        ...
+
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None: ...
 
     def checkpoints(self) -> list[StoredCheckpoint]: ...
@@ -308,6 +319,15 @@ class LedgerStore(Protocol):
     def envelope(self, session: str) -> bytes | None: ...
 
     def close(self) -> None: ...
+
+
+def nodes_in_order(
+    nodes: Callable[[Sequence[tuple[int, int]]], Mapping[tuple[int, int], bytes]], keys: Iterable[tuple[int, int]]
+) -> Iterator[bytes]:
+    """``LedgerStore.node_hashes`` for a store that can only answer ``nodes``: one ``nodes`` lookup
+    of all ``keys``, then their hashes in the order asked (``merkle.in_order``). It holds the
+    O(log n) hashes of a proof where a streaming store holds none."""
+    return iter(in_order(nodes)(keys))
 
 
 class StoreOpener(Protocol):

@@ -32,6 +32,7 @@ from truss.ledger.stores.base import (
     StoredCheckpoint,
     check_epoch,
     grant_lease,
+    nodes_in_order,
     seal_batch,
     session_fields,
 )
@@ -229,6 +230,9 @@ class MemoryStore:
             if digest is None:
                 raise StoreError(f"Merkle node ({level}, {index}) is not stored", level=level, index=index)
         return {key: digest for key, digest in found.items() if digest is not None}
+
+    def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        return nodes_in_order(self.nodes, keys)
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         with self._lock:

@@ -73,6 +73,7 @@ from truss.ledger.stores.base import (
     StoredCheckpoint,
     check_epoch,
     grant_lease,
+    nodes_in_order,
 )
 
 __all__ = [
@@ -516,6 +517,9 @@ class PostgresStore:
 
     def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
         return select_nodes(self._rows, self.db, keys) if keys else {}
+
+    def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
+        return nodes_in_order(self.nodes, keys)
 
     def checkpoints(self) -> list[StoredCheckpoint]:
         rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size")
