@@ -108,6 +108,9 @@ class _Source:
     def node(self, level: int, index: int) -> bytes:
         return self.tree.get_node(level, index)
 
+    def nodes(self, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+        return {(level, index): self.tree.get_node(level, index) for level, index in keys}
+
     def checkpoints(self) -> Sequence[Any]:
         return self._checkpoints
 
