@@ -184,12 +184,12 @@ def _perfect_cover(start: int, end: int) -> list[tuple[int, int]]:
     ``end - start``), which holds for every range the RFC 9162 recursions visit.
     """
     out: list[tuple[int, int]] = []
-    width = end - start
-    pos = start
-    for level in range(width.bit_length() - 1, -1, -1):
-        if width >> level & 1:
-            out.append((level, pos >> level))
-            pos += 1 << level
+    pos, width = start, end - start
+    while width:  # one step a set bit of the width, the largest first
+        level = width.bit_length() - 1
+        out.append((level, pos >> level))
+        pos += 1 << level
+        width -= 1 << level
     return out
 
 
@@ -293,32 +293,10 @@ def leaves_nodes(leaves: Iterable[int], size: int) -> list[NodeKey]:
     return _covers(gaps)
 
 
-def _inclusion_ranges(index: int, size: int) -> list[tuple[int, int]]:
-    """The ranges whose hashes make ``PATH(index, D[0:size])``, root side first."""
-    if not 0 <= index < size:
-        raise ValueError(f"leaf {index} is not in a tree of size {size}")
-    ranges: list[tuple[int, int]] = []
-    start, end, m = 0, size, index
-    while end - start > 1:
-        k = _largest_power_of_two_below(end - start)
-        if m < k:
-            ranges.append((start + k, end))
-            end = start + k
-        else:
-            ranges.append((start, start + k))
-            start += k
-            m -= k
-    return ranges
-
-
-def inclusion_nodes(index: int, size: int) -> list[NodeKey]:
-    """The stored subtrees ``inclusion_proof(index, size)`` reads."""
-    return _covers(_inclusion_ranges(index, size))
-
-
 def _path(index: int, size: int) -> Iterator[tuple[bool, int, int]]:
     """``(on the left, start, end)`` of the range of each hash of ``PATH(index, D[0:size])``, leaf
-    side first, one at a time: the ranges ``_inclusion_ranges`` lists, without a list.
+    side first, one at a time: what ``inclusion_nodes``, ``inclusion_proof``, ``path_nodes`` and
+    ``inclusion_root`` all read, so the path is derived in one place.
 
     RFC 9162's tree is the tree of aligned power-of-two subtrees in which a node without a right
     sibling (past ``size``) is promoted unchanged: at each level the leaf's subtree has its sibling
@@ -337,21 +315,16 @@ def _path(index: int, size: int) -> Iterator[tuple[bool, int, int]]:
         level += 1
 
 
-def _cover_right_to_left(start: int, end: int) -> Iterator[NodeKey]:
-    """``_perfect_cover(start, end)`` from its smallest (rightmost) subtree to its largest."""
-    pos, width = end, end - start
-    while width:
-        level = (width & -width).bit_length() - 1
-        pos -= 1 << level
-        width -= 1 << level
-        yield level, pos >> level
+def inclusion_nodes(index: int, size: int) -> list[NodeKey]:
+    """The stored subtrees ``inclusion_proof(index, size)`` reads."""
+    return [key for _, start, end in _path(index, size) for key in _perfect_cover(start, end)]
 
 
 def path_nodes(index: int, size: int) -> Iterator[NodeKey]:
     """The stored subtrees ``inclusion_nodes(index, size)`` names, one at a time, in the order
     ``inclusion_root`` folds them: the proof's hashes leaf side first, each one's subtrees right to left."""
     for _, start, end in _path(index, size):
-        yield from _cover_right_to_left(start, end)
+        yield from reversed(_perfect_cover(start, end))
 
 
 def inclusion_root(leaf: bytes, index: int, size: int, hashes: Iterable[bytes]) -> bytes | None:
@@ -383,7 +356,7 @@ def inclusion_root(leaf: bytes, index: int, size: int, hashes: Iterable[bytes]) 
 
 def inclusion_proof(index: int, size: int, get_node: GetNode) -> list[bytes]:
     """RFC 9162 section 2.1.3.1 ``PATH(index, D[0:size])``, leaf side first."""
-    return [_range_hash(start, end, get_node) for start, end in reversed(_inclusion_ranges(index, size))]
+    return [_range_hash(start, end, get_node) for _, start, end in _path(index, size)]
 
 
 def _consistency_ranges(old: int, new: int) -> list[tuple[int, int]]:
