@@ -7,6 +7,7 @@ reported as events, and no process of the sandbox may outlive it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -211,3 +212,15 @@ async def test_the_description_records_binds_masks_network_and_limits(escape: di
     assert description["limits"] == {"memory": MEMORY, "processes": PROCESSES, "cpu_s": 60, "file_size": FILE_SIZE}
     assert {"mount", "pid", "ipc", "uts", "net"} <= set(description["namespaces"])
     assert SECRET not in json.dumps(description)
+
+
+def test_importing_the_hostile_server_runs_no_attack(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without its __main__ guard it would read its config from argv and attack this very host.
+    monkeypatch.setattr(sys, "argv", ["escape.py"])
+    spec = importlib.util.spec_from_file_location("escape_server", SERVERS / "escape.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.main) and capsys.readouterr() == ("", "")

@@ -18,6 +18,8 @@ def send(message: dict[str, Any]) -> None:
 
 
 def fork_until_refused() -> str:
+    # escape.py's fork_many has the same loop; it is not shared because only the script named on
+    # the command line is bound into the sandbox (a shared module would be a second bind per test).
     r, w = os.pipe()  # the children wait on it and exit when it closes
     made = 0
     try:
