@@ -1,14 +1,23 @@
 """What confining a stdio server costs, each against the unconfined baseline measured in the same run.
 
-Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M] [--only PART ...]``
+Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M] [--pairs P] [--seed S]
+[--only PART ...]``
 (needs ``make peers`` and a bwrap that can run here; ``--only https`` runs the HTTPS lines alone).
 
 - start-up: spawn to tools listed of mcp-server-time through ``confined`` (network ``none``, all
   four limits) against the same command unconfined, rounds interleaved; the ratio is of the
   medians (target <= 1.15). The confined side pays the plan, the launcher, bwrap and the
   supervisor; a second line times those alone, starting ``/bin/true`` confined and plain.
-- call: ``get_current_time`` on a confined connection against an unconfined one, calls
-  interleaved in pairs (target <= 1.05). The sandbox adds nothing to the pipe itself.
+- call: ``get_current_time`` on confined connections against unconfined ones (target <= 1.05):
+  ``--pairs N`` servers of each kind in each of two halves (4N servers, default 12), all started
+  the same way in a seeded shuffled order, each in a session of its own; then ``--calls`` calls on
+  every server, each round visiting all of them in a seeded shuffled order (``--seed``). The
+  ratio is of the medians of every call of each kind. Under it, the control of the same run: one
+  half of a kind against the other (unconfined / unconfined, confined / confined), beside the
+  confined / unconfined ratio of each half, the same shape; and the spread of each server's own
+  median. One server per kind would count where the kernel happened to put that process (core,
+  caches, wake-up path) as the sandbox's cost: two unconfined servers differ by several percent.
+  The sandbox adds nothing to the pipe itself.
 - HTTPS: an allowed HTTPS GET on a new connection each time, from a client confined with
   network ``allow`` (relay, Unix socket, egress proxy, then the loopback TLS server) against the
   same client unconfined going straight to the server (target <= 1.2), for a 26-byte body
@@ -21,9 +30,10 @@ Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]
 - through Truss: the same start-up and call through the MCP tier's ``connect`` and
   ``SandboxLauncher`` (what ``truss run`` does: the contract's ``[mcp.servers.sandbox]``, the
   description computed before the start and checked after it, the egress reports), against the
-  same contract without the table (targets as above). Under the call line, the CPU time Truss's
-  process spends per call on each side: what only the confined call does there is the limit
-  check after it.
+  same contract without the table (targets as above); the calls spread over 4N servers and
+  controlled as the call line's. Under it, the CPU time Truss's process spends per call on each
+  side, and the same difference between the two unconfined halves: what only the confined call
+  does there is the limit check after it.
 """
 
 from __future__ import annotations
@@ -31,13 +41,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import resource
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -122,19 +135,83 @@ async def bench_true(rounds: int) -> tuple[float, float]:
     return statistics.median(plain), statistics.median(boxed)
 
 
-async def bench_call(calls: int) -> tuple[float, float]:
-    plain: list[float] = []
-    boxed: list[float] = []
-    async with time_server(False) as a, time_server(True) as b:
-        for s in (a, b):
-            for _ in range(20):
-                await s.call_tool("get_current_time", {"timezone": "UTC"})
-        for _ in range(calls):
-            for s, out in ((a, plain), (b, boxed)):
-                start = time.perf_counter()
-                await s.call_tool("get_current_time", {"timezone": "UTC"})
-                out.append(time.perf_counter() - start)
-    return statistics.median(plain), statistics.median(boxed)
+Call = Callable[[], Awaitable[object]]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The calls of one interleaved run: every server's durations and this process's CPU seconds,
+    by kind (``False`` unconfined, ``True`` confined) and half (0 or 1, the same number of servers
+    each). The ratio pools both halves; the control sets one half of a kind against the other."""
+
+    timings: dict[tuple[bool, int], list[list[float]]]
+    cpu: dict[tuple[bool, int], float]
+
+    def pooled(self, confine: bool, halves: tuple[int, ...] = (0, 1)) -> float:
+        return statistics.median(t for h in halves for server in self.timings[confine, h] for t in server)
+
+    def cpu_per_call(self, confine: bool, halves: tuple[int, ...] = (0, 1)) -> float:
+        count = sum(len(server) for h in halves for server in self.timings[confine, h])
+        return sum(self.cpu[confine, h] for h in halves) / count
+
+    def ratio(self) -> tuple[float, float]:
+        return self.pooled(False), self.pooled(True)
+
+    def control_lines(self) -> list[str]:
+        n = len(self.timings[False, 0])
+        aa_plain = self.pooled(False, (1,)) / self.pooled(False, (0,))
+        aa_boxed = self.pooled(True, (1,)) / self.pooled(True, (0,))
+        halves = [self.pooled(True, (h,)) / self.pooled(False, (h,)) for h in (0, 1)]
+        spread = {
+            confine: sorted(statistics.median(server) for h in (0, 1) for server in self.timings[confine, h])
+            for confine in (False, True)
+        }
+
+        def span(confine: bool) -> str:
+            return f"{spread[confine][0] * 1000:.3f}-{spread[confine][-1] * 1000:.3f} ms"
+
+        return [
+            f"{'':<11} control, same run ({n} vs {n} servers): unconfined / unconfined {aa_plain:.3f}x, "
+            f"confined / confined {aa_boxed:.3f}x; confined / unconfined by halves {halves[0]:.3f}x, {halves[1]:.3f}x",
+            f"{'':<11} each server's median: unconfined {span(False)}, confined {span(True)}",
+        ]
+
+
+async def interleaved(servers: dict[tuple[bool, int], list[Call]], calls: int, seed: int) -> Estimate:
+    """``calls`` calls on every server, each round visiting all of them in a seeded shuffled order."""
+    slots = [(key, i) for key, group in servers.items() for i in range(len(group))]
+    timings = {key: [[] for _ in group] for key, group in servers.items()}
+    cpu = dict.fromkeys(servers, 0.0)
+    for key, i in slots:
+        for _ in range(20):  # warm each: imports, first answers
+            await servers[key][i]()
+    order = random.Random(seed)
+    for _ in range(calls):
+        for key, i in order.sample(slots, len(slots)):
+            call = servers[key][i]
+            before = cpu_s()
+            start = time.perf_counter()
+            await call()
+            timings[key][i].append(time.perf_counter() - start)
+            cpu[key] += cpu_s() - before
+    return Estimate(timings, cpu)
+
+
+def start_order(pairs: int, seed: int) -> list[tuple[bool, int]]:
+    """Which server to start next: ``pairs`` of each kind in each half, in a seeded shuffled order,
+    so that neither kind is systematically started first (lower pids, earlier placement)."""
+    keys = [(confine, half) for confine in (False, True) for half in (0, 1) for _ in range(pairs)]
+    random.Random(seed).shuffle(keys)
+    return keys
+
+
+async def bench_call(calls: int, pairs: int, seed: int) -> Estimate:
+    servers: dict[tuple[bool, int], list[Call]] = {(c, h): [] for c in (False, True) for h in (0, 1)}
+    async with AsyncExitStack() as stack:
+        for key in start_order(pairs, seed):
+            s = await stack.enter_async_context(time_server(key[0]))
+            servers[key].append(partial(s.call_tool, "get_current_time", {"timezone": "UTC"}))
+        return await interleaved(servers, calls, seed)
 
 
 class Client:
@@ -249,11 +326,9 @@ async def mounted(confine: bool, logs: Path) -> AsyncGenerator[Mounts]:
         yield mounts
 
 
-async def bench_connect(
-    rounds: int, calls: int
-) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
-    """Start-up (connect to tools mounted) and call medians through ``connect``, and the CPU time this
-    process spends per call (user + system, outside the timings): (plain, confined) each."""
+async def bench_connect(rounds: int, calls: int, pairs: int, seed: int) -> tuple[tuple[float, float], Estimate]:
+    """Start-up (connect to tools mounted) medians through ``connect``, (plain, confined), and the
+    calls through it, interleaved across ``pairs`` servers of each kind in each half as ``bench_call``."""
     starts: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
@@ -266,23 +341,15 @@ async def bench_connect(
                 with anyio.fail_after(60):
                     async with mounted(confine, logs):
                         starts[confine].append(time.perf_counter() - start)
-        timed: dict[bool, list[float]] = {False: [], True: []}
-        cpu = {False: 0.0, True: 0.0}
-        async with mounted(False, logs) as a, mounted(True, logs) as b:
-            pairs = ((False, a), (True, b))
-            for _, m in pairs:
-                for _ in range(20):
-                    await m.call(m.tools["mcp:time:get_current_time"], {"timezone": "UTC"}, timeout_s=30)
-            for _ in range(calls):
-                for confine, m in pairs:
-                    before = cpu_s()
-                    start = time.perf_counter()
-                    await m.call(m.tools["mcp:time:get_current_time"], {"timezone": "UTC"}, timeout_s=30)
-                    timed[confine].append(time.perf_counter() - start)
-                    cpu[confine] += cpu_s() - before
+        servers: dict[tuple[bool, int], list[Call]] = {(c, h): [] for c in (False, True) for h in (0, 1)}
+        async with AsyncExitStack() as stack:
+            for key in start_order(pairs, seed):
+                m = await stack.enter_async_context(mounted(key[0], logs))
+                tool = m.tools["mcp:time:get_current_time"]
+                servers[key].append(partial(m.call, tool, {"timezone": "UTC"}, timeout_s=30))
+            estimate = await interleaved(servers, calls, seed)
     med = statistics.median
-    per_call = (cpu[False] / calls, cpu[True] / calls)
-    return (med(starts[False]), med(starts[True])), (med(timed[False]), med(timed[True])), per_call
+    return (med(starts[False]), med(starts[True])), estimate
 
 
 PARTS = ("start", "call", "https", "truss")
@@ -301,19 +368,28 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument(
+        "--pairs", type=int, default=3, help="servers of each kind in each half of the call lines (default 3)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the call lines' orders (default 0)")
+    parser.add_argument(
         "--only", action="append", choices=PARTS, help="run only these parts (repeatable; default: all)"
     )
     options = parser.parse_args()
     parts = set(options.only or PARTS)
     bwrap = await find_bwrap()
-    sizes = f"rounds {options.rounds}, calls {options.calls}, requests {options.requests}"
+    sizes = (
+        f"rounds {options.rounds}, calls {options.calls}, requests {options.requests}, "
+        f"pairs {options.pairs}, seed {options.seed}"
+    )
     print(f"bwrap {bwrap.version} ({bwrap.source}); {sizes}")
     if "start" in parts:
         print(line("start-up", *await bench_start(options.rounds), 1.15))
         plain, boxed = await bench_true(options.rounds * 2)
         print(f"{'':<11} the sandbox alone (/bin/true): plain {plain * 1000:.1f} ms, confined {boxed * 1000:.1f} ms")
     if "call" in parts:
-        print(line("call", *await bench_call(options.calls), 1.05))
+        estimate = await bench_call(options.calls, options.pairs, options.seed)
+        print(line("call", *estimate.ratio(), 1.05))
+        print("\n".join(estimate.control_lines()))
     https = (("https", options.requests, 26), ("https 1M", max(10, options.requests // 4), 1 << 20))
     for name, count, body in https if "https" in parts else ():
         direct, proxied, cpu, hosted = await bench_https(count, body)
@@ -324,12 +400,16 @@ async def main() -> None:
         )
         print(f"{'':<11} the egress proxy's CPU time per request: {cpu * 1e6:8.0f} us (user + system, Truss's process)")
     if "truss" in parts:
-        start, call, (plain_cpu, boxed_cpu) = await bench_connect(options.rounds, options.calls)
+        start, estimate = await bench_connect(options.rounds, options.calls, options.pairs, options.seed)
         print(line("truss start", *start, 1.15))
-        print(line("truss call", *call, 1.05))
+        print(line("truss call", *estimate.ratio(), 1.05))
+        print("\n".join(estimate.control_lines()))
+        plain_cpu, boxed_cpu = estimate.cpu_per_call(False), estimate.cpu_per_call(True)
+        control = estimate.cpu_per_call(False, (1,)) - estimate.cpu_per_call(False, (0,))
         print(
             f"{'':<11} Truss's CPU time per call (user + system, this process): unconfined {plain_cpu * 1e6:.0f} us, "
-            f"confined {boxed_cpu * 1e6:.0f} us (difference {(boxed_cpu - plain_cpu) * 1e6:+.0f} us)"
+            f"confined {boxed_cpu * 1e6:.0f} us (difference {(boxed_cpu - plain_cpu) * 1e6:+.0f} us; "
+            f"unconfined / unconfined {control * 1e6:+.0f} us)"
         )
 
 
