@@ -32,8 +32,9 @@ Run: ``.venv/bin/python bench/sandbox.py [--rounds R] [--calls N] [--requests M]
   description computed before the start and checked after it, the egress reports), against the
   same contract without the table (targets as above); the calls spread over 4N servers and
   controlled as the call line's. Under it, the CPU time Truss's process spends per call on each
-  side, and the same difference between the two unconfined halves: what only the confined call
-  does there is the limit check after it.
+  side (the median of the calls: a collection lands on some call of either kind), and the same
+  difference between the two unconfined halves: what only the confined call does there is the
+  limit check after it.
 """
 
 from __future__ import annotations
@@ -140,19 +141,20 @@ Call = Callable[[], Awaitable[object]]
 
 @dataclass(frozen=True)
 class Estimate:
-    """The calls of one interleaved run: every server's durations and this process's CPU seconds,
-    by kind (``False`` unconfined, ``True`` confined) and half (0 or 1, the same number of servers
-    each). The ratio pools both halves; the control sets one half of a kind against the other."""
+    """The calls of one interleaved run: every call's duration (by server) and this process's CPU
+    seconds during it (user + system, outside the timing), by kind (``False`` unconfined, ``True``
+    confined) and half (0 or 1, the same number of servers each). The ratio pools both halves;
+    the control sets one half of a kind against the other."""
 
     timings: dict[tuple[bool, int], list[list[float]]]
-    cpu: dict[tuple[bool, int], float]
+    cpu: dict[tuple[bool, int], list[float]]
 
     def pooled(self, confine: bool, halves: tuple[int, ...] = (0, 1)) -> float:
         return statistics.median(t for h in halves for server in self.timings[confine, h] for t in server)
 
     def cpu_per_call(self, confine: bool, halves: tuple[int, ...] = (0, 1)) -> float:
-        count = sum(len(server) for h in halves for server in self.timings[confine, h])
-        return sum(self.cpu[confine, h] for h in halves) / count
+        """The median: a collection or another thread's turn lands on some call of either kind."""
+        return statistics.median(t for h in halves for t in self.cpu[confine, h])
 
     def ratio(self) -> tuple[float, float]:
         return self.pooled(False), self.pooled(True)
@@ -181,7 +183,7 @@ async def interleaved(servers: dict[tuple[bool, int], list[Call]], calls: int, s
     """``calls`` calls on every server, each round visiting all of them in a seeded shuffled order."""
     slots = [(key, i) for key, group in servers.items() for i in range(len(group))]
     timings = {key: [[] for _ in group] for key, group in servers.items()}
-    cpu = dict.fromkeys(servers, 0.0)
+    cpu: dict[tuple[bool, int], list[float]] = {key: [] for key in servers}
     for key, i in slots:
         for _ in range(20):  # warm each: imports, first answers
             await servers[key][i]()
@@ -193,7 +195,7 @@ async def interleaved(servers: dict[tuple[bool, int], list[Call]], calls: int, s
             start = time.perf_counter()
             await call()
             timings[key][i].append(time.perf_counter() - start)
-            cpu[key] += cpu_s() - before
+            cpu[key].append(cpu_s() - before)
     return Estimate(timings, cpu)
 
 
@@ -407,7 +409,8 @@ async def main() -> None:
         plain_cpu, boxed_cpu = estimate.cpu_per_call(False), estimate.cpu_per_call(True)
         control = estimate.cpu_per_call(False, (1,)) - estimate.cpu_per_call(False, (0,))
         print(
-            f"{'':<11} Truss's CPU time per call (user + system, this process): unconfined {plain_cpu * 1e6:.0f} us, "
+            f"{'':<11} Truss's CPU time per call (user + system, this process; medians): "
+            f"unconfined {plain_cpu * 1e6:.0f} us, "
             f"confined {boxed_cpu * 1e6:.0f} us (difference {(boxed_cpu - plain_cpu) * 1e6:+.0f} us; "
             f"unconfined / unconfined {control * 1e6:+.0f} us)"
         )
