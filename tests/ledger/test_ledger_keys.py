@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from truss._errors import KeyFileError
-from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+from truss.ledger.keys import CosignerKey, CosignerVerifier, IdentityKey, TrustedKeys, VerifierKey
 
 
 def test_a_created_key_file_is_private_and_loads_back(tmp_path: Path) -> None:
@@ -139,3 +141,73 @@ def test_a_generated_key_signs_what_its_verifier_accepts_and_two_keys_differ() -
     signature = one.sign(b"m")
     assert one.verifier.verify(b"m", signature) and not two.verifier.verify(b"m", signature)
     assert IdentityKey._parse_private(one.private_text(), "test").verifier == one.verifier  # pyright: ignore[reportPrivateUsage]
+
+
+_VKEY = IdentityKey.from_seed(bytes(32), "example.com/log").verifier.vkey
+_COSIGNER_VKEY = CosignerKey.from_seed(bytes(32), "witness.example").verifier.vkey
+_PRIVATE = IdentityKey.from_seed(bytes(32), "example.com/log").private_text()
+_COSIGNER_PRIVATE = CosignerKey.from_seed(bytes(32), "witness.example").private_text()
+_V, _C = VerifierKey.parse, CosignerVerifier.parse
+_SHOW_LINE = "give the line `truss key show` prints: <name>+<hex key id>+<base64 key>"
+_INIT_LINE = "give the line `truss witness init` (or the witness's operator) printed"
+_RESTORE = "restore the key file from a backup"
+_WITNESS_INIT = "create one with `truss witness init`"
+
+
+def _other_id(line: str) -> str:
+    """``line`` with its key id replaced by 00000000 (which a real key's id is not)."""
+    prefix = "PRIVATE+KEY+" if line.startswith("PRIVATE+KEY+") else ""
+    name, key_id, encoded = line.removeprefix(prefix).split("+", 2)
+    assert key_id != "00000000"
+    return f"{prefix}{name}+00000000+{encoded}"
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "remedy", "chained"),
+    [
+        (_V, "name+abcd", _SHOW_LINE, False),
+        (_V, "name+00000000+AAA*", None, True),
+        (_V, "name+00000000+AAAA", None, False),
+        (_V, _other_id(_VKEY), "copy the whole line again from `truss key show`", False),
+        (_C, "name+abcd", _INIT_LINE, False),
+        (_C, "name+00000000+AAA*", None, True),
+        (_C, "name+00000000+", None, False),
+        (_C, _other_id(_COSIGNER_VKEY), "copy the whole line again from its source", False),
+    ],
+)
+def test_each_refused_verifier_key_line_names_its_kind_and_gives_its_remedy(
+    parse: Callable[[str], object], text: str, remedy: str | None, chained: bool
+) -> None:
+    with pytest.raises(KeyFileError) as info:
+        parse(text)
+    kind = "verifier key" if parse == _V else "cosigner key"
+    assert (info.value.remedy, info.value.file) == (remedy, kind)
+    assert isinstance(info.value.__cause__, binascii.Error) == chained, "a base64 error is chained to its cause"
+
+
+@pytest.mark.parametrize(
+    ("load", "text", "remedy"),
+    [
+        (IdentityKey.load, "PRIVATE+KEY+name+abcd", _RESTORE),
+        (IdentityKey.load, "name+00000000+" + _PRIVATE.rsplit("+", 1)[1], _RESTORE),
+        (IdentityKey.load, "PRIVATE+KEY+name+00000000+AAA*", _RESTORE),
+        (IdentityKey.load, "PRIVATE+KEY+name+00000000+AAAA", _RESTORE),
+        (IdentityKey.load, _other_id(_PRIVATE), None),
+        (CosignerKey.load, "PRIVATE+KEY+name+abcd", _WITNESS_INIT),
+        (CosignerKey.load, "PRIVATE+KEY+name+00000000+AAA*", _WITNESS_INIT),
+        (CosignerKey.load, "PRIVATE+KEY+name+00000000+AAAA", _WITNESS_INIT),
+        (CosignerKey.load, _other_id(_COSIGNER_PRIVATE), None),
+    ],
+)
+def test_each_refused_private_key_file_names_the_file_and_never_echoes_the_key(
+    tmp_path: Path, load: Callable[[Path], object], text: str, remedy: str | None
+) -> None:
+    path = tmp_path / "some.key"
+    path.write_text(text + "\n")
+    os.chmod(path, 0o600)
+    with pytest.raises(KeyFileError) as info:
+        load(path)
+    assert info.value.file == str(path)
+    assert (info.value.remedy or "").startswith(remedy or "") and (remedy is None) == (info.value.remedy is None)
+    assert text.rsplit("+", 1)[1] not in info.value.diagnostics()
+    assert info.value.__cause__ is None, "the decoding error of a private key is not chained"

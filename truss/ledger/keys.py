@@ -25,7 +25,7 @@ import hashlib
 import importlib
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,58 @@ def _check_name(name: str, where: str) -> None:
         )
 
 
+def _key_fields(
+    line: str, malformed: Callable[[], KeyFileError], undecodable: Callable[[str], KeyFileError] | None = None
+) -> tuple[str, str, bytes]:
+    """The name, hex key id and decoded key of a ``<name>+<hex key id>+<base64>`` line.
+
+    Raises ``malformed()`` when the line has not three fields; when the key is not base64,
+    ``undecodable(name)`` chained to the decoding error, or (without ``undecodable``: a private
+    key, nothing of which is echoed or chained) ``malformed()`` again. The errors are built only
+    when raised: a key parses at every verification's start.
+    """
+    parts = line.split("+", 2)
+    if len(parts) != 3:
+        raise malformed()
+    name, hex_id, b64 = parts
+    try:
+        return name, hex_id, base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        if undecodable is None:
+            raise malformed() from None
+        raise undecodable(name) from exc
+
+
+def _public_key_fields(text: str, what: str, not_a: str, remedy: str) -> tuple[str, str, bytes]:
+    """``_key_fields`` of a verifier key line, refused as not ``not_a`` or as ``what`` with a bad key."""
+    line = text.strip()
+    return _key_fields(
+        line,
+        lambda: KeyFileError(f"not a {not_a}: {line[:80]!r}", remedy=remedy, file=what),
+        lambda name: KeyFileError(f"{what} {name!r}: the key is not valid base64", file=what),
+    )
+
+
+def _check_key_id(key_id: str, hex_id: str, what: str, name: str, remedy: str) -> None:
+    if key_id != hex_id.lower():
+        raise KeyFileError(
+            f"{what} {name!r}: key id {hex_id} does not match the key (expected {key_id})", remedy=remedy, file=what
+        )
+
+
+def _private_key_fields(text: str, bad: KeyFileError) -> tuple[str, str, bytes]:
+    """``_key_fields`` of a ``PRIVATE+KEY+`` file's one line; anything malformed raises ``bad``."""
+    line = text.strip()
+    if not line.startswith(_PRIVATE_PREFIX) or "\n" in line:
+        raise bad
+    return _key_fields(line[len(_PRIVATE_PREFIX) :], lambda: bad)
+
+
+def _check_file_key_id(key_id: str, hex_id: str, where: str) -> None:
+    if key_id != hex_id.lower():
+        raise KeyFileError(f"{where}: the key id in the file does not match the key", file=where)
+
+
 class VerifierKey:
     """A public Ed25519 key with its name, in the C2SP vkey form."""
 
@@ -136,30 +188,19 @@ class VerifierKey:
     @classmethod
     def parse(cls, text: str) -> VerifierKey:
         """Parse ``<name>+<hex key id>+<base64(0x01||pubkey)>``; the key id must match."""
-        parts = text.strip().split("+", 2)
-        if len(parts) != 3:
-            raise KeyFileError(
-                f"not a verifier key: {text.strip()[:80]!r}",
-                remedy="give the line `truss key show` prints: <name>+<hex key id>+<base64 key>",
-                file="verifier key",
-            )
-        name, hex_id, b64 = parts
-        try:
-            raw = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise KeyFileError(f"verifier key {name!r}: the key is not valid base64", file="verifier key") from exc
+        name, hex_id, raw = _public_key_fields(
+            text,
+            "verifier key",
+            "verifier key",
+            "give the line `truss key show` prints: <name>+<hex key id>+<base64 key>",
+        )
         if len(raw) != 33 or raw[0] != ED25519_ALG:
             raise KeyFileError(
                 f"verifier key {name!r} is not an Ed25519 key (algorithm byte 0x01 and 32 key bytes)",
                 file="verifier key",
             )
         key = cls(name, raw[1:])
-        if key.key_id != hex_id.lower():
-            raise KeyFileError(
-                f"verifier key {name!r}: key id {hex_id} does not match the key (expected {key.key_id})",
-                remedy="copy the whole line again from `truss key show`",
-                file="verifier key",
-            )
+        _check_key_id(key.key_id, hex_id, "verifier key", name, "copy the whole line again from `truss key show`")
         return key
 
     @property
@@ -256,27 +297,16 @@ class IdentityKey:
     @classmethod
     def _parse_private(cls, text: str, where: str) -> IdentityKey:
         # Never echo the text: it is the secret.
-        line = text.strip()
         bad = KeyFileError(
             f"{where}: not a Truss identity key (expected one line PRIVATE+KEY+<name>+<id>+<key>)",
             remedy="restore the key file from a backup, or create a new key in a new home with `truss init`",
             file=where,
         )
-        if not line.startswith(_PRIVATE_PREFIX) or "\n" in line:
-            raise bad
-        parts = line[len(_PRIVATE_PREFIX) :].split("+", 2)
-        if len(parts) != 3:
-            raise bad
-        name, hex_id, b64 = parts
-        try:
-            raw = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise bad from None
+        name, hex_id, raw = _private_key_fields(text, bad)
         if len(raw) != 33 or raw[0] != ED25519_ALG:
             raise bad
         key = cls(name, raw[1:])
-        if key.key_id != hex_id.lower():
-            raise KeyFileError(f"{where}: the key id in the file does not match the key", file=where)
+        _check_file_key_id(key.key_id, hex_id, where)
         return key
 
     def private_text(self) -> str:
@@ -404,27 +434,16 @@ class CosignerVerifier:
     @classmethod
     def parse(cls, text: str) -> CosignerVerifier:
         """Parse ``<name>+<hex key id>+<base64(type || public key)>``; the key id must match."""
-        parts = text.strip().split("+", 2)
-        if len(parts) != 3:
-            raise KeyFileError(
-                f"not a cosigner verifier key: {text.strip()[:80]!r}",
-                remedy="give the line `truss witness init` (or the witness's operator) printed",
-                file="cosigner key",
-            )
-        name, hex_id, b64 = parts
-        try:
-            raw = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            raise KeyFileError(f"cosigner key {name!r}: the key is not valid base64", file="cosigner key") from exc
+        name, hex_id, raw = _public_key_fields(
+            text,
+            "cosigner key",
+            "cosigner verifier key",
+            "give the line `truss witness init` (or the witness's operator) printed",
+        )
         if not raw:
             raise KeyFileError(f"cosigner key {name!r}: the key is empty", file="cosigner key")
         key = cls(name, raw[0], raw[1:])
-        if key.key_id != hex_id.lower():
-            raise KeyFileError(
-                f"cosigner key {name!r}: key id {hex_id} does not match the key (expected {key.key_id})",
-                remedy="copy the whole line again from its source",
-                file="cosigner key",
-            )
+        _check_key_id(key.key_id, hex_id, "cosigner key", name, "copy the whole line again from its source")
         return key
 
     @property
@@ -516,22 +535,11 @@ class CosignerKey:
             remedy="create one with `truss witness init`",
             file=where,
         )
-        line = text.strip()
-        if not line.startswith(_PRIVATE_PREFIX) or "\n" in line:
-            raise bad
-        parts = line[len(_PRIVATE_PREFIX) :].split("+", 2)
-        if len(parts) != 3:
-            raise bad
-        name, hex_id, b64 = parts
-        try:
-            raw = base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise bad from None
+        name, hex_id, raw = _private_key_fields(text, bad)
         if len(raw) != 33:
             raise bad
         key = cls(name, raw[0], raw[1:])
-        if key.key_id != hex_id.lower():
-            raise KeyFileError(f"{where}: the key id in the file does not match the key", file=where)
+        _check_file_key_id(key.key_id, hex_id, where)
         return key
 
     def private_text(self) -> str:
