@@ -29,6 +29,10 @@ ATTACKS = {
     "rotation_without_the_new_keys_consent": "bad_rotation",
     "rotation_body_changed_after_signing": "bad_rotation",
 }
+REMEDIES = {
+    "forged_rotation": "do not trust entries signed by the key it introduces; the log's key history was forged",
+    "bad_rotation": "the key history is malformed; do not trust entries signed after it",
+}
 
 
 def _fixture(name: str) -> tuple[TrustedKeys, list[StoredEntry]]:
@@ -54,6 +58,8 @@ def test_a_forged_or_malformed_rotation_statement_fails_with_its_reason(name: st
         follow_rotations(entries, trusted, origin=ORIGIN)
     assert info.value.reason == ATTACKS[name]
     assert info.value.session == LOG_SESSION and isinstance(info.value.index, int)
+    statement = next(e for e in entries if e.index == info.value.index)
+    assert info.value.seq == statement.seq and info.value.remedy == REMEDIES[ATTACKS[name]]
 
 
 def test_a_verifier_that_starts_from_a_later_key_skips_the_statements_before_it() -> None:

@@ -27,6 +27,10 @@ ATTACKS = {
     "admission_with_an_extra_field": "bad_admission",
     "admission_of_a_removed_key_again": "bad_admission",
 }
+REMEDIES = {
+    "forged_admission": "do not trust entries signed by the key it names; the log's key set was forged",
+    "bad_admission": "the log's key set is malformed; do not trust entries signed after it",
+}
 
 
 def _fixture(name: str) -> tuple[TrustedKeys, list[StoredEntry]]:
@@ -65,6 +69,8 @@ def test_a_forged_or_malformed_admission_or_removal_fails_with_its_reason(name: 
         follow_rotations(entries, trusted, origin=ORIGIN)
     assert caught.value.fields["reason"] == ATTACKS[name]
     assert caught.value.fields["session"] == "@log"
+    statement = next(e for e in entries if e.index == caught.value.index)
+    assert caught.value.seq == statement.seq and caught.value.remedy == REMEDIES[ATTACKS[name]]
 
 
 def test_an_admission_record_refuses_a_proof_that_is_not_the_workers() -> None:

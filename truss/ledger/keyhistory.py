@@ -270,48 +270,36 @@ class KeyHistory:
         return [p.to_json() for p in self.periods]
 
 
-def _forged(item: StoredEntry, message: str) -> VerificationError:
+def _statement_error(item: StoredEntry, what: str, message: str, remedy: str, reason: str) -> VerificationError:
+    """The refusal of the ``what`` statement ``item`` (a rotation, or an admission or removal)."""
     return VerificationError(
-        f"rotation statement at log index {item.entry.get('index')}: {message}",
-        remedy="do not trust entries signed by the key it introduces; the log's key history was forged",
-        reason="forged_rotation",
+        f"{what} statement at log index {item.entry.get('index')}: {message}",
+        remedy=remedy,
+        reason=reason,
         session=LOG_SESSION,
         seq=item.entry.get("seq"),
         index=item.entry.get("index"),
     )
+
+
+def _forged(item: StoredEntry, message: str) -> VerificationError:
+    remedy = "do not trust entries signed by the key it introduces; the log's key history was forged"
+    return _statement_error(item, "rotation", message, remedy, "forged_rotation")
 
 
 def _bad(item: StoredEntry, message: str) -> VerificationError:
-    return VerificationError(
-        f"rotation statement at log index {item.entry.get('index')}: {message}",
-        remedy="the key history is malformed; do not trust entries signed after it",
-        reason="bad_rotation",
-        session=LOG_SESSION,
-        seq=item.entry.get("seq"),
-        index=item.entry.get("index"),
-    )
+    remedy = "the key history is malformed; do not trust entries signed after it"
+    return _statement_error(item, "rotation", message, remedy, "bad_rotation")
 
 
 def _forged_admission(item: StoredEntry, message: str) -> VerificationError:
-    return VerificationError(
-        f"{item.kind} statement at log index {item.entry.get('index')}: {message}",
-        remedy="do not trust entries signed by the key it names; the log's key set was forged",
-        reason="forged_admission",
-        session=LOG_SESSION,
-        seq=item.entry.get("seq"),
-        index=item.entry.get("index"),
-    )
+    remedy = "do not trust entries signed by the key it names; the log's key set was forged"
+    return _statement_error(item, item.kind, message, remedy, "forged_admission")
 
 
 def _bad_admission(item: StoredEntry, message: str) -> VerificationError:
-    return VerificationError(
-        f"{item.kind} statement at log index {item.entry.get('index')}: {message}",
-        remedy="the log's key set is malformed; do not trust entries signed after it",
-        reason="bad_admission",
-        session=LOG_SESSION,
-        seq=item.entry.get("seq"),
-        index=item.entry.get("index"),
-    )
+    remedy = "the log's key set is malformed; do not trust entries signed after it"
+    return _statement_error(item, item.kind, message, remedy, "bad_admission")
 
 
 def _admit_or_remove(item: StoredEntry, periods: list[KeyPeriod], origin: str, index: int) -> None:
