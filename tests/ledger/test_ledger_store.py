@@ -220,6 +220,31 @@ def test_a_tampered_sqlite_ledger_is_reported(
     assert not report.ok and report.reason == reason, (attack, report)
 
 
+@pytest.mark.parametrize(
+    ("sql", "session", "reason", "counts", "named"),
+    [
+        ("DELETE FROM entries WHERE idx = 2", "s_a", "head_mismatch", (1, 1, 0), "s_a"),
+        ("DELETE FROM entries WHERE idx = 2", None, "truncated", (2, 2, 0), None),
+        ("DELETE FROM sessions WHERE id = 's_b'", None, "head_mismatch", (3, 2, 0), "s_b"),
+    ],
+)
+def test_a_failure_found_after_the_entries_verified_keeps_their_counts_and_names_the_session(
+    tmp_path: Path, sql: str, session: str | None, reason: str, counts: tuple[int, int, int], named: str | None
+) -> None:
+    db = tmp_path / "l.db"
+    key = _key()
+    with open_sqlite(db, key=key, clock=ManualClock()) as store:
+        store.append("s_a", [Record("session_started", {"contract": "c"})])
+        store.append("s_b", [Record("session_started", {"contract": "c"})])
+        store.append("s_a", [Record("model_turn", {"n": 1})])
+    _tamper(db, sql)
+    with open_sqlite(db, key=None, clock=ManualClock(), create=False) as store:
+        report = verify_ledger(store, TrustedKeys([key.verifier]), session=session)
+    assert not report.ok and report.reason == reason
+    assert (report.entries, report.sessions, report.blobs_checked) == counts
+    assert report.session == named and report.head is None and report.seq is None and report.index is None
+
+
 def test_a_read_only_store_refuses_to_append(tmp_path: Path) -> None:
     from truss._errors import StoreError
 

@@ -48,7 +48,7 @@ from truss.ledger.merkle import (
     verify_inclusion,
 )
 from truss.ledger.note import Checkpoint, StoredCheckpointLike, open_checkpoint
-from truss.ledger.verification import EntryCheck, LedgerReader, VerifyReport, verify_ledger
+from truss.ledger.verification import EntryCheck, LedgerReader, VerifyReport, failed_report, verify_ledger
 
 if TYPE_CHECKING:  # bundles and witness policies load only when verified (start-up of `ledger verify`)
     from truss.ledger.bundle import BundleReport
@@ -166,7 +166,7 @@ def verify_store(
         finding = _envelopes_match(store, trusted)  # L7
     if finding is None:
         return stored_checkpoint_signers(store, history, report)
-    return _failed(report, finding)
+    return failed_report(report, *finding)
 
 
 def _stored_head(store: AuditSource) -> tuple[int, bytes]:
@@ -196,18 +196,6 @@ def _envelopes_match(store: AuditSource, trusted: TrustedKeys) -> tuple[str, str
                 f"session {row.id!r}: its verdict envelope says {verdict.status}, its end {row.status}",
             )
     return None
-
-
-def _failed(report: VerifyReport, finding: tuple[str, str]) -> VerifyReport:
-    return VerifyReport(
-        ok=False,
-        entries=report.entries,
-        sessions=report.sessions,
-        blobs_checked=report.blobs_checked,
-        blobs_absent=report.blobs_absent,
-        reason=finding[0],
-        message=finding[1],
-    )
 
 
 def store_key_history(store: LedgerReader, trusted: TrustedKeys) -> KeyHistory | VerifyReport:
@@ -243,7 +231,7 @@ def stored_checkpoint_signers(
     held = store.checkpoints() if checkpoints is None else checkpoints
     notes = [(cp.note.encode("utf-8"), f"the stored checkpoint of size {cp.size}") for cp in held]
     finding = check_checkpoint_signers(notes, history.checkpoint_keys, store.origin)
-    return report if finding is None else _failed(report, finding)
+    return report if finding is None else failed_report(report, *finding)
 
 
 # -- the log checks of a whole-ledger verification ---------------------------------------------

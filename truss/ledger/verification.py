@@ -78,6 +78,7 @@ __all__ = [
     "chain_link",
     "check_entries",
     "check_entry_alone",
+    "failed_report",
     "row_mismatch",
     "verify_entries",
     "verify_ledger",
@@ -586,13 +587,13 @@ def verify_ledger(
     if not report.ok:
         return report
     if report.entries != size:
-        return _fail(report, "truncated", f"the log should hold {size} entries but {report.entries} were read")
+        return failed_report(report, "truncated", f"the log should hold {size} entries but {report.entries} were read")
     rows: Sequence[Any] = store.sessions()
     for row in rows:
         tally = seen.pop(row.id, None)
         if tally is None or tally.count != row.entries or tally.last.hash != row.head:
             read = 0 if tally is None else tally.count
-            return _fail(
+            return failed_report(
                 report,
                 "head_mismatch",
                 f"session {row.id!r}: the store lists {row.entries} entries ending at {row.head[:12]}..., "
@@ -601,7 +602,7 @@ def verify_ledger(
             )
         column = row_mismatch(row, SessionFacts.of(tally.first, tally.last))
         if column is not None:  # V14: every column of the session row is what its chain says
-            return _fail(
+            return failed_report(
                 report,
                 "row_mismatch",
                 f"session {row.id!r}: the stored {column} is not what its signed entries say",
@@ -612,7 +613,7 @@ def verify_ledger(
         for item in store.read_session(row.id):
             order.update(item.hash.encode("ascii", "replace"))
         if order.digest() != tally.order.digest():
-            return _fail(
+            return failed_report(
                 report,
                 "session_index_mismatch",
                 f"session {row.id!r}: read by session and seq, the store returns other entries than the log holds",
@@ -620,7 +621,9 @@ def verify_ledger(
             )
     if seen:
         orphan = next(iter(seen))
-        return _fail(report, "head_mismatch", f"session {orphan!r} has entries but no session record", session=orphan)
+        return failed_report(
+            report, "head_mismatch", f"session {orphan!r} has entries but no session record", session=orphan
+        )
     return report
 
 
@@ -707,7 +710,7 @@ def _check_heads(report: VerifyReport, heads: Mapping[str, tuple[int, str]], cou
         return report
     for sid, (entries, head) in heads.items():
         if counts.get(sid) != entries or (entries and report.head != head):
-            return _fail(
+            return failed_report(
                 report,
                 "head_mismatch",
                 f"session {sid!r}: the store lists {entries} entries ending at {head[:12]}..., "
@@ -717,7 +720,9 @@ def _check_heads(report: VerifyReport, heads: Mapping[str, tuple[int, str]], cou
     return report
 
 
-def _fail(report: VerifyReport, reason: str, message: str, *, session: str | None = None) -> VerifyReport:
+def failed_report(report: VerifyReport, reason: str, message: str, *, session: str | None = None) -> VerifyReport:
+    """``report``'s counts, failed for ``reason``: a finding of a check that runs once the entries
+    verified (V13-V15 here, the log checks of ``audit``)."""
     return VerifyReport(
         ok=False,
         entries=report.entries,
