@@ -14,12 +14,11 @@ verify, a worker key trying to change the key set), 4 store failure.
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from truss_cli._ctx import Ctx, table
+from truss_cli._signals import stop_on_signals
 
 from truss._errors import UsageError
 
@@ -188,34 +187,24 @@ def publish_checkpoints(ctx: Ctx, every: str) -> int:
         raise UsageError(f"--every {every!r} is not a duration", remedy="write e.g. 1s or 250ms") from None
     if interval_ms <= 0:
         raise UsageError("--every is a duration above zero", remedy="write e.g. 1s or 250ms")
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     signed = 0
-    try:
-        with ctx.open_runtime() as runtime:
-            store, key = runtime.store, runtime.signer
-            if is_worker_key(store, key):
-                raise UsageError(
-                    "this home's key is a worker key: checkpoints are signed by the log key only",
-                    remedy="run the publisher in the home holding the log key",
-                )
-            ctx.progress(f"publishing checkpoints of {store.origin} every {every} (stop with Ctrl-C or SIGTERM)")
-            last = -1
-            while True:
-                size, _ = store.tree_head()
-                if size > 0 and size != last:
-                    checkpoint = sign_checkpoint(store, key)
-                    last = checkpoint.size
-                    signed += 1
-                    ctx.progress(f"checkpoint of size {checkpoint.size}")
-                if stop.wait(interval_ms / 1000):
-                    break
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with stop_on_signals() as stop, ctx.open_runtime() as runtime:
+        store, key = runtime.store, runtime.signer
+        if is_worker_key(store, key):
+            raise UsageError(
+                "this home's key is a worker key: checkpoints are signed by the log key only",
+                remedy="run the publisher in the home holding the log key",
+            )
+        ctx.progress(f"publishing checkpoints of {store.origin} every {every} (stop with Ctrl-C or SIGTERM)")
+        last = -1
+        while True:
+            size, _ = store.tree_head()
+            if size > 0 and size != last:
+                checkpoint = sign_checkpoint(store, key)
+                last = checkpoint.size
+                signed += 1
+                ctx.progress(f"checkpoint of size {checkpoint.size}")
+            if stop.wait(interval_ms / 1000):
+                break
     ctx.emit({"published": signed}, f"stopped after {signed} checkpoint(s)")
     return 0

@@ -9,15 +9,13 @@ SIGINT or SIGTERM (exit 0).
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from truss_cli._ctx import Ctx, row_limit, table
+from truss_cli._signals import stop_on_signals
 
 from truss._errors import UsageError
 from truss.ledger.keys import ED25519_COSIGNATURE_ALG, MLDSA44_COSIGNATURE_ALG, CosignerKey, mldsa44_available
@@ -120,26 +118,19 @@ def serve_witness(args: argparse.Namespace, ctx: Ctx) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a port number")
     config, state = open_witness(Path(args.dir))
-    stop = threading.Event()
-
-    def stop_on(signum: int, frame: FrameType | None) -> None:
-        stop.set()
 
     def ready(host: str, port: int) -> None:
         sys.stdout.write(f"listening on http://{host}:{port}\n")
         sys.stdout.flush()
         ctx.progress(f"truss: witness of {len(config.logs)} log(s); stop with Ctrl-C")
 
-    previous = {s: signal.signal(s, stop_on) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with state:
-            serve(config, state, ctx.clock, host=args.host, port=args.port, ready=ready, stop=stop)
-    except OSError as exc:
-        message = f"cannot listen on {args.host}:{args.port}: {exc.strerror}"
-        raise UsageError(message, remedy="choose another port, or stop what holds it") from exc
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    with stop_on_signals() as stop:
+        try:
+            with state:
+                serve(config, state, ctx.clock, host=args.host, port=args.port, ready=ready, stop=stop)
+        except OSError as exc:
+            message = f"cannot listen on {args.host}:{args.port}: {exc.strerror}"
+            raise UsageError(message, remedy="choose another port, or stop what holds it") from exc
     return 0
 
 
