@@ -4,7 +4,8 @@ One ``PostgresWriter`` owns the writer connection of one ``PostgresStore``:
 
 - ``append`` is thread-safe; concurrent callers queue their batches and whichever thread holds
   the writer lock commits every queued batch in one transaction (each batch in its own savepoint,
-  so one failing batch does not fail the others), sharing one WAL flush (leader/follower).
+  so one failing batch does not fail the others), sharing one WAL flush (leader/follower, the queue
+  of ``_group_commit``, as in the SQLite store).
 - Every append transaction first locks the one ``tree`` row ``FOR UPDATE`` (the log's size and
   Merkle frontier): while it is held no other process assigns log indexes, so there is no gap;
   then each batch's session row, ``FOR UPDATE`` (where a lease's epoch check goes). The entries,
@@ -29,10 +30,11 @@ from psycopg import sql
 from truss._clock import Clock
 from truss._errors import StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import canonical
-from truss.ledger.entry import Record, StoredEntry, encode_record, session_status
+from truss.ledger.entry import Record, StoredEntry, session_status
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
+from truss.ledger.stores._group_commit import GroupCommit, Pending, batch_error, fail_all, finish
 from truss.ledger.stores._pg_link import KEY_RETIRED, Conn, PgLink, first_line, insert_checkpoint
 from truss.ledger.stores.base import (
     Lease,
@@ -73,46 +75,6 @@ _COPY_FROM = 16  # entries in one batch from which COPY beats INSERT
 _SESSION_LOCK: LiteralString = "SELECT entries, head, ended FROM sessions WHERE id = %s FOR UPDATE"
 
 
-class _Pending:
-    """One caller's batch waiting for a group commit."""
-
-    __slots__ = (
-        "bodies",
-        "done",
-        "durable",
-        "epoch",
-        "error",
-        "expect_index",
-        "expect_seq",
-        "records",
-        "result",
-        "session",
-        "wake",
-    )
-
-    def __init__(
-        self,
-        session: str,
-        records: Sequence[Record],
-        durable: bool,
-        expect_seq: int | None,
-        expect_index: int | None = None,
-        *,
-        epoch: int | None = None,
-    ) -> None:
-        self.bodies = [encode_record(record) for record in records]  # in the caller's thread
-        self.epoch = epoch
-        self.session = session
-        self.records = records
-        self.durable = durable
-        self.expect_seq = expect_seq
-        self.expect_index = expect_index
-        self.result: list[StoredEntry] = []
-        self.error: TrussError | None = None
-        self.done = False
-        self.wake: threading.Event | None = None
-
-
 class PostgresWriter:
     """The append connection of one store, with group commit (see the module docstring)."""
 
@@ -125,11 +87,8 @@ class PostgresWriter:
         self._key = key
         self._clock = clock
         self.origin = origin
-        self._group = group_commit
         self._wlock = threading.Lock()
-        self._qlock = threading.Lock()
-        self._queue: list[_Pending] = []
-        self._leading = False
+        self._queue = GroupCommit(self._wlock, self._commit_group, group=group_commit)
         self._commits = 0
         self._batches = 0
         self._closed = False
@@ -193,41 +152,8 @@ class PostgresWriter:
             raise StoreError(f"{self.db}: opened without an identity key, so it cannot append", db=self.db)
         if not records:
             return []
-        pending = _Pending(session, list(records), durable, expect_seq, expect_index, epoch=epoch)
-        if not self._group:
-            with self._wlock:
-                self._commit_group([pending])
-        else:
-            # Leader/follower, as in the SQLite store: the first caller to find no leader commits
-            # everything queued, then wakes the oldest waiter to lead the next group.
-            with self._qlock:
-                self._queue.append(pending)
-                lead = not self._leading
-                self._leading = True
-                if not lead:
-                    pending.wake = threading.Event()
-            if pending.wake is not None:
-                pending.wake.wait()
-            if not pending.done:
-                self._lead()
-        if pending.error is not None:
-            raise pending.error
-        return pending.result
-
-    def _lead(self) -> None:
-        try:
-            with self._qlock:
-                group, self._queue = self._queue, []
-            with self._wlock:
-                self._commit_group(group)
-        finally:
-            with self._qlock:
-                if self._queue:
-                    wake = self._queue[0].wake
-                    assert wake is not None
-                    wake.set()
-                else:
-                    self._leading = False
+        pending = Pending(session, list(records), durable, expect_seq, expect_index=expect_index, epoch=epoch)
+        return self._queue.run(pending)
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -235,38 +161,16 @@ class PostgresWriter:
         Every transaction but the last commits with ``synchronous_commit = off``; the last one
         flushes them all. A failing batch raises and stops. Returns the number of entries appended.
         """
-        count = 0
-        chunk: list[_Pending] = []
+        return self._queue.bulk(batches, per_txn=per_txn)
 
-        def flush(last: bool) -> None:
-            nonlocal count
-            for p in chunk:
-                p.durable = False
-            if last and chunk:
-                chunk[-1].durable = True
-            with self._wlock:
-                self._commit_group(chunk)
-            for p in chunk:
-                if p.error is not None:
-                    raise p.error
-                count += len(p.result)
-            chunk.clear()
-
-        for session, records in batches:
-            chunk.append(_Pending(session, list(records), False, None))
-            if len(chunk) >= per_txn:
-                flush(False)
-        flush(True)
-        return count
-
-    def _commit_group(self, group: list[_Pending]) -> None:
+    def _commit_group(self, group: list[Pending]) -> None:
         """Commit every batch of ``group`` in one transaction; sets each one's result or error."""
         if not group:
             return
         try:
             conn = self._conn()
         except TrussError as exc:
-            self._fail_all(group, exc)
+            fail_all(group, exc)
             return
         try:
             # A lone short batch (the common case: one run's intent or result) goes in pipeline
@@ -308,34 +212,31 @@ class PostgresWriter:
                                 row = conn.execute(_SESSION_LOCK, (pending.session,)).fetchone()
                                 pending.result = self._apply(conn, pending, next_index, frontier, row)
                             next_index += len(pending.result)
-                            rotated = any(record.kind == "key_rotated" for record in pending.records)
+                            rotated = pending.rotates
                         except (TrussError, psycopg.errors.IntegrityError) as exc:
                             frontier = Frontier.from_state(saved)
                             pending.result = []
-                            pending.error = self._batch_error(pending, exc)
+                            pending.error = batch_error(pending, exc, first_line)
                 conn.execute(
                     "UPDATE tree SET size = %s, frontier = %s WHERE id = 0", (frontier.size, frontier.to_state())
                 )
             self._commits += 1
             self._batches += len(group)
         except TrussError as exc:
-            self._fail_all(group, exc if len(group) > 1 else self._batch_error(group[0], exc))
+            error = exc if len(group) > 1 else batch_error(group[0], exc, first_line)
+            fail_all(group, error, keep_own=True)
             return
         except psycopg.errors.IntegrityError as exc:
-            self._fail_all(
-                group, self._batch_error(group[0], exc) if len(group) == 1 else self._link.error("append", exc)
-            )
+            error = batch_error(group[0], exc, first_line) if len(group) == 1 else self._link.error("append", exc)
+            fail_all(group, error, keep_own=True)
             return
         except psycopg.Error as exc:
-            self._fail_all(group, self._link.error("append", exc))
+            fail_all(group, self._link.error("append", exc), keep_own=True)
             return
         except BaseException:
-            self._fail_all(group, StoreError(f"{self.db}: append interrupted", db=self.db))
+            fail_all(group, StoreError(f"{self.db}: append interrupted", db=self.db), keep_own=True)
             raise
-        for pending in group:
-            pending.done = True
-            if pending.wake is not None:
-                pending.wake.set()
+        finish(group)
 
     def _frontier(self, row: tuple[Any, ...] | None, top: tuple[Any, ...] | None) -> Frontier:
         held = 0 if top is None or top[0] is None else int(top[0]) + 1
@@ -370,28 +271,8 @@ class PostgresWriter:
             reason="key_retired",
         )
 
-    @staticmethod
-    def _batch_error(pending: _Pending, exc: TrussError | psycopg.errors.IntegrityError) -> TrussError:
-        if isinstance(exc, TrussError):
-            return exc
-        return StoreConflictError(
-            f"session {pending.session}: another writer recorded this step ({first_line(exc)})",
-            remedy="re-read the session and retry from its head",
-            session=pending.session,
-        )
-
-    @staticmethod
-    def _fail_all(group: list[_Pending], exc: TrussError) -> None:
-        for pending in group:
-            if pending.error is None:
-                pending.error = exc
-            pending.result = []
-            pending.done = True
-            if pending.wake is not None:
-                pending.wake.set()
-
     def _apply(
-        self, conn: Conn, pending: _Pending, index: int, frontier: Frontier, row: tuple[Any, ...] | None
+        self, conn: Conn, pending: Pending, index: int, frontier: Frontier, row: tuple[Any, ...] | None
     ) -> list[StoredEntry]:
         """Seal ``pending`` at ``index`` and write it; ``row`` is its session's row, locked (``_SESSION_LOCK``)."""
         key = self._key

@@ -4,7 +4,8 @@ One ``SqliteWriter`` owns the writer connection of one ``SqliteStore``:
 
 - ``append`` is thread-safe; concurrent callers queue their batches and whichever thread holds
   the writer lock commits every queued batch in one transaction (each batch in its own savepoint,
-  so one failing batch does not fail the others), sharing one fsync (leader/follower).
+  so one failing batch does not fail the others), sharing one fsync (leader/follower, the queue
+  of ``_group_commit``).
 - ``BEGIN IMMEDIATE`` for every write: a second process waits up to the busy timeout and then
   gets ``StoreBusyError``; it never interleaves or corrupts.
 - ``synchronous=FULL`` on every commit except batches appended with ``durable=False``.
@@ -12,7 +13,8 @@ One ``SqliteWriter`` owns the writer connection of one ``SqliteStore``:
   log's size when another connection committed), appends the new leaves and writes the nodes
   they complete beside the entries; the frontier itself is never stored (schema 2).
 
-What it does not do: reads (``sqlite.SqliteStore``) or the session rules (``base.seal_batch``).
+What it does not do: reads (``sqlite.SqliteStore``), the session rules (``base.seal_batch``) or the
+queue of waiting appends (``_group_commit``).
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from truss._clock import Clock
-from truss._errors import StoreBusyError, StoreConflictError, StoreError, TrussError, VerificationError
+from truss._errors import StoreBusyError, StoreError, TrussError, VerificationError
 from truss.ledger.canonical import canonical
-from truss.ledger.entry import Record, StoredEntry, encode_record, session_status
+from truss.ledger.entry import Record, StoredEntry, session_status
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, NodeKey, leaf_hash, root_nodes
+from truss.ledger.stores._group_commit import GroupCommit, Pending, batch_error, fail_all, finish
 from truss.ledger.stores.base import Lease, SessionHead, check_epoch, seal_batch, session_fields
 
 __all__ = [
@@ -239,55 +242,6 @@ def begin(conn: sqlite3.Connection, db: Path, busy_ms: int) -> None:
         raise store_error(db, busy_ms, "lock", exc) from exc
 
 
-class _Pending:
-    """One caller's batch waiting for a group commit."""
-
-    __slots__ = (
-        "bodies",
-        "done",
-        "durable",
-        "epoch",
-        "error",
-        "expect_index",
-        "expect_seq",
-        "records",
-        "result",
-        "rotates",
-        "session",
-        "wake",
-    )
-
-    def __init__(
-        self,
-        session: str,
-        records: Sequence[Record],
-        durable: bool,
-        expect_seq: int | None,
-        *,
-        expect_index: int | None = None,
-        epoch: int | None = None,
-    ) -> None:
-        # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
-        bodies: list[bytes] = []
-        rotates = False
-        for record in records:  # one pass, no generator: every append makes one of these
-            bodies.append(encode_record(record))
-            rotates = rotates or record.kind == "key_rotated"
-        self.bodies = bodies
-        self.rotates = rotates
-        self.session = session
-        self.records = records
-        self.durable = durable
-        self.expect_seq = expect_seq
-        self.expect_index = expect_index
-        self.epoch = epoch
-        self.result: list[StoredEntry] = []
-        self.error: TrussError | None = None
-        self.done = False
-        # Only a follower waits (its event is made when it queues); a lone writer never needs one.
-        self.wake: threading.Event | None = None
-
-
 class SqliteWriter:
     """The writer connection of one SQLite ledger; see the module docstring."""
 
@@ -308,11 +262,8 @@ class SqliteWriter:
         self._clock = clock
         self._origin = origin
         self._busy_ms = busy_timeout_ms
-        self._group = group_commit
         self.lock = threading.Lock()  # the writer: whoever holds it commits the queue
-        self._qlock = threading.Lock()
-        self._queue: list[_Pending] = []
-        self._leading = False
+        self._queue = GroupCommit(self.lock, self._commit_group, group=group_commit)
         self._commits = 0
         self._batches = 0
         self._flushes = 0  # commits with synchronous=FULL: the ones that wait for the disk
@@ -411,42 +362,8 @@ class SqliteWriter:
             raise StoreError(f"{self._db}: opened without an identity key, so it cannot append", db=str(self._db))
         if not records:
             return []
-        pending = _Pending(session, list(records), durable, expect_seq, expect_index=expect_index, epoch=epoch)
-        if not self._group:
-            with self.lock:
-                self._commit_group([pending])
-        else:
-            # Leader/follower: the first caller to find no leader commits everything queued, then
-            # hands leadership to the oldest waiter, if any. Followers wait on their own event, so a
-            # finished follower returns at once instead of queueing behind the next commit.
-            with self._qlock:
-                self._queue.append(pending)
-                lead = not self._leading
-                self._leading = True
-                if not lead:
-                    pending.wake = threading.Event()
-            if pending.wake is not None:
-                pending.wake.wait()
-            if not pending.done:
-                self._lead()
-        if pending.error is not None:
-            raise pending.error
-        return pending.result
-
-    def _lead(self) -> None:
-        try:
-            with self._qlock:
-                group, self._queue = self._queue, []
-            with self.lock:
-                self._commit_group(group)
-        finally:
-            with self._qlock:
-                if self._queue:
-                    wake = self._queue[0].wake  # a follower's: it queued while this leader held the lead
-                    assert wake is not None
-                    wake.set()  # not done: it wakes as the next leader
-                else:
-                    self._leading = False
+        pending = Pending(session, list(records), durable, expect_seq, expect_index=expect_index, epoch=epoch)
+        return self._queue.run(pending)
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -455,31 +372,9 @@ class SqliteWriter:
         batch raises and stops. Returns the number of entries appended.
         """
         self._check_open()
-        count = 0
-        chunk: list[_Pending] = []
+        return self._queue.bulk(batches, per_txn=per_txn)
 
-        def flush(last: bool) -> None:
-            nonlocal count
-            for p in chunk:
-                p.durable = False
-            if last and chunk:
-                chunk[-1].durable = True
-            with self.lock:
-                self._commit_group(chunk)
-            for p in chunk:
-                if p.error is not None:
-                    raise p.error
-                count += len(p.result)
-            chunk.clear()
-
-        for session, records in batches:
-            chunk.append(_Pending(session, list(records), False, None))
-            if len(chunk) >= per_txn:
-                flush(False)
-        flush(True)
-        return count
-
-    def _commit_group(self, group: list[_Pending]) -> None:
+    def _commit_group(self, group: list[Pending]) -> None:
         """Commit every batch of ``group`` in one transaction; sets each one's result or error."""
         if not group:
             return
@@ -488,10 +383,10 @@ class SqliteWriter:
             self._set_sync(group[0].durable if len(group) == 1 else any(p.durable for p in group))
             begin(conn, self._db, self._busy_ms)
         except TrussError as exc:
-            self._fail_all(group, exc)
+            fail_all(group, exc)
             return
         except sqlite3.Error as exc:
-            self._fail_all(group, store_error(self._db, self._busy_ms, "append", exc))
+            fail_all(group, store_error(self._db, self._busy_ms, "append", exc))
             return
         try:
             version = int(conn.execute("PRAGMA data_version").fetchone()[0])
@@ -515,7 +410,7 @@ class SqliteWriter:
                 except (TrussError, sqlite3.IntegrityError) as exc:
                     self._forget()  # the frontier took the failed batch's leaves: reload it
                     conn.execute("ROLLBACK")
-                    self._fail_all(group, self._batch_error(pending, exc))
+                    fail_all(group, batch_error(pending, exc))
                     return
             for pending in group if len(group) > 1 else ():
                 saved = frontier.to_state()
@@ -529,7 +424,7 @@ class SqliteWriter:
                     conn.execute("RELEASE batch")
                     frontier = Frontier.from_state(saved)
                     pending.result = []
-                    pending.error = self._batch_error(pending, exc)
+                    pending.error = batch_error(pending, exc)
             conn.execute("COMMIT")
             self._frontier, self._version = frontier, version
             if not self._rotated_here and any(p.rotates for p in group if p.result):
@@ -542,17 +437,14 @@ class SqliteWriter:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             if isinstance(exc, TrussError):
-                self._fail_all(group, exc)
+                fail_all(group, exc)
             elif isinstance(exc, sqlite3.Error):
-                self._fail_all(group, store_error(self._db, self._busy_ms, "append", exc))
+                fail_all(group, store_error(self._db, self._busy_ms, "append", exc))
             else:
-                self._fail_all(group, StoreError(f"{self._db}: append interrupted", db=str(self._db)))
+                fail_all(group, StoreError(f"{self._db}: append interrupted", db=str(self._db)))
                 raise
             return
-        for pending in group:
-            pending.done = True
-            if pending.wake is not None:
-                pending.wake.set()
+        finish(group)
 
     def _forget(self) -> None:
         self._frontier, self._version = None, None
@@ -578,26 +470,7 @@ class SqliteWriter:
                 reason="key_retired",
             )
 
-    @staticmethod
-    def _batch_error(pending: _Pending, exc: TrussError | sqlite3.IntegrityError) -> TrussError:
-        if isinstance(exc, TrussError):
-            return exc
-        return StoreConflictError(
-            f"session {pending.session}: another writer recorded this step ({exc})",
-            remedy="re-read the session and retry from its head",
-            session=pending.session,
-        )
-
-    @staticmethod
-    def _fail_all(group: list[_Pending], exc: TrussError) -> None:
-        for pending in group:
-            pending.result = []
-            pending.error = exc
-            pending.done = True
-            if pending.wake is not None:
-                pending.wake.set()
-
-    def _apply(self, conn: sqlite3.Connection, pending: _Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
+    def _apply(self, conn: sqlite3.Connection, pending: Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
         key = self._key
         assert key is not None
         session, records = pending.session, pending.records

@@ -1,0 +1,159 @@
+"""The group commit queue both SQL stores share (``_group_commit``), driven with a fake commit.
+
+The fake commit blocks the first group until the followers have queued (each follower's wait
+event is counted as it is made), so the grouping is the same every run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from truss._errors import StoreConflictError, StoreError, TrussError
+from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.stores import _group_commit
+from truss.ledger.stores._group_commit import GroupCommit, Pending, batch_error, fail_all, finish
+
+WAIT_S = 5
+
+
+class _Run:
+    """Drives a ``GroupCommit`` whose commit the test decides: a leader held in its first commit,
+    followers queued behind it in a known order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, settle: Callable[[list[Pending]], None]) -> None:
+        queued = threading.Semaphore(0)
+
+        class CountedEvent(threading.Event):
+            def __init__(self) -> None:
+                super().__init__()
+                queued.release()  # made under the queue lock, as a follower queues
+
+        monkeypatch.setattr(_group_commit, "Event", CountedEvent)
+        self._queued = queued
+        self._settle = settle
+        self._leading = threading.Event()
+        self._release = threading.Event()
+        self.groups: list[tuple[str, list[str]]] = []  # (committing thread, sessions)
+        self.returned: dict[str, list[StoredEntry] | TrussError] = {}
+        self.results: dict[str, list[StoredEntry]] = {}
+        self._threads: list[threading.Thread] = []
+        self.queue = GroupCommit(threading.Lock(), self._commit, group=True)
+
+    def _commit(self, group: list[Pending]) -> None:
+        self.groups.append((threading.current_thread().name, [p.session for p in group]))
+        if len(self.groups) == 1:
+            self._leading.set()
+            assert self._release.wait(WAIT_S)
+        for p in group:
+            p.result = self.results[p.session] = []  # an object of its own, to tell whose it is
+        self._settle(group)
+
+    def _append(self, session: str) -> None:
+        pending = Pending(session, [Record("model_turn", {"s": session})], True, None)
+        try:
+            self.returned[session] = self.queue.run(pending)
+        except TrussError as exc:
+            self.returned[session] = exc
+
+    def start(self, session: str) -> None:
+        thread = threading.Thread(target=self._append, args=(session,), name=session)
+        self._threads.append(thread)
+        thread.start()
+        if len(self._threads) == 1:
+            assert self._leading.wait(WAIT_S), "the first caller leads"
+        else:
+            assert self._queued.acquire(timeout=WAIT_S), f"{session} queued behind the leader"
+
+    def finish(self) -> None:
+        self._release.set()
+        for thread in self._threads:
+            thread.join(WAIT_S)
+            assert not thread.is_alive()
+
+
+def test_followers_commit_together_led_by_the_oldest_and_each_gets_its_own_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = _Run(monkeypatch, finish)
+    for session in ("leader", "first", "second", "third"):
+        run.start(session)
+    run.finish()
+    assert run.groups == [("leader", ["leader"]), ("first", ["first", "second", "third"])]
+    for session in ("leader", "first", "second", "third"):
+        assert run.returned[session] is run.results[session]
+
+
+def test_an_error_of_a_failed_group_reaches_every_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    failure = StoreError("the disk is full")
+
+    def settle(group: list[Pending]) -> None:
+        if len(group) > 1:
+            fail_all(group, failure)
+        else:
+            finish(group)
+
+    run = _Run(monkeypatch, settle)
+    for session in ("leader", "first", "second"):
+        run.start(session)
+    run.finish()
+    assert run.groups[1] == ("first", ["first", "second"])
+    assert run.returned["leader"] == []
+    assert run.returned["first"] is failure and run.returned["second"] is failure
+
+
+def test_a_batch_that_failed_alone_fails_alone_and_keeps_its_error_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    own = StoreConflictError("session second: another writer recorded this step")
+    failure = StoreError("the commit failed")
+
+    def settle(group: list[Pending]) -> None:
+        for p in group:
+            if p.session == "second":
+                p.result, p.error = [], own
+        if len(group) > 2:
+            fail_all(group, failure, keep_own=True)
+        else:
+            finish(group)
+
+    run = _Run(monkeypatch, settle)
+    for session in ("leader", "first", "second"):
+        run.start(session)
+    run.finish()
+    assert run.returned["first"] == [] and run.returned["second"] is own  # the group committed
+
+
+def test_fail_all_replaces_a_batch_error_unless_asked_to_keep_it() -> None:
+    own, failure = StoreConflictError("own"), StoreError("all")
+    kept, replaced = Pending("a", [], True, None), Pending("b", [], True, None)
+    kept.error = replaced.error = own
+    fail_all([kept], failure, keep_own=True)
+    fail_all([replaced], failure)
+    assert (kept.error, replaced.error) == (own, failure)
+    assert kept.done and replaced.done
+
+
+def test_a_broken_unique_constraint_is_a_conflict_on_the_batch_session_and_a_store_error_stays_itself() -> None:
+    pending = Pending("s-1", [], True, None)
+    conflict = batch_error(pending, ValueError("UNIQUE constraint failed\ndetail"), lambda e: str(e).splitlines()[0])
+    assert isinstance(conflict, StoreConflictError)
+    assert conflict.fields["session"] == "s-1"
+    assert "UNIQUE constraint failed)" in conflict.message
+    error = StoreError("mine")
+    assert batch_error(pending, error) is error
+
+
+def test_without_group_commit_every_batch_commits_alone_under_the_lock() -> None:
+    lock = threading.Lock()
+    held: list[bool] = []
+
+    def commit(group: list[Pending]) -> None:
+        held.append(lock.locked())
+        finish(group)
+
+    queue = GroupCommit(lock, commit, group=False)
+    assert queue.run(Pending("s", [Record("model_turn", {})], True, None)) == []
+    assert held == [True]

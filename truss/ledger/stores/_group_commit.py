@@ -1,0 +1,193 @@
+"""Group commit, as the SQLite and PostgreSQL writers share it: concurrent appends, one transaction.
+
+Every append is a ``Pending`` batch (encoded in the caller's thread). ``GroupCommit.run`` commits it:
+
+- without group commit, alone, under the writer lock;
+- with it (leader/follower), the first caller to find no leader takes every batch queued so far
+  and commits them together under the writer lock, sharing one flush; callers that queue
+  meanwhile wait on their own event. A batch's event is set once it has its result or error, so
+  a finished follower returns at once instead of waiting for the next commit. The leader then
+  hands the lead to the oldest waiter (its event is set while it is not done: it wakes to lead
+  the next group), or, when nobody waits, gives it up.
+
+The backend's ``commit(group)`` runs the one transaction and settles every batch of the group:
+``finish`` when it commits (each batch with its entries, or its own error when it failed alone in
+its savepoint), ``fail_all`` when the whole group fails, so every member gets the error.
+
+What it does not do: SQL, locks of the database, sealing (``base.seal_batch``) or deciding which
+errors fail a group: the backends (``_sqlite_writer``, ``_pg_writer``) do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from threading import Event, Lock
+
+from truss._errors import StoreConflictError, TrussError
+from truss.ledger.entry import Record, StoredEntry, encode_record
+
+__all__ = ["GroupCommit", "Pending", "batch_error", "fail_all", "finish"]
+
+
+class Pending:
+    """One caller's batch waiting for a group commit."""
+
+    __slots__ = (
+        "bodies",
+        "done",
+        "durable",
+        "epoch",
+        "error",
+        "expect_index",
+        "expect_seq",
+        "records",
+        "result",
+        "rotates",
+        "session",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        session: str,
+        records: Sequence[Record],
+        durable: bool,
+        expect_seq: int | None,
+        *,
+        expect_index: int | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        # Checked and encoded here, in the caller's thread, so the writer only splices and signs.
+        bodies: list[bytes] = []
+        rotates = False
+        for record in records:  # one pass, no generator: every append makes one of these
+            bodies.append(encode_record(record))
+            rotates = rotates or record.kind == "key_rotated"
+        self.bodies = bodies
+        self.rotates = rotates  # a key rotation: the key signs nothing after this batch
+        self.session = session
+        self.records = records
+        self.durable = durable
+        self.expect_seq = expect_seq
+        self.expect_index = expect_index
+        self.epoch = epoch
+        self.result: list[StoredEntry] = []
+        self.error: TrussError | None = None
+        self.done = False
+        # Only a follower waits (its event is made when it queues); a lone writer never needs one.
+        self.wake: Event | None = None
+
+
+def finish(group: Sequence[Pending]) -> None:
+    """The group committed: every batch is done (with its entries or its own error); wake the waiters."""
+    for pending in group:
+        pending.done = True
+        if pending.wake is not None:
+            pending.wake.set()
+
+
+def fail_all(group: Sequence[Pending], exc: TrussError, *, keep_own: bool = False) -> None:
+    """The group's transaction failed: nothing of it is written, and every batch gets ``exc``.
+
+    ``keep_own``: a batch that already failed alone (its savepoint rolled back) keeps its own error.
+    """
+    for pending in group:
+        if not keep_own or pending.error is None:
+            pending.error = exc
+        pending.result = []
+        pending.done = True
+        if pending.wake is not None:
+            pending.wake.set()
+
+
+def batch_error(pending: Pending, exc: Exception, detail: Callable[[BaseException], str] = str) -> TrussError:
+    """What a batch that failed alone raises: a store's own error as it is, a broken unique
+    constraint (another writer recorded the same step) as ``StoreConflictError``."""
+    if isinstance(exc, TrussError):
+        return exc
+    return StoreConflictError(
+        f"session {pending.session}: another writer recorded this step ({detail(exc)})",
+        remedy="re-read the session and retry from its head",
+        session=pending.session,
+    )
+
+
+class GroupCommit:
+    """The leader/follower queue of one writer (see the module docstring).
+
+    ``lock`` is the writer's lock (held across every ``commit``); ``commit(group)`` must settle
+    every batch of ``group`` (``finish`` or ``fail_all``) unless it raises.
+    """
+
+    __slots__ = ("_commit", "_group", "_leading", "_lock", "_qlock", "_queue")
+
+    def __init__(self, lock: Lock, commit: Callable[[list[Pending]], None], *, group: bool) -> None:
+        self._lock = lock
+        self._commit = commit
+        self._group = group
+        self._qlock = Lock()
+        self._queue: list[Pending] = []
+        self._leading = False
+
+    def run(self, pending: Pending) -> list[StoredEntry]:
+        """Commit ``pending``, alone or with the batches queued beside it; its entries, or its error raised."""
+        if not self._group:
+            with self._lock:
+                self._commit([pending])
+        else:
+            with self._qlock:
+                self._queue.append(pending)
+                lead = not self._leading
+                self._leading = True
+                if not lead:
+                    pending.wake = Event()
+            if pending.wake is not None:
+                pending.wake.wait()
+            if not pending.done:
+                self._lead()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _lead(self) -> None:
+        try:
+            with self._qlock:
+                group, self._queue = self._queue, []
+            with self._lock:
+                self._commit(group)
+        finally:
+            with self._qlock:
+                if self._queue:
+                    wake = self._queue[0].wake  # a follower's: it queued while this leader held the lead
+                    assert wake is not None
+                    wake.set()  # not done: it wakes as the next leader
+                else:
+                    self._leading = False
+
+    def bulk(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int) -> int:
+        """Commit many batches, ``per_txn`` per transaction, each transaction but the last not
+        durable (the last one's flush covers them all); the first failing batch raises and stops.
+        Returns the number of entries appended."""
+        count = 0
+        chunk: list[Pending] = []
+
+        def flush(last: bool) -> None:
+            nonlocal count
+            for p in chunk:
+                p.durable = False
+            if last and chunk:
+                chunk[-1].durable = True
+            with self._lock:
+                self._commit(chunk)
+            for p in chunk:
+                if p.error is not None:
+                    raise p.error
+                count += len(p.result)
+            chunk.clear()
+
+        for session, records in batches:
+            chunk.append(Pending(session, list(records), False, None))
+            if len(chunk) >= per_txn:
+                flush(False)
+        flush(True)
+        return count
