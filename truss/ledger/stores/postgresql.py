@@ -40,8 +40,7 @@ The writer side is in ``_pg_writer``, connection set-up and the tables in ``_pg_
 from __future__ import annotations
 
 import contextlib
-import json
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
@@ -49,7 +48,6 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from truss._clock import Clock
 from truss._errors import KeyFileError, NotFoundError, StoreBusyError, StoreError
-from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
@@ -65,11 +63,11 @@ from truss.ledger.stores._pg_link import (
 )
 from truss.ledger.stores._pg_url import DEFAULT_CHECKPOINT_INTERVAL_MS, PostgresTarget, parse_postgres_url
 from truss.ledger.stores._pg_writer import LedgerImport, PostgresWriter, read_lease
+from truss.ledger.stores._sql import SqlReads, checkpoint_of, stored_entry
 from truss.ledger.stores.base import (
     DEFAULT_LEASE_MS,
     Lease,
     LeaseOwner,
-    SessionInfo,
     StoredCheckpoint,
     check_epoch,
     grant_lease,
@@ -86,13 +84,8 @@ __all__ = [
     "parse_postgres_url",
 ]
 
-_PAGE = 1000
-_FIRST_PAGE = 8  # read_session's first page: what reading a session's first entry costs
 _NOW_MS: LiteralString = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _T = TypeVar("_T")
-_SESSION_SELECT: LiteralString = (
-    "SELECT id, contract, principal, status, entries, started_ms, updated_ms, head, ended FROM sessions"
-)
 
 
 def open_postgresql(url: str, /, *, key: IdentityKey | None, clock: Clock, create: bool = True) -> PostgresStore:
@@ -100,7 +93,7 @@ def open_postgresql(url: str, /, *, key: IdentityKey | None, clock: Clock, creat
     return PostgresStore(parse_postgres_url(url), key=key, clock=clock, create=create)
 
 
-class PostgresStore:
+class PostgresStore(SqlReads, mark="%s"):
     """A ``LedgerStore`` on PostgreSQL. Thread-safe; see the module docstring for the guarantees."""
 
     def __init__(
@@ -396,87 +389,9 @@ class PostgresStore:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def _session_info(row: tuple[Any, ...]) -> SessionInfo:
-        return SessionInfo(
-            id=str(row[0]),
-            contract=row[1],
-            principal=None if row[2] is None else json.loads(row[2]),
-            status=str(row[3]),
-            entries=int(row[4]),
-            started_ms=int(row[5]),
-            updated_ms=int(row[6]),
-            head=bytes(row[7]).hex(),
-            ended=bool(row[8]),
-        )
-
-    def session(self, session: str) -> SessionInfo | None:
-        rows = self._rows(_SESSION_SELECT + " WHERE id = %s", (session,))
-        return self._session_info(rows[0]) if rows else None
-
-    def sessions(
-        self, *, status: str | None = None, limit: int | None = None, principal: Any = None
-    ) -> list[SessionInfo]:
-        """Sessions, most recently started first; filtered by status and principal (JSON equality)."""
-        where: list[LiteralString] = []
-        params: list[Any] = []
-        if status is not None:
-            where.append("status = %s")
-            params.append(status)
-        if principal is not None:
-            where.append("principal = %s")
-            params.append(canonical(principal).decode("utf-8"))
-        query = _SESSION_SELECT
-        if where:
-            query += " WHERE " + " AND ".join(where)
-        query += " ORDER BY started_ms DESC, id DESC"
-        if limit is not None:
-            query += " LIMIT %s"
-            params.append(max(0, limit))
-        return [self._session_info(r) for r in self._rows(query, tuple(params))]
-
-    @staticmethod
-    def _entry(row: tuple[Any, ...]) -> StoredEntry:
-        # Rows edited outside Truss may hold anything: hand verification an entry it reports as
-        # malformed rather than failing here.
-        raw, sig, keyid, digest = bytes(row[0] or b""), bytes(row[1] or b""), str(row[2]), bytes(row[3] or b"").hex()
-        try:
-            return StoredEntry.from_raw(raw, sig, keyid, digest)
-        except (ValueError, UnicodeDecodeError):
-            return StoredEntry(entry={"unreadable": True}, hash=digest, sig=sig, keyid=keyid, raw=raw or b"-")
-
-    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]:
-        """The session's entries in seq order from ``from_seq``, read a page at a time: the first
-        page small (a listing reads one entry of each session), the next ones growing to ``_PAGE``."""
-        seq, page = from_seq, _FIRST_PAGE
-        while True:
-            rows = self._rows(
-                "SELECT raw, sig, keyid, hash, seq FROM entries WHERE session = %s AND seq >= %s ORDER BY seq LIMIT %s",
-                (session, seq, page),
-            )
-            for row in rows:
-                yield self._entry(row)
-            if len(rows) < page:
-                return
-            seq, page = int(rows[-1][4]) + 1, min(_PAGE, page * 8)
-
-    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]:
-        """Entries with ``start <= index < stop`` in index order, read a page at a time."""
-        index = max(0, start)
-        while index < stop:
-            rows = self._rows(
-                "SELECT raw, sig, keyid, hash, idx FROM entries WHERE idx >= %s AND idx < %s ORDER BY idx LIMIT %s",
-                (index, stop, _PAGE),
-            )
-            for row in rows:
-                yield self._entry(row)
-            if len(rows) < _PAGE:
-                return
-            index = int(rows[-1][4]) + 1
-
-    def blob(self, ref: str) -> bytes | None:
-        rows = self._rows("SELECT data FROM blobs WHERE ref = %s", (ref,))
-        return bytes(rows[0][0]) if rows else None
+    def _entry(self, row: Sequence[Any]) -> StoredEntry:
+        # Rows edited outside Truss may hold anything (a NULL where bytes belong).
+        return stored_entry(bytes(row[0] or b""), bytes(row[1] or b""), str(row[2]), bytes(row[3] or b"").hex())
 
     def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]:
         """The payloads held for ``refs`` (absent ones are left out), in one query."""
@@ -486,27 +401,9 @@ class PostgresStore:
         rows = self._rows("SELECT ref, data FROM blobs WHERE ref = ANY(%s)", (wanted,))
         return {str(r[0]): bytes(r[1]) for r in rows}
 
-    def erased_refs(self, session: str) -> set[str]:
-        return {str(r[0]) for r in self._rows("SELECT ref FROM erased WHERE session = %s", (session,))}
-
-    def session_refs(self, session: str) -> set[str]:
-        """Refs whose bytes this session still links to."""
-        return {str(r[0]) for r in self._rows("SELECT ref FROM session_blobs WHERE session = %s", (session,))}
-
     def _frontier_now(self) -> Frontier:
         rows = self._rows("SELECT frontier FROM tree WHERE id = 0")
         return Frontier.from_state(bytes(rows[0][0])) if rows else Frontier()
-
-    def tree_size(self) -> int:
-        return self._frontier_now().size
-
-    def tree_root(self) -> bytes:
-        return self._frontier_now().root()
-
-    def tree_head(self) -> tuple[int, bytes]:
-        """``(size, root)`` read together, so an append in between cannot split them."""
-        frontier = self._frontier_now()
-        return frontier.size, frontier.root() if frontier.size else EMPTY_ROOT
 
     def node(self, level: int, index: int) -> bytes:
         """The hash of the complete subtree ``(level, index)``; ``StoreError`` if it is not stored."""
@@ -521,24 +418,6 @@ class PostgresStore:
     def node_hashes(self, keys: Iterable[tuple[int, int]]) -> Iterator[bytes]:
         return nodes_in_order(self.nodes, keys)
 
-    def checkpoints(self) -> list[StoredCheckpoint]:
-        rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size")
-        return [StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3])) for r in rows]
-
-    def latest_checkpoint(self) -> StoredCheckpoint | None:
-        rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size DESC LIMIT 1")
-        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), str(rows[0][2]), int(rows[0][3])) if rows else None
-
-    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
-        rows = self._rows(
-            "SELECT size, root, note, created_ms FROM checkpoints WHERE size >= %s ORDER BY size LIMIT 1", (size,)
-        )
-        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), str(rows[0][2]), int(rows[0][3])) if rows else None
-
-    def envelope(self, session: str) -> bytes | None:
-        rows = self._rows("SELECT envelope FROM sessions WHERE id = %s", (session,))
-        return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
-
     def close(self) -> None:
         if self._closed:
             return
@@ -551,12 +430,6 @@ class PostgresStore:
             self._pool = None
         if self._writer is not None:
             self._writer.close()
-
-    def __enter__(self) -> PostgresStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class _CheckpointView:
@@ -584,20 +457,15 @@ class _CheckpointView:
         return select_nodes(lambda q, p: self._conn.execute(q, p).fetchall(), self._store.db, keys) if keys else {}
 
     def checkpoints(self) -> list[StoredCheckpoint]:
-        rows = self._conn.execute("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size").fetchall()
-        return [StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3])) for r in rows]
+        return [checkpoint_of(r) for r in self._conn.execute(self._store.read_sql.checkpoints)]
 
     def latest_checkpoint(self) -> StoredCheckpoint | None:
-        r = self._conn.execute(
-            "SELECT size, root, note, created_ms FROM checkpoints ORDER BY size DESC LIMIT 1"
-        ).fetchone()
-        return None if r is None else StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3]))
+        r = self._conn.execute(self._store.read_sql.latest).fetchone()
+        return None if r is None else checkpoint_of(r)
 
     def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
-        r = self._conn.execute(
-            "SELECT size, root, note, created_ms FROM checkpoints WHERE size >= %s ORDER BY size LIMIT 1", (size,)
-        ).fetchone()
-        return None if r is None else StoredCheckpoint(int(r[0]), bytes(r[1]), str(r[2]), int(r[3]))
+        r = self._conn.execute(self._store.read_sql.covering, (size,)).fetchone()
+        return None if r is None else checkpoint_of(r)
 
     def add_checkpoint(self, size: int, root: bytes, note: str) -> None:
         insert_checkpoint(self._conn, self._store.db, self._now_ms(), size=size, root=root, note=note)

@@ -18,12 +18,12 @@ A ledger of an older schema is brought to the current one when it is opened (``_
 - A file that is not a Truss ledger is refused before anything in it is changed.
 
 What it does not do: verify (``truss.ledger.verification``), decide checkpoints (``note``) or build
-bundles. Reads are paged (``_PAGE`` rows per query) so iterating a large ledger never loads it whole.
+bundles. Reads are paged (``_sql.SqlReads``, the reads both SQL stores share) so iterating a large
+ledger never loads it whole.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -41,10 +41,10 @@ from truss._errors import (
     UsageError,
     VerificationError,
 )
-from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keys import IdentityKey
-from truss.ledger.merkle import EMPTY_ROOT, Frontier
+from truss.ledger.merkle import Frontier
+from truss.ledger.stores._sql import SqlReads, stored_entry
 from truss.ledger.stores._sqlite_writer import (
     SqliteWriter,
     begin,
@@ -59,8 +59,6 @@ from truss.ledger.stores.base import (
     DEFAULT_LEASE_MS,
     Lease,
     LeaseOwner,
-    SessionInfo,
-    StoredCheckpoint,
     check_epoch,
     grant_lease,
 )
@@ -71,8 +69,6 @@ SCHEMA_VERSION = 2
 """1: nodes keyed ``(level, idx)`` and the frontier in ``meta``, rewritten by every append.
 2: nodes keyed by the leaf that completes them, ``(last, level)``, so one append's nodes share a
 page; no stored frontier (derived from the nodes of the log's size). ``_migrate`` takes 1 to 2."""
-_PAGE = 1000
-_FIRST_PAGE = 8  # read_session's first page: what reading a session's first entry costs
 _IN_CHUNK = 500  # refs per IN (...) query, below SQLite's bound on parameters
 
 
@@ -119,9 +115,6 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     size INTEGER PRIMARY KEY, root BLOB NOT NULL, note TEXT NOT NULL, created_ms INTEGER NOT NULL
 );
 """
-
-
-_SESSION_SELECT = "SELECT id, contract, principal, status, entries, started_ms, updated_ms, head, ended FROM sessions"
 
 
 def _as_bytes(value: object) -> bytes:
@@ -196,7 +189,7 @@ def open_sqlite(
     )
 
 
-class SqliteStore:
+class SqliteStore(SqlReads, mark="?"):
     """The embedded store. Thread-safe; see the module docstring for the durability contract."""
 
     def __init__(
@@ -538,95 +531,17 @@ class SqliteStore:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def _rows(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+    def _rows(self, query: str, params: tuple[Any, ...]) -> list[Any]:
         self._check_open()
         with self._rlock:
             try:
-                return self._r.execute(sql, params).fetchall()
+                return self._r.execute(query, params).fetchall()
             except sqlite3.Error as exc:
                 raise store_error(self.db, self._busy_ms, "read", exc) from exc
 
-    @staticmethod
-    def _session_info(row: Any) -> SessionInfo:
-        return SessionInfo(
-            id=row[0],
-            contract=row[1],
-            principal=None if row[2] is None else json.loads(row[2]),
-            status=row[3],
-            entries=int(row[4]),
-            started_ms=int(row[5]),
-            updated_ms=int(row[6]),
-            head=bytes(row[7]).hex(),
-            ended=bool(row[8]),
-        )
-
-    def session(self, session: str) -> SessionInfo | None:
-        rows = self._rows(_SESSION_SELECT + " WHERE id = ?", (session,))
-        return self._session_info(rows[0]) if rows else None
-
-    def sessions(
-        self, *, status: str | None = None, limit: int | None = None, principal: Any = None
-    ) -> list[SessionInfo]:
-        """Sessions, most recently started first; filtered by status and principal (JSON equality)."""
-        where: list[str] = []
-        params: list[Any] = []
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        if principal is not None:
-            where.append("principal = ?")
-            params.append(canonical(principal).decode("utf-8"))
-        sql = _SESSION_SELECT
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY started_ms DESC, id DESC"
-        if limit is not None:
-            sql += " LIMIT ?"
-            params.append(max(0, limit))
-        return [self._session_info(r) for r in self._rows(sql, tuple(params))]
-
-    @staticmethod
-    def _entry(row: Any) -> StoredEntry:
-        # A file edited outside Truss may hold anything in any column: hand verification an entry
-        # it will report as malformed rather than failing here.
-        raw, sig, keyid, digest = (_as_bytes(row[0]), _as_bytes(row[1]), str(row[2]), _as_bytes(row[3]).hex())
-        try:
-            return StoredEntry.from_raw(raw, sig, keyid, digest)
-        except (ValueError, UnicodeDecodeError):
-            return StoredEntry(entry={"unreadable": True}, hash=digest, sig=sig, keyid=keyid, raw=raw or b"-")
-
-    def read_session(self, session: str, *, from_seq: int = 0) -> Iterator[StoredEntry]:
-        """The session's entries in seq order from ``from_seq``, read a page at a time: the first
-        page small (a listing reads one entry of each session), the next ones growing to ``_PAGE``."""
-        seq, page = from_seq, _FIRST_PAGE
-        while True:
-            rows = self._rows(
-                "SELECT raw, sig, keyid, hash, seq FROM entries WHERE session = ? AND seq >= ? ORDER BY seq LIMIT ?",
-                (session, seq, page),
-            )
-            for row in rows:
-                yield self._entry(row)
-            if len(rows) < page:
-                return
-            seq, page = int(rows[-1][4]) + 1, min(_PAGE, page * 8)
-
-    def read_range(self, start: int, stop: int) -> Iterator[StoredEntry]:
-        """Entries with ``start <= index < stop`` in index order, read a page at a time."""
-        index = start
-        while index < stop:
-            rows = self._rows(
-                "SELECT raw, sig, keyid, hash, idx FROM entries WHERE idx >= ? AND idx < ? ORDER BY idx LIMIT ?",
-                (index, stop, _PAGE),
-            )
-            for row in rows:
-                yield self._entry(row)
-            if len(rows) < _PAGE:
-                return
-            index = int(rows[-1][4]) + 1
-
-    def blob(self, ref: str) -> bytes | None:
-        rows = self._rows("SELECT data FROM blobs WHERE ref = ?", (ref,))
-        return bytes(rows[0][0]) if rows else None
+    def _entry(self, row: Sequence[Any]) -> StoredEntry:
+        # A file edited outside Truss may hold anything in any column (a text where bytes belong).
+        return stored_entry(_as_bytes(row[0]), _as_bytes(row[1]), str(row[2]), _as_bytes(row[3]).hex())
 
     def blobs_for(self, refs: Iterable[str]) -> dict[str, bytes]:
         """The payloads held for ``refs`` (absent ones are left out), a few queries for many refs."""
@@ -638,13 +553,6 @@ class SqliteStore:
             rows = self._rows(f"SELECT ref, data FROM blobs WHERE ref IN ({marks})", tuple(chunk))  # noqa: S608
             out.update((str(r[0]), bytes(r[1])) for r in rows)
         return out
-
-    def erased_refs(self, session: str) -> set[str]:
-        return {r[0] for r in self._rows("SELECT ref FROM erased WHERE session = ?", (session,))}
-
-    def session_refs(self, session: str) -> set[str]:
-        """Refs whose bytes this session still links to."""
-        return {r[0] for r in self._rows("SELECT ref FROM session_blobs WHERE session = ?", (session,))}
 
     def _frontier_now(self) -> Frontier:
         """The log's frontier as of one snapshot (size and nodes read in one read transaction)."""
@@ -659,17 +567,6 @@ class SqliteStore:
                     conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 raise store_error(self.db, self._busy_ms, "read", exc) from exc
-
-    def tree_size(self) -> int:
-        return self._frontier_now().size
-
-    def tree_root(self) -> bytes:
-        return self._frontier_now().root()
-
-    def tree_head(self) -> tuple[int, bytes]:
-        """``(size, root)`` read together, so an append in between cannot split them."""
-        frontier = self._frontier_now()
-        return frontier.size, frontier.root() if frontier.size else EMPTY_ROOT
 
     def node(self, level: int, index: int) -> bytes:
         """The hash of the complete subtree ``(level, index)``; ``StoreError`` if it is not stored."""
@@ -706,24 +603,6 @@ class SqliteStore:
             index=index,
         )
 
-    def checkpoints(self) -> list[StoredCheckpoint]:
-        rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size", ())
-        return [StoredCheckpoint(int(r[0]), bytes(r[1]), r[2], int(r[3])) for r in rows]
-
-    def latest_checkpoint(self) -> StoredCheckpoint | None:
-        rows = self._rows("SELECT size, root, note, created_ms FROM checkpoints ORDER BY size DESC LIMIT 1", ())
-        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), rows[0][2], int(rows[0][3])) if rows else None
-
-    def checkpoint_covering(self, size: int) -> StoredCheckpoint | None:
-        rows = self._rows(
-            "SELECT size, root, note, created_ms FROM checkpoints WHERE size >= ? ORDER BY size LIMIT 1", (size,)
-        )
-        return StoredCheckpoint(int(rows[0][0]), bytes(rows[0][1]), rows[0][2], int(rows[0][3])) if rows else None
-
-    def envelope(self, session: str) -> bytes | None:
-        rows = self._rows("SELECT envelope FROM sessions WHERE id = ?", (session,))
-        return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
-
     def close(self) -> None:
         if self._closed:
             return
@@ -731,9 +610,3 @@ class SqliteStore:
             self._closed = True
             self._writer.close()
             self._r.close()
-
-    def __enter__(self) -> SqliteStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
