@@ -30,12 +30,13 @@ from psycopg import sql
 from truss._clock import Clock
 from truss._errors import StoreConflictError, StoreError, TrussError
 from truss.ledger.canonical import canonical
-from truss.ledger.entry import Record, StoredEntry, session_status
+from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, leaf_hash
 from truss.ledger.stores._group_commit import GroupCommit, Pending, batch_error, fail_all, finish
 from truss.ledger.stores._pg_link import KEY_RETIRED, Conn, PgLink, first_line, insert_checkpoint
+from truss.ledger.stores._sql import SessionRows
 from truss.ledger.stores.base import (
     Lease,
     SessionHead,
@@ -43,7 +44,6 @@ from truss.ledger.stores.base import (
     StoredCheckpoint,
     check_epoch,
     seal_batch,
-    session_fields,
 )
 
 _T = TypeVar("_T")
@@ -73,6 +73,7 @@ _COPY_FROM = 16  # entries in one batch from which COPY beats INSERT
 # The session's row lock, taken after the tree row's: a lease's epoch check (fencing) is one more
 # predicate on this row, in this same transaction.
 _SESSION_LOCK: LiteralString = "SELECT entries, head, ended FROM sessions WHERE id = %s FOR UPDATE"
+_SESSION_ROWS = SessionRows("%s", (False, True))
 
 
 class PostgresWriter:
@@ -325,31 +326,8 @@ class PostgresWriter:
                     "INSERT INTO session_blobs (session, ref) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                     [(session, ref) for ref in blob_rows],
                 )
-        last = out[-1]
-        ended = last.kind == "session_ended"
-        if head is None:
-            contract, principal = session_fields(records[0])
-            conn.execute(
-                "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    session,
-                    contract,
-                    None if principal is None else canonical(principal).decode("utf-8"),
-                    session_status(session, last.kind, last.body),
-                    last.seq + 1,
-                    out[0].ts,
-                    last.ts,
-                    bytes.fromhex(last.hash),
-                    ended,
-                ),
-            )
-        else:
-            status = session_status(session, last.kind, last.body)
-            conn.execute(
-                "UPDATE sessions SET entries = %s, head = %s, updated_ms = %s, ended = %s, status = %s WHERE id = %s",
-                (last.seq + 1, bytes.fromhex(last.hash), last.ts, ended, status, session),
-            )
+        _, query, params = _SESSION_ROWS.after(session, head, records, out)
+        conn.execute(query, params)
         return out
 
     def transaction(self, body: Callable[[Conn], _T]) -> _T:

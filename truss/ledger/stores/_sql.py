@@ -1,4 +1,4 @@
-"""The reads the SQL stores share: the same tables, queries and row conversions in SQLite and PostgreSQL.
+"""What the SQL stores say alike: the same tables, queries and row conversions in SQLite and PostgreSQL.
 
 ``SqlReads`` is the part of ``LedgerStore`` both SQL stores answer with the same queries (sessions,
 entries page by page, payloads, checkpoints, envelopes, the tree's head); a store mixes it in with
@@ -11,8 +11,11 @@ Nothing read here is trusted: a session row is a cache of its chain, and an entr
 handed to verification as it is (``stored_entry`` makes an unreadable one into an entry that
 verification reports as malformed instead of failing here).
 
-What it does not do: writes, connections, the Merkle nodes (each store looks them up its own way),
-or decide what is true (``truss.ledger.verification``).
+``SessionRows`` is the one write they share: the statement that leaves a session's row as an
+append left it (inserted for a new session, else updated), inside the writer's transaction.
+
+What it does not do: the other writes, connections, the Merkle nodes (each store looks them up its
+own way), or decide what is true (``truss.ledger.verification``).
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, LiteralString, Self
 
 from truss.ledger.canonical import canonical
-from truss.ledger.entry import StoredEntry
+from truss.ledger.entry import Record, StoredEntry, session_status
 from truss.ledger.merkle import EMPTY_ROOT, Frontier
-from truss.ledger.stores.base import SessionInfo, StoredCheckpoint
+from truss.ledger.stores.base import SessionHead, SessionInfo, StoredCheckpoint, session_fields
 
-__all__ = ["SqlReads", "checkpoint_of", "stored_entry"]
+__all__ = ["SessionRows", "SqlReads", "checkpoint_of", "stored_entry"]
 
 PAGE = 1000
 FIRST_PAGE = 8  # read_session's first page: what reading a session's first entry costs
@@ -104,6 +107,42 @@ class ReadSql:
             query += " LIMIT " + self.mark
             params.append(max(0, limit))
         return query, tuple(params)
+
+
+class SessionRows:
+    """The statement that leaves a session's row as an append left it, in one placeholder style.
+
+    ``flags``: how the driver's ``ended`` column takes false and true (SQLite's integer, psycopg's
+    bool: sqlite3 binds a Python bool through its adapter lookup, several times an int's cost).
+    """
+
+    def __init__(self, mark: LiteralString, flags: tuple[Any, Any]) -> None:
+        self._insert: LiteralString = (
+            "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        ).replace("?", mark)
+        self._update: LiteralString = (
+            "UPDATE sessions SET entries = ?, head = ?, updated_ms = ?, ended = ?, status = ? WHERE id = ?"
+        ).replace("?", mark)
+        self._flags = flags
+
+    def after(
+        self, session: str, head: SessionHead | None, records: Sequence[Record], out: Sequence[StoredEntry]
+    ) -> tuple[SessionHead, LiteralString, tuple[Any, ...]]:
+        """``out`` (the entries ``records`` became) appended to ``session``, whose row was ``head``
+        (None: a new session, its row inserted): the session's new head, and the statement that
+        records it."""
+        last = out[-1]
+        kind = last.kind
+        now = SessionHead(last.seq + 1, last.hash, kind == "session_ended")
+        status = session_status(session, kind, last.body)
+        if head is None:
+            contract, principal = session_fields(records[0])
+            principal_json = None if principal is None else canonical(principal).decode("utf-8")
+            started = out[0].ts
+            row = (session, contract, principal_json, status, now.seq, started, last.ts, bytes.fromhex(now.head))
+            return now, self._insert, (*row, self._flags[now.ended])
+        return now, self._update, (now.seq, bytes.fromhex(now.head), last.ts, self._flags[now.ended], status, session)
 
 
 class SqlReads:

@@ -30,13 +30,13 @@ from typing import Any, TypeVar
 
 from truss._clock import Clock
 from truss._errors import StoreBusyError, StoreError, TrussError, VerificationError
-from truss.ledger.canonical import canonical
-from truss.ledger.entry import Record, StoredEntry, session_status
+from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, NodeKey, leaf_hash, root_nodes
 from truss.ledger.stores._group_commit import GroupCommit, Pending, batch_error, fail_all, finish
-from truss.ledger.stores.base import Lease, SessionHead, check_epoch, seal_batch, session_fields
+from truss.ledger.stores._sql import SessionRows
+from truss.ledger.stores.base import Lease, SessionHead, check_epoch, seal_batch
 
 __all__ = [
     "LEASES_TABLE",
@@ -53,6 +53,7 @@ _T = TypeVar("_T")
 _HEADS_KEPT = 4096  # sessions whose head a writer remembers (a long serve-mcp drives many)
 _NODES_PER_QUERY = 400  # two parameters each, below SQLite's bound on parameters
 _ROWS_PER_INSERT = 64  # rows per multi-row INSERT: at most 576 parameters, one cached statement per count
+_SESSION_ROWS = SessionRows("?", (0, 1))
 
 # Made on first use, so a ledger created before leases existed gets the table without a migration.
 LEASES_TABLE = (
@@ -499,11 +500,9 @@ class SqliteWriter:
         blob_rows: list[Any] = []
         link_rows: list[str] = []
         key_id = key.key_id
-        digest_of_last = b""
         for record, entry in zip(records, out, strict=True):
             at = entry.index
-            digest_of_last = bytes.fromhex(entry.hash)
-            entry_rows += (at, session, entry.seq, record.kind, entry.ts, digest_of_last, entry.raw)
+            entry_rows += (at, session, entry.seq, record.kind, entry.ts, bytes.fromhex(entry.hash), entry.raw)
             entry_rows += (entry.sig, key_id)
             for level, _, digest in frontier.append(leaf_hash(entry.raw)):
                 node_rows += (at, level, digest)
@@ -515,34 +514,10 @@ class SqliteWriter:
         if blob_rows:
             _insert(conn, "INSERT OR IGNORE INTO blobs (ref, data)", 2, blob_rows)
             _insert(conn, "INSERT OR IGNORE INTO session_blobs (session, ref)", 2, link_rows)
-        last = out[-1]
-        ended = last.kind == "session_ended"
-        seq, now = last.seq + 1, last.ts
-        if head is None:
-            contract, principal = session_fields(records[0])
-            conn.execute(
-                "INSERT INTO sessions (id, contract, principal, status, entries, started_ms, updated_ms, head, ended)"
-                " VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    session,
-                    contract,
-                    None if principal is None else canonical(principal).decode("utf-8"),
-                    session_status(session, last.kind, last.body),
-                    seq,
-                    out[0].ts,
-                    now,
-                    digest_of_last,
-                    int(ended),
-                ),
-            )
-        else:
-            status = session_status(session, last.kind, last.body)
-            conn.execute(
-                "UPDATE sessions SET entries = ?, head = ?, updated_ms = ?, ended = ?, status = ? WHERE id = ?",
-                (seq, digest_of_last, now, int(ended), status, session),
-            )
+        now, query, params = _SESSION_ROWS.after(session, head, records, out)
+        conn.execute(query, params)
         if len(self._heads) >= _HEADS_KEPT:
             self._heads.clear()
             self._leases.clear()
-        self._heads[session] = SessionHead(seq, last.hash, ended)
+        self._heads[session] = now
         return out
