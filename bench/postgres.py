@@ -50,7 +50,7 @@ from truss.contract import Contract  # noqa: E402
 from truss.gate import CallRequest, Gate, Journal, Redactor  # noqa: E402
 from truss.ledger.canonical import sha256_ref  # noqa: E402
 from truss.ledger.entry import Record  # noqa: E402
-from truss.ledger.keys import IdentityKey  # noqa: E402
+from truss.ledger.keys import IdentityKey, write_identity_key  # noqa: E402
 from truss.ledger.store import open_store  # noqa: E402
 from truss.ledger.stores.postgresql import open_postgresql, parse_postgres_url  # noqa: E402
 from truss.testing import FakeTransport, mounted_tool, text_result  # noqa: E402
@@ -269,6 +269,7 @@ def scale(tmp: Path, server_url: Callable[[], str], total: int, reps: int) -> No
     print(f"3. scale: bulk-filled {large.tree_size():,} entries in {time.perf_counter() - start:.0f} s", flush=True)
     home = tmp / "home"
     home.mkdir()
+    write_identity_key(home / "identity.key", KEY)  # a read verifies, with the home's key by default
     counter = iter(range(10**9))
 
     def show(url: str) -> Callable[[], object]:
