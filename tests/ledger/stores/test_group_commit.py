@@ -73,14 +73,18 @@ class _Run:
             thread.join(WAIT_S)
             assert not thread.is_alive()
 
+    def through(self, *sessions: str) -> None:
+        """The first session leads; the others queue behind it in this order; then all finish."""
+        for session in sessions:
+            self.start(session)
+        self.finish()
+
 
 def test_followers_commit_together_led_by_the_oldest_and_each_gets_its_own_entries(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     run = _Run(monkeypatch, finish)
-    for session in ("leader", "first", "second", "third"):
-        run.start(session)
-    run.finish()
+    run.through("leader", "first", "second", "third")
     assert run.groups == [("leader", ["leader"]), ("first", ["first", "second", "third"])]
     for session in ("leader", "first", "second", "third"):
         assert run.returned[session] is run.results[session]
@@ -96,34 +100,28 @@ def test_an_error_of_a_failed_group_reaches_every_member(monkeypatch: pytest.Mon
             finish(group)
 
     run = _Run(monkeypatch, settle)
-    for session in ("leader", "first", "second"):
-        run.start(session)
-    run.finish()
+    run.through("leader", "first", "second")
     assert run.groups[1] == ("first", ["first", "second"])
     assert run.returned["leader"] == []
     assert run.returned["first"] is failure and run.returned["second"] is failure
 
 
-def test_a_batch_that_failed_alone_fails_alone_and_keeps_its_error_when_asked(
+def test_a_batch_that_failed_alone_in_a_committed_group_raises_its_own_error_and_the_others_return(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     own = StoreConflictError("session second: another writer recorded this step")
-    failure = StoreError("the commit failed")
 
     def settle(group: list[Pending]) -> None:
         for p in group:
-            if p.session == "second":
+            if p.session == "second":  # its savepoint rolled back; the group commits
                 p.result, p.error = [], own
-        if len(group) > 2:
-            fail_all(group, failure, keep_own=True)
-        else:
-            finish(group)
+        finish(group)
 
     run = _Run(monkeypatch, settle)
-    for session in ("leader", "first", "second"):
-        run.start(session)
-    run.finish()
-    assert run.returned["first"] == [] and run.returned["second"] is own  # the group committed
+    run.through("leader", "first", "second", "third")
+    assert run.groups[1] == ("first", ["first", "second", "third"])
+    assert run.returned["second"] is own
+    assert run.returned["first"] is run.results["first"] and run.returned["third"] is run.results["third"]
 
 
 def test_fail_all_replaces_a_batch_error_unless_asked_to_keep_it() -> None:
