@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 
 import anyio
@@ -88,6 +90,20 @@ async def test_16_tasks_appending_to_16_sessions_leave_16_valid_chains(tmp_path:
     for n in range(16):
         assert verify_ledger(store, trusted, session=f"s_{n:02d}").ok
     store.close()
+
+
+def test_a_store_dropped_without_close_frees_its_writer_at_once(tmp_path: Path) -> None:
+    # The writer and its group-commit queue hold no reference cycle, so the writer's connection
+    # closes when the store's last reference goes, not at some later garbage collection.
+    store = open_sqlite(tmp_path / "l.db", key=_key(), clock=ManualClock())
+    store.append("s", [Record("session_started", {"contract": "c"})])
+    writer = weakref.ref(store._writer)  # pyright: ignore[reportPrivateUsage]
+    gc.disable()
+    try:
+        del store
+        assert writer() is None
+    finally:
+        gc.enable()
 
 
 def test_concurrent_durable_appends_share_commits(tmp_path: Path) -> None:

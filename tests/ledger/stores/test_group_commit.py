@@ -40,7 +40,7 @@ class _Run:
         self.returned: dict[str, list[StoredEntry] | TrussError] = {}
         self.results: dict[str, list[StoredEntry]] = {}
         self._threads: list[threading.Thread] = []
-        self.queue = GroupCommit(threading.Lock(), self._commit, group=True)
+        self.queue = GroupCommit(threading.Lock(), group=True)
 
     def _commit(self, group: list[Pending]) -> None:
         self.groups.append((threading.current_thread().name, [p.session for p in group]))
@@ -54,7 +54,7 @@ class _Run:
     def _append(self, session: str) -> None:
         pending = Pending(session, [Record("model_turn", {"s": session})], True, None)
         try:
-            self.returned[session] = self.queue.run(pending)
+            self.returned[session] = self.queue.run(pending, self._commit)
         except TrussError as exc:
             self.returned[session] = exc
 
@@ -152,6 +152,6 @@ def test_without_group_commit_every_batch_commits_alone_under_the_lock() -> None
         held.append(lock.locked())
         finish(group)
 
-    queue = GroupCommit(lock, commit, group=False)
-    assert queue.run(Pending("s", [Record("model_turn", {})], True, None)) == []
+    queue = GroupCommit(lock, group=False)
+    assert queue.run(Pending("s", [Record("model_turn", {})], True, None), commit) == []
     assert held == [True]

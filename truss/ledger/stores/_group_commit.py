@@ -115,25 +115,26 @@ def batch_error(pending: Pending, exc: Exception, detail: Callable[[BaseExceptio
 class GroupCommit:
     """The leader/follower queue of one writer (see the module docstring).
 
-    ``lock`` is the writer's lock (held across every ``commit``); ``commit(group)`` must settle
+    ``lock`` is the writer's lock, held across every ``commit``. The writer passes its ``commit``
+    with each call rather than the queue keeping it, so a writer and its queue form no reference
+    cycle (a dropped store's connections close as it is dropped). ``commit(group)`` must settle
     every batch of ``group`` (``finish`` or ``fail_all``) unless it raises.
     """
 
-    __slots__ = ("_commit", "_group", "_leading", "_lock", "_qlock", "_queue")
+    __slots__ = ("_group", "_leading", "_lock", "_qlock", "_queue")
 
-    def __init__(self, lock: Lock, commit: Callable[[list[Pending]], None], *, group: bool) -> None:
+    def __init__(self, lock: Lock, *, group: bool) -> None:
         self._lock = lock
-        self._commit = commit
         self._group = group
         self._qlock = Lock()
         self._queue: list[Pending] = []
         self._leading = False
 
-    def run(self, pending: Pending) -> list[StoredEntry]:
+    def run(self, pending: Pending, commit: Callable[[list[Pending]], None]) -> list[StoredEntry]:
         """Commit ``pending``, alone or with the batches queued beside it; its entries, or its error raised."""
         if not self._group:
             with self._lock:
-                self._commit([pending])
+                commit([pending])
         else:
             with self._qlock:
                 self._queue.append(pending)
@@ -144,17 +145,17 @@ class GroupCommit:
             if pending.wake is not None:
                 pending.wake.wait()
             if not pending.done:
-                self._lead()
+                self._lead(commit)
         if pending.error is not None:
             raise pending.error
         return pending.result
 
-    def _lead(self) -> None:
+    def _lead(self, commit: Callable[[list[Pending]], None]) -> None:
         try:
             with self._qlock:
                 group, self._queue = self._queue, []
             with self._lock:
-                self._commit(group)
+                commit(group)
         finally:
             with self._qlock:
                 if self._queue:
@@ -164,7 +165,9 @@ class GroupCommit:
                 else:
                     self._leading = False
 
-    def bulk(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int) -> int:
+    def bulk(
+        self, batches: Iterable[tuple[str, Sequence[Record]]], commit: Callable[[list[Pending]], None], *, per_txn: int
+    ) -> int:
         """Commit many batches, ``per_txn`` per transaction, each transaction but the last not
         durable (the last one's flush covers them all); the first failing batch raises and stops.
         Returns the number of entries appended."""
@@ -178,7 +181,7 @@ class GroupCommit:
             if last and chunk:
                 chunk[-1].durable = True
             with self._lock:
-                self._commit(chunk)
+                commit(chunk)
             for p in chunk:
                 if p.error is not None:
                     raise p.error

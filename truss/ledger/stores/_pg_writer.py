@@ -89,7 +89,7 @@ class PostgresWriter:
         self._clock = clock
         self.origin = origin
         self._wlock = threading.Lock()
-        self._queue = GroupCommit(self._wlock, self._commit_group, group=group_commit)
+        self._queue = GroupCommit(self._wlock, group=group_commit)
         self._commits = 0
         self._batches = 0
         self._closed = False
@@ -154,7 +154,7 @@ class PostgresWriter:
         if not records:
             return []
         pending = Pending(session, list(records), durable, expect_seq, expect_index=expect_index, epoch=epoch)
-        return self._queue.run(pending)
+        return self._queue.run(pending, self._commit_group)
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -162,7 +162,7 @@ class PostgresWriter:
         Every transaction but the last commits with ``synchronous_commit = off``; the last one
         flushes them all. A failing batch raises and stops. Returns the number of entries appended.
         """
-        return self._queue.bulk(batches, per_txn=per_txn)
+        return self._queue.bulk(batches, self._commit_group, per_txn=per_txn)
 
     def _commit_group(self, group: list[Pending]) -> None:
         """Commit every batch of ``group`` in one transaction; sets each one's result or error."""

@@ -264,7 +264,7 @@ class SqliteWriter:
         self._origin = origin
         self._busy_ms = busy_timeout_ms
         self.lock = threading.Lock()  # the writer: whoever holds it commits the queue
-        self._queue = GroupCommit(self.lock, self._commit_group, group=group_commit)
+        self._queue = GroupCommit(self.lock, group=group_commit)
         self._commits = 0
         self._batches = 0
         self._flushes = 0  # commits with synchronous=FULL: the ones that wait for the disk
@@ -364,7 +364,7 @@ class SqliteWriter:
         if not records:
             return []
         pending = Pending(session, list(records), durable, expect_seq, expect_index=expect_index, epoch=epoch)
-        return self._queue.run(pending)
+        return self._queue.run(pending, self._commit_group)
 
     def bulk_append(self, batches: Iterable[tuple[str, Sequence[Record]]], *, per_txn: int = 1000) -> int:
         """Append many batches, ``per_txn`` batches per transaction (imports, benchmarks).
@@ -373,7 +373,7 @@ class SqliteWriter:
         batch raises and stops. Returns the number of entries appended.
         """
         self._check_open()
-        return self._queue.bulk(batches, per_txn=per_txn)
+        return self._queue.bulk(batches, self._commit_group, per_txn=per_txn)
 
     def _commit_group(self, group: list[Pending]) -> None:
         """Commit every batch of ``group`` in one transaction; sets each one's result or error."""
