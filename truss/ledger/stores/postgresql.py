@@ -40,7 +40,7 @@ The writer side is in ``_pg_writer``, connection set-up and the tables in ``_pg_
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
