@@ -46,7 +46,7 @@ from truss.calls import CallOutcome, CallRequest
 from truss.contract import Contract, uses_panel
 from truss.events import RunEvents
 from truss.gate import Gate
-from truss.ledger.canonical import canonical, sha256_ref
+from truss.ledger.canonical import canonical, is_plain, sha256_ref
 from truss.ledger.entry import Record
 from truss.providers.base import Provider, ToolCall, ToolSpec, TurnRequest, TurnResponse
 from truss.redaction import Redactor
@@ -492,12 +492,15 @@ async def _turn(  # noqa: PLR0917 - one private call site
                     expected="response payload",
                     actual="erased",
                 )
-            response = TurnResponse.from_json(json.loads(data))
-            if provider.capabilities.plays_plan:
+            if not provider.capabilities.plays_plan:
+                response = TurnResponse.from_json(json.loads(data))
+            else:
                 # A provider that plays a plan is a pure function of the plan and the request: asking
                 # it costs nothing and calls nothing, and a different answer means the plan changed
                 # since the run was recorded (an edited contract, a different ${env.X}).
-                planned = _recorded_form((await provider.next_turn(request)).to_json(), redactor, by_provider, contract)
+                answer = await provider.next_turn(request)
+                answer_json = answer.to_json()
+                planned = _recorded_form(answer_json, redactor, by_provider, contract)
                 if sha256_ref(canonical(planned)) != body.get("response"):
                     raise ReplayDivergenceError(
                         f"resumed session {journal.session}: the plan asks for something else at model turn "
@@ -509,6 +512,13 @@ async def _turn(  # noqa: PLR0917 - one private call site
                         expected=f"model_turn {turn.number} response {body.get('response')}",
                         actual=f"model_turn {turn.number} response {sha256_ref(canonical(planned))}",
                     )
+                # The recorded bytes hash to the same ref (R5), so they are ``planned``'s canonical
+                # form: when nothing was redacted and the answer is plain JSON (no float, whose type
+                # a round trip could change), decoding them gives this very answer again.
+                if planned == answer_json and is_plain(answer_json):
+                    response = answer
+                else:
+                    response = TurnResponse.from_json(json.loads(data))
         turn.advance(recorded_request, replay_key)
         if events is not None:
             events.model_answered(turn.number, recorded, replayed=True)
