@@ -136,6 +136,7 @@ class Journal:
         session: str,
         *,
         recorded: Iterable[StoredEntry] = (),
+        chained: bool = False,
         epoch: int | None = None,
         keep_entries: bool = True,
         fold: EntryFold | None = None,
@@ -155,7 +156,7 @@ class Journal:
         # Called once the loop has replayed the last recorded model turn (the resume's collector
         # window ends there: truss._collector); None when nothing waits for it.
         self.on_replayed: Callable[[], None] | None = None
-        self.extend(recorded)
+        self.extend(recorded, chained=chained)
 
     def replayed_turn(self, number: int) -> StoredEntry | None:
         """The recorded model turn ``number``, taken out of the record (replayed once, not kept)."""
@@ -180,10 +181,18 @@ class Journal:
     def next_seq(self) -> int:
         return self.head.seq + 1 if self.head is not None else 0
 
-    def extend(self, recorded: Iterable[StoredEntry]) -> None:
+    def extend(self, recorded: Iterable[StoredEntry], *, chained: bool = False) -> None:
         """Index entries recorded before (a resumed run's, or ones a cancelled step committed). Each
         must chain to the head held (the first to the journal's head, the next to it...): what was
-        read after the head is refused (``VerificationError``) unless it continues that very chain."""
+        read after the head is refused (``VerificationError``) unless it continues that very chain.
+
+        ``chained``: ``recorded`` is a whole session from its first entry as the verified reader
+        yielded it (R1 checked these very entries for V4, V6 and V7, as ``chain_link`` would), given
+        to a journal that holds no head yet: they are indexed without hashing each again."""
+        if chained and self.head is None:
+            for entry in recorded:
+                self._index(entry, live=False)
+            return
         for entry in recorded:
             finding = chain_link(self.head, entry)
             if finding is not None:

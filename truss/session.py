@@ -77,7 +77,7 @@ from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import IdentityKey
-from truss.ledger.reader import unverified
+from truss.ledger.reader import VerifiedStore, unverified
 from truss.ledger.stores.base import Lease, LedgerStore, SessionInfo
 from truss.ledger.workers import end_checkpoint
 from truss.loop import LoopResult, run_loop
@@ -262,7 +262,8 @@ async def _resume_read(
         )
     started = entries[0].body
     contract = contract or _recorded_contract(session, started)
-    journal = _journal(store, session, contract, recorded=entries)
+    # The entries are the verified read of the whole session (R1), so the journal does not re-check their links.
+    journal = _journal(store, session, contract, recorded=entries, chained=isinstance(store, VerifiedStore))
     del entries  # folded into the journal: a long session's entries are not held through the run
     # ``_recorded_contract`` checked that the contract hashes to the recorded hash: not hashed again.
     recorded_hash = str(started.get("contract_hash"))
@@ -1108,12 +1109,18 @@ class _EarlyServers:
 
 
 def _journal(
-    store: LedgerStore, session: str, contract: Contract, *, recorded: list[StoredEntry] | None = None
+    store: LedgerStore,
+    session: str,
+    contract: Contract,
+    *,
+    recorded: list[StoredEntry] | None = None,
+    chained: bool = False,
 ) -> Journal:
-    """The run's journal: it keeps every entry only when a check needs the whole record (a panel)."""
+    """The run's journal: it keeps every entry only when a check needs the whole record (a panel).
+    ``chained``: ``recorded`` is a verified read of the whole session (``Journal.extend``)."""
     folds = _Folds(VerdictFold(contract, store.blob), UsageTally() if quotas_of(contract) else None)
     keep = not folds.verdict.folds_all or uses_panel(contract.done.checks)
-    return Journal(store, session, recorded=recorded or (), keep_entries=keep, fold=folds)
+    return Journal(store, session, recorded=recorded or (), chained=chained, keep_entries=keep, fold=folds)
 
 
 def _folds(journal: Journal) -> _Folds:
