@@ -125,7 +125,16 @@ def is_plain(value: Any, depth: int = 0) -> bool:
                 return False
         return True
     if kind is list:
-        return all(is_plain(item, depth + 1) for item in value)
+        for item in value:  # as for an object's values: scalars inline, no generator per array
+            item_kind = _type_of(item)
+            if item_kind is str or item_kind is bool or item is None:
+                continue
+            if item_kind is int:
+                if not -_INT_LIMIT < item < _INT_LIMIT:
+                    return False
+            elif not is_plain(item, depth + 1):
+                return False
+        return True
     return False
 
 
