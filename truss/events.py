@@ -37,10 +37,11 @@ This module is a leaf: no I/O, no clock of its own, nothing above it imported.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from truss._clock import Clock
 from truss.ledger.entry import StoredEntry
@@ -72,10 +73,46 @@ __all__ = [
 
 _log = logging.getLogger("truss.events")
 
+_E = TypeVar("_E")
+_NOT_GIVEN: Any = object()  # a field with a default factory that the caller left out
+
+
+def _filled(cls: type[_E]) -> type[_E]:
+    """``cls`` (a frozen, keyword-only dataclass) with an ``__init__`` that fills the new instance's
+    ``__dict__`` directly instead of calling ``object.__setattr__`` once per field, as a frozen
+    dataclass's own does: the same signature, defaults, factories and resulting object, at about a
+    third of the cost (a replayed turn builds five events; bench/long_run.py's resume). The instance
+    stays frozen: only ``__init__`` writes past ``__setattr__``."""
+    assert "__slots__" not in cls.__dict__ and not hasattr(cls, "__post_init__")
+    namespace: dict[str, Any] = {"_NOT_GIVEN": _NOT_GIVEN}
+    params: list[str] = []
+    lines: list[str] = []
+    for spec in dataclasses.fields(cast(Any, cls)):
+        name = spec.name
+        assert spec.init and spec.kw_only and name.isidentifier()
+        if spec.default is not dataclasses.MISSING:
+            namespace[f"_default_{name}"] = spec.default
+            params.append(f"{name}=_default_{name}")
+            lines.append(f"    state[{name!r}] = {name}")
+        elif spec.default_factory is not dataclasses.MISSING:
+            namespace[f"_factory_{name}"] = spec.default_factory
+            params.append(f"{name}=_NOT_GIVEN")
+            lines.append(f"    state[{name!r}] = _factory_{name}() if {name} is _NOT_GIVEN else {name}")
+        else:
+            params.append(name)
+            lines.append(f"    state[{name!r}] = {name}")
+    source = f"def __init__(self, *, {', '.join(params)}):\n    state = self.__dict__\n" + "\n".join(lines) + "\n"
+    exec(source, namespace)  # noqa: S102 - built from the class's own field names, as dataclasses does
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # pyright: ignore[reportAttributeAccessIssue]
+    return cls
+
 
 # -- the events -----------------------------------------------------------------------------------
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class Event:
     """What every event carries. ``kind`` names the event type (``call_ended`` ...)."""
@@ -87,6 +124,7 @@ class Event:
     time_ms: int  # when, on the run's clock (Unix milliseconds)
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class SessionStarted(Event):
     kind: ClassVar[str] = "session_started"
@@ -97,6 +135,7 @@ class SessionStarted(Event):
     model: str | None = None
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class SessionEnded(Event):
     """The leg ended: ``status`` as the run returned it (pass, fail, error, suspended, interrupted,
@@ -110,12 +149,14 @@ class SessionEnded(Event):
     index: int | None = None
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class TurnStarted(Event):
     kind: ClassVar[str] = "turn_started"
     turn: int
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class TurnEnded(Event):
     """``outcome``: ``ok`` (the run goes on), or why the loop stopped in this turn (``done``,
@@ -128,6 +169,7 @@ class TurnEnded(Event):
     calls: int = 0
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class ModelAnswered(Event):
     """The turn's ``model_turn`` entry was recorded (or, ``replayed``, found in the record)."""
@@ -144,6 +186,7 @@ class ModelAnswered(Event):
     index: int
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class CallStarted(Event):
     kind: ClassVar[str] = "call_started"
@@ -153,6 +196,7 @@ class CallStarted(Event):
     turn: int
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class CallEnded(Event):
     """How the gate settled the call. ``outcome``: ok, tool_error, failed, denied, suspended, or
@@ -179,6 +223,7 @@ class CallEnded(Event):
     memo_from: str | None = None  # a memo hit: the session whose recorded result answered the call
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class CallDenied(Event):
     kind: ClassVar[str] = "call_denied"
@@ -192,6 +237,7 @@ class CallDenied(Event):
     index: int
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class ToolProgress(Event):
     kind: ClassVar[str] = "tool_progress"
@@ -200,6 +246,7 @@ class ToolProgress(Event):
     detail: str
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class Suspended(Event):
     kind: ClassVar[str] = "suspended"
@@ -210,12 +257,14 @@ class Suspended(Event):
     index: int | None
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSigned(Event):
     kind: ClassVar[str] = "checkpoint_signed"
     size: int | None  # the tree size the checkpoint covers
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class CheckpointWitnessed(Event):
     """What the witnesses did with the end-of-session checkpoint (``truss.witness.submit``):
@@ -228,6 +277,7 @@ class CheckpointWitnessed(Event):
     outcomes: tuple[tuple[str, str], ...] = ()
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class VerdictReached(Event):
     kind: ClassVar[str] = "verdict"
@@ -238,6 +288,7 @@ class VerdictReached(Event):
     error: str | None = None  # for an ``error`` verdict, its cause (budget, deadline, provider, server, input)
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class PanelReviewed(Event):
     """A reviewer's ``panel_review`` entry was recorded (or, ``replayed``, found in the record).
@@ -256,6 +307,7 @@ class PanelReviewed(Event):
     index: int
 
 
+@_filled
 @dataclass(frozen=True, kw_only=True)
 class ServerEvent(Event):
     """Something a launcher or an auth flow reports about one server (``name``: what happened)."""
@@ -276,16 +328,20 @@ class EventBus:
     """Subscribers of a run's events (any number); ``emit`` delivers to each, isolating failures."""
 
     def __init__(self, subscribers: Iterable[Subscriber] = ()) -> None:
-        self._subscribers: list[Subscriber] = list(subscribers)
+        # A tuple, replaced when a subscriber comes or goes: an event is delivered to the subscribers
+        # there were when it was emitted, even when one of them (un)subscribes meanwhile.
+        self._subscribers: tuple[Subscriber, ...] = tuple(subscribers)
         self.failures = 0
 
     def subscribe(self, subscriber: Subscriber) -> Callable[[], None]:
         """Add ``subscriber``; returns a function that removes it again."""
-        self._subscribers.append(subscriber)
+        self._subscribers = (*self._subscribers, subscriber)
 
         def unsubscribe() -> None:
-            if subscriber in self._subscribers:
-                self._subscribers.remove(subscriber)
+            held = list(self._subscribers)
+            if subscriber in held:
+                held.remove(subscriber)
+                self._subscribers = tuple(held)
 
         return unsubscribe
 
@@ -293,7 +349,7 @@ class EventBus:
         return bool(self._subscribers)
 
     def emit(self, event: Event) -> None:
-        for subscriber in tuple(self._subscribers):
+        for subscriber in self._subscribers:
             try:
                 subscriber(event)
             except Exception:
@@ -314,6 +370,7 @@ class RunEvents:
         self.session = session
         self.span = f"{session}@{start_seq}"
         self._starts: dict[str, int] = {}
+        self._turn_span: tuple[int, str] = (-1, "")
 
     @property
     def active(self) -> bool:
@@ -323,7 +380,10 @@ class RunEvents:
         return self._clock.now_ms()
 
     def turn_span(self, turn: int) -> str:
-        return f"{self.span}/t{turn}"
+        held = self._turn_span
+        if held[0] != turn:  # a turn's events name its span about five times: built once
+            held = self._turn_span = (turn, f"{self.span}/t{turn}")
+        return held[1]
 
     def call_span(self, call: str) -> str:
         return f"{self.span}/{call}"
