@@ -106,6 +106,7 @@ class Gate:
         self._memo: MemoIndex | None = None
         self._decisions: dict[str, str] = {}  # call -> the policy's decision in this leg (for events)
         self._timeouts: dict[str, float] = {}  # tool -> its configured call_timeout, in seconds
+        self._remaining: tuple[BudgetState, int, dict[str, Any]] | None = None  # the last remaining()
 
     # -- budget shared with the loop (model turns are charged against the same state) --
 
@@ -126,7 +127,14 @@ class Gate:
         return await self.charge(lambda state: budget_mod.charge_call(state, self.contract, tool, self.clock.now_ms()))
 
     def remaining(self) -> dict[str, Any]:
-        return dict(budget_mod.remaining(self.contract, self._budget.state, self.clock.now_ms()))
+        """What is left of the budget now (``budget.remaining``), a fresh copy for each caller."""
+        state, now = self._budget.state, self.clock.now_ms()
+        held = self._remaining
+        if held is None or held[0] is not state or held[1] != now:
+            # A call's end event and the note the loop adds to its result ask in the same millisecond
+            # with the same budget state: worked out once.
+            held = self._remaining = (state, now, budget_mod.remaining(self.contract, state, now))
+        return {k: dict(cast(dict[str, int], v)) if type(v) is dict else v for k, v in held[2].items()}
 
     def _call_timeout_s(self, tool: str) -> float:
         # What the contract configures is fixed for the run: looked up once per tool, then only the
