@@ -175,6 +175,14 @@ class VerdictFold:
             return
         body: Mapping[str, Any] = entry.body
         if kind == "mcp_tool_call":
+            if not self._folds and self._first_ok is not None:
+                # No check folds calls, and the first good call is known: only a failure below the tool
+                # still counts (every result of a long run passes here, a resumed one's recorded first).
+                if self._broken is None:
+                    failure = _as_dict(body.get("failure"))
+                    if failure is not None and str(failure.get("cause")) in _BELOW_TOOL:
+                        self._broken = _call_record(body)
+                return
             call = _call_record(body)
             if self._first_ok is None and not call.is_error:
                 self._first_ok = call
