@@ -427,15 +427,11 @@ def pending_approvals(entries: list[StoredEntry]) -> list[str]:
 
 def pending_signals(entries: list[StoredEntry]) -> dict[str, str]:
     """Call id -> signal name of each call waiting for ``truss signal`` (pending, no signal received)."""
-    received = {str(e.body.get("call")) for e in entries if e.kind == "signal_received"}
-    settled = {str(e.body.get("call")) for e in entries if e.kind == "mcp_tool_call"}
-    return {
-        str(e.body.get("call")): str(e.body.get("signal"))
-        for e in entries
-        if e.kind == "mcp_tool_pending"
-        and e.body.get("kind") == "signal"
-        and str(e.body.get("call")) not in received | settled
-    }
+    waiting = [e for e in entries if e.kind == "mcp_tool_pending" and e.body.get("kind") == "signal"]
+    if not waiting:  # the usual case: no call ever waited for a signal, so no other entry matters
+        return {}
+    done = {str(e.body.get("call")) for e in entries if e.kind in ("signal_received", "mcp_tool_call")}
+    return {str(e.body.get("call")): str(e.body.get("signal")) for e in waiting if str(e.body.get("call")) not in done}
 
 
 _OUTCOME_TAIL = 8  # entries an ended session's outcome is read from: its verdict is among the last few
