@@ -83,3 +83,17 @@ def test_entries_read_past_a_gap_after_the_head_are_refused(tmp_path: Path) -> N
     with pytest.raises(VerificationError) as caught:
         journal.extend(store.read_session(SESSION, from_seq=3))
     assert (caught.value.fields["reason"], caught.value.fields["seq"]) == ("seq_gap", 3)
+
+
+def test_a_verified_whole_read_is_indexed_as_given_but_what_follows_a_head_is_still_checked(tmp_path: Path) -> None:
+    # ``chained``: the resume's verified read of the whole session (R1 checked each link) is indexed
+    # without hashing it again; entries given after a head, chained or not, are checked as ever.
+    store, db = _recorded(tmp_path)
+    whole = list(store.read_session(SESSION))
+    journal = Journal(store, SESSION, recorded=whole[:2], chained=True)
+    assert journal.head is not None and journal.head.seq == 1
+    _tamper(db, 2, {"body": {"turn": 0, "n": 9}}, rehash=False)
+    with pytest.raises(VerificationError) as caught:
+        journal.extend(store.read_session(SESSION, from_seq=journal.next_seq), chained=True)
+    assert (caught.value.fields["reason"], caught.value.fields["seq"]) == ("hash_mismatch", 2)
+    assert journal.head.seq == 1

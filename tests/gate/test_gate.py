@@ -323,3 +323,21 @@ async def test_call_timeout_is_the_smallest_setting(tmp_path: Path) -> None:
     gate = make_gate(contract_from(text), store, fake, clock=ManualClock())
     await gate.call(req("c1.0"))
     assert fake.calls[0].timeout_s == 7.0
+
+
+async def test_what_is_left_follows_each_charge_and_the_clock_and_each_caller_gets_its_own_copy(tmp_path: Path) -> None:
+    text = contract_text(server='budget_calls = 5\n[[mcp.servers.tools]]\nname = "echo"\nbudget_calls = 3',
+                         budget='deadline = "10m"')  # fmt: skip
+    store, _ = new_store(tmp_path)
+    clock = ManualClock()
+    gate = make_gate(contract_from(text), store, transport(), clock=clock)
+    first, again = gate.remaining(), gate.remaining()
+    assert first == again == {"tool_calls": 100, "model_turns": first["model_turns"], "seconds": 600,
+                              "servers": {"srv": 5}, "tools": {"mcp:srv:echo": 3}}  # fmt: skip
+    first["tool_calls"] = 0
+    cast(dict[str, int], first["servers"])["srv"] = 0  # a caller's copy, nested maps too
+    assert gate.remaining()["tool_calls"] == 100 and gate.remaining()["servers"] == {"srv": 5}
+    await gate.call(req("c1.0"))
+    assert gate.remaining()["tool_calls"] == 99 and gate.remaining()["tools"] == {"mcp:srv:echo": 2}
+    clock.advance(61)
+    assert gate.remaining()["seconds"] == 539

@@ -11,7 +11,16 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from tests.gate.support import ListProvider, calls, contract_from, entries_of, fake_connector, kinds_of, new_store
+from tests.gate.support import (
+    ListProvider,
+    calls,
+    contract_from,
+    entries_of,
+    fake_connector,
+    kinds_of,
+    new_store,
+    scripted,
+)
 from truss._errors import NotFoundError, RunSuspended, UsageError, VerificationError
 from truss.contract import Contract
 from truss.ledger.envelope import open_verdict
@@ -371,3 +380,46 @@ async def test_a_suspension_with_nothing_recorded_past_the_head_makes_no_verifie
     monkeypatch.setattr(VerifiedStore, "read_session", original)
     approve_call(Runtime(w.store, key=w.key), first.session, "c2.1", approved=True)
     assert (await w.resume(first.session)).status == "pass"
+
+
+PLANNED = """
+[contract]
+name = "approval-plan"
+intent = "read, then write with approval"
+[agent]
+final = "wrote it"
+[[agent.steps]]
+tool = "mcp:srv:read"
+arguments = { path = "a" }
+[[agent.steps]]
+tool = "mcp:srv:write"
+arguments = { path = "c", text = "x", size = 2.0 }
+[policy]
+default = "allow"
+[[policy.rules]]
+tool = "mcp:srv:write"
+effect = "ask"
+reason = "writes need a person"
+[[mcp.servers]]
+name = "srv"
+command = "unused"
+allow_tools = ["read", "write"]
+"""
+
+
+async def test_a_resumed_plan_whose_step_holds_a_float_replays_and_sends_the_recorded_arguments(tmp_path: Path) -> None:
+    # A replayed plan turn is checked by asking the plan again (the answer must hash to the recorded
+    # response). Its answer then stands in for decoding the record only when it is plain JSON; a
+    # float is not (RFC 8785 writes 2.0 as 2): that turn is decoded from the record, as before, and
+    # the approved call carries the arguments as recorded.
+    w = World(tmp_path)
+    w.contract = contract_from(PLANNED)
+    w.provider = scripted()  # type: ignore[method-assign]
+    first = await w.run()
+    assert first.status == "suspended" and first.waiting == ("c2.0",)
+    approve_call(Runtime(w.store, key=w.key), first.session, "c2.0", approved=True)
+    done = await w.resume(first.session)
+    assert done.status == "pass", done
+    [(_, read), (_, write)] = [(c.tool, dict(c.arguments)) for c in w.transport.calls]
+    assert read == {"path": "a"}
+    assert write == {"path": "c", "text": "x", "size": 2} and type(write["size"]) is int

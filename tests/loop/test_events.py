@@ -19,6 +19,7 @@ from truss.events import (
     CallStarted,
     CheckpointSigned,
     Event,
+    EventBus,
     ModelAnswered,
     SessionEnded,
     SessionStarted,
@@ -198,3 +199,41 @@ async def test_progress_callers_get_the_flat_view_of_the_same_stream(tmp_path: P
         ("turn", None, None),
         ("verdict", None, "fail"),
     ]
+
+
+def test_events_are_frozen_dataclasses_with_their_defaults_and_a_fresh_default_per_event() -> None:
+    common: dict[str, Any] = {"session": "s", "span": "s@0/c1.0", "parent": "s@0/t1", "time_ms": 2, "start_ms": 1}
+    first = CallEnded(**common, call="c1.0", tool="mcp:srv:read", server="srv", turn=1, outcome="ok")
+    second = CallEnded(**common, call="c1.0", tool="mcp:srv:read", server="srv", turn=1, outcome="ok")
+    assert first == second and first.code is None and first.duration_ms == 0.0 and first.memo_from is None
+    assert first.budget_left == {} and first.budget_left is not second.budget_left  # the factory, each time
+    assert dataclasses.asdict(first)["outcome"] == "ok" and [f.name for f in dataclasses.fields(first)][:4] == [
+        "session", "span", "parent", "time_ms"
+    ]  # fmt: skip
+    assert repr(first).startswith("CallEnded(session='s', span='s@0/c1.0'")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.outcome = "error"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="missing"):
+        CallEnded(**common)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        TurnStarted("s", "s@0/t1", "s@0", 1, turn=1)  # type: ignore[misc]  # keyword-only, as declared
+    assert TurnStarted(session="s", span="x", parent=None, time_ms=1, turn=1) != TurnStarted(
+        session="s", span="x", parent=None, time_ms=1, turn=2
+    )
+
+
+def test_a_subscriber_that_leaves_while_an_event_is_delivered_misses_only_later_ones() -> None:
+    bus = EventBus()
+    seen: list[tuple[str, int]] = []
+
+    def leaving(event: Event) -> None:
+        seen.append(("leaving", event.time_ms))
+        unsubscribe()
+
+    unsubscribe = bus.subscribe(leaving)
+    bus.subscribe(lambda event: seen.append(("staying", event.time_ms)))
+    for n in (1, 2):
+        bus.emit(TurnStarted(session="s", span="x", parent=None, time_ms=n, turn=n))
+    assert seen == [("leaving", 1), ("staying", 1), ("staying", 2)]
+    unsubscribe()  # a second time: nothing left to remove
+    assert bool(bus)
