@@ -6,14 +6,14 @@ import json
 import math
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from truss.ledger.canonical import INT_LIMIT, CanonicalError, canonical, sha256_ref, value_ref
+from truss.ledger.canonical import INT_LIMIT, CanonicalError, canonical, plain_canonical, sha256_ref, value_ref
 
 VECTORS = Path(__file__).parent / "vectors" / "rfc8785"
 
@@ -257,3 +257,27 @@ def test_a_plain_value_nested_to_the_limit_and_shared_subvalues_encode_as_the_re
     values: list[Any] = [deep, [shared, shared, {"s": shared}], "\u00e9\u2028\x7f\x00", {}, [], 0]
     for value in values:
         assert canonical(value) == _reference(value)
+
+
+def _types(value: Any) -> Any:
+    """``value`` with every scalar replaced by its type's name."""
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in cast(dict[str, Any], value).items()}
+    if isinstance(value, list):
+        return [_types(v) for v in cast(list[Any], value)]
+    return type(cast(object, value)).__name__
+
+
+@settings(max_examples=200, deadline=None)
+@given(wide_values)
+def test_plain_canonical_is_canonical_for_what_decodes_back_in_every_type_and_none_otherwise(value: Any) -> None:
+    plain = plain_canonical(value)
+    if plain is None:
+        return
+    assert plain == canonical(value)
+    assert _parse(plain) == value and _types(_parse(plain)) == _types(value)  # 2.0 would come back as 2
+
+
+@pytest.mark.parametrize("value", [2.0, [1, 0.5], {"a": 2**53}, (1, 2), {"\U0001f600": 1}, "\ud800", True.__class__])
+def test_plain_canonical_leaves_floats_big_integers_tuples_astral_keys_and_surrogates_to_canonical(value: Any) -> None:
+    assert plain_canonical(value) is None

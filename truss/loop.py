@@ -46,7 +46,7 @@ from truss.calls import CallOutcome, CallRequest
 from truss.contract import Contract, uses_panel
 from truss.events import RunEvents
 from truss.gate import Gate
-from truss.ledger.canonical import canonical, is_plain, sha256_ref
+from truss.ledger.canonical import canonical, plain_canonical, sha256_ref
 from truss.ledger.entry import Record
 from truss.providers.base import Provider, ToolCall, ToolSpec, TurnRequest, TurnResponse
 from truss.redaction import Redactor
@@ -501,7 +501,8 @@ async def _turn(  # noqa: PLR0917 - one private call site
                 answer = await provider.next_turn(request)
                 answer_json = answer.to_json()
                 planned = _recorded_form(answer_json, redactor, by_provider, contract)
-                if sha256_ref(canonical(planned)) != body.get("response"):
+                plain = plain_canonical(planned)
+                if sha256_ref(plain if plain is not None else canonical(planned)) != body.get("response"):
                     raise ReplayDivergenceError(
                         f"resumed session {journal.session}: the plan asks for something else at model turn "
                         f"{turn.number} than the run recorded",
@@ -515,7 +516,7 @@ async def _turn(  # noqa: PLR0917 - one private call site
                 # The recorded bytes hash to the same ref (R5), so they are ``planned``'s canonical
                 # form: when nothing was redacted and the answer is plain JSON (no float, whose type
                 # a round trip could change), decoding them gives this very answer again.
-                if planned == answer_json and is_plain(answer_json):
+                if plain is not None and planned == answer_json:
                     response = answer
                 else:
                     response = TurnResponse.from_json(json.loads(data))

@@ -35,6 +35,7 @@ __all__ = [
     "canonical",
     "is_plain",
     "number_problem",
+    "plain_canonical",
     "sha256_ref",
     "value_ref",
 ]
@@ -90,7 +91,7 @@ def canonical(value: Any) -> bytes:
     UTF-16 code unit below U+10000. Those take the C encoder; everything else the reference
     encoder below. A property test holds the two paths together.
     """
-    if is_plain(value):
+    if is_plain(value):  # plain_canonical, inline: this runs for every entry written and verified
         try:
             if _C_ENCODE is not None:
                 return "".join(_C_ENCODE(value, 0)).encode("utf-8")
@@ -98,6 +99,20 @@ def canonical(value: Any) -> bytes:
         except UnicodeEncodeError:
             pass  # a lone surrogate: the reference encoder names where it is
     return _reference(value)
+
+
+def plain_canonical(value: Any) -> bytes | None:
+    """``canonical(value)`` when ``value`` takes the fast path (``is_plain``: exact JSON types, no
+    float, integers in range, keys in the BMP, and no lone surrogate); None otherwise. What is plain
+    decodes back (``json.loads``) to a value equal to it in every type."""
+    if is_plain(value):
+        try:
+            if _C_ENCODE is not None:
+                return "".join(_C_ENCODE(value, 0)).encode("utf-8")
+            return _FAST.encode(value).encode("utf-8")
+        except UnicodeEncodeError:
+            pass  # a lone surrogate: the reference encoder names where it is
+    return None
 
 
 def is_plain(value: Any, depth: int = 0) -> bool:
