@@ -41,6 +41,7 @@ from truss import pending as pending_mod
 from truss import policy as policy_mod
 from truss._clock import Clock
 from truss._errors import LoginRequiredError, McpError, PinMismatchError, ToolCallError
+from truss._json import loads
 from truss._memo import MemoIndex
 from truss.budget import BudgetState, Charged, Exceeded
 from truss.calls import CallOutcome, CallRequest, Outcome, waiting
@@ -617,7 +618,7 @@ class Gate:
         # recorded outcome stands even if live charging order would now differ.
         if "replayed_from" not in body or self.contract.budget.charge_memo_hits:
             await self._charge_call(str(body.get("tool")))
-        wire: Any = json.loads(data)
+        wire: Any = loads(data)
         failure: Any = body.get("failure")
         code = str(cast(Mapping[str, Any], failure).get("cause")) if isinstance(failure, Mapping) else None
         outcome: Outcome = "failed" if code is not None else "tool_error" if body.get("is_error") else "ok"

@@ -41,6 +41,7 @@ import anyio
 from truss import budget as budget_mod
 from truss._clock import Clock
 from truss._errors import ProviderError, ReplayDivergenceError, TrussError
+from truss._json import loads
 from truss.budget import BudgetState, Charged, Exceeded
 from truss.calls import CallOutcome, CallRequest
 from truss.contract import Contract, uses_panel
@@ -424,7 +425,7 @@ class _Turn:
 def _recorded_notes(data: bytes | None, count: int) -> list[str | None] | None:
     """The notes a recorded request delta gave its appended messages, when it holds ``count`` of them."""
     try:
-        link: Any = json.loads(data) if data is not None else None
+        link: Any = loads(data) if data is not None else None
     except ValueError:
         return None
     append: Any = cast(dict[str, Any], link).get("append") if isinstance(link, dict) else None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from truss._errors import BundleFormatError, StoreError
-from truss._json import as_dict, as_list
+from truss._json import as_dict, as_list, loads
 from truss.ledger.canonical import CanonicalError, canonical, sha256_ref
 
 __all__ = [
@@ -304,7 +304,7 @@ class StoredEntry:
     @classmethod
     def from_raw(cls, raw: bytes, sig: bytes, keyid: str, hash_hex: str | None = None) -> StoredEntry:
         """An entry from stored bytes. Raises ``ValueError`` if ``raw`` is not a JSON object."""
-        value = json.loads(raw)
+        value = loads(raw)
         if not isinstance(value, dict):
             raise ValueError("an entry is a JSON object")
         entry = cast(dict[str, Any], value)

@@ -167,6 +167,7 @@ class ScriptedProvider:
             needed |= _referenced_steps(dict(step.arguments))
         self._needed = frozenset(needed)
         self._reading = _Reading(self._needed)
+        self._names: dict[str, str] = {}  # namespaced tool -> its provider name
         for index, step in enumerate(self._steps):
             try:
                 render_arguments(step.arguments, params=params, environ=environ)
@@ -203,9 +204,12 @@ class ScriptedProvider:
         if index >= len(self._steps):
             return self._finish(reading)
         step = self._steps[index]
-        split = split_namespaced(step.tool)
-        if split is None:  # the contract model already refuses this; kept so the plan ends, not crashes
-            return _stop(f"Scripted plan stopped at step {index}: {step.tool!r} is not a namespaced tool name.")
+        name = self._names.get(step.tool)
+        if name is None:
+            split = split_namespaced(step.tool)
+            if split is None:  # the contract model already refuses this; kept so the plan ends, not crashes
+                return _stop(f"Scripted plan stopped at step {index}: {step.tool!r} is not a namespaced tool name.")
+            name = self._names[step.tool] = provider_name(*split)  # a long plan names few tools
         try:
             arguments = _substitute(dict(step.arguments), outcomes, index, self._fill)
         except _BrokenReference as broken:
@@ -213,7 +217,7 @@ class ScriptedProvider:
                 f"Scripted plan stopped at step {index} ({step.tool}): {broken.reference} {broken.why}, "
                 f"so the step was not called."
             )
-        call = ToolCall(id=f"step-{index}", name=provider_name(*split), arguments=arguments)
+        call = ToolCall(id=f"step-{index}", name=name, arguments=arguments)
         return TurnResponse(text="", tool_calls=[call], stop_reason="tool_use")
 
     def _finish(self, reading: _Reading) -> TurnResponse:
