@@ -74,7 +74,16 @@ __all__ = [
 _log = logging.getLogger("truss.events")
 
 _E = TypeVar("_E")
-_NOT_GIVEN: Any = object()  # a field with a default factory that the caller left out
+
+
+class _Factory:
+    """A field with a default factory that the caller left out (shown as dataclasses shows it)."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_NOT_GIVEN: Any = _Factory()
 
 
 def _filled(cls: type[_E]) -> type[_E]:
