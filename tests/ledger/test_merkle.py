@@ -16,6 +16,7 @@ from truss.ledger.merkle import (
     EMPTY_ROOT,
     Frontier,
     GetNode,
+    LeafProver,
     MemoryTree,
     consistency_nodes,
     consistency_proof,
@@ -279,6 +280,96 @@ def test_a_folded_proof_with_a_missing_extra_or_malformed_hash_gives_no_root() -
     assert inclusion_root(leaf, 0, 1, []) == leaf, "a tree of one leaf is its leaf"
     with pytest.raises(ValueError):
         list(path_nodes(13, 13))
+
+
+def _counting(
+    tree: MemoryTree, changed: dict[tuple[int, int], bytes] | None = None
+) -> tuple[Any, list[list[tuple[int, int]]]]:
+    """A ``NodeHashes`` over ``tree`` (with ``changed`` nodes swapped in) and the keys of each lookup."""
+    asked: list[list[tuple[int, int]]] = []
+
+    def hashes(keys: Any) -> list[bytes]:
+        keys = list(keys)
+        asked.append(keys)
+        return [(changed or {}).get(key, tree.nodes[key]) for key in keys]
+
+    return hashes, asked
+
+
+@given(st.integers(1, 200), st.data())
+def test_a_leaf_prover_answers_what_a_whole_folded_proof_answers_for_any_leaves_in_any_order(
+    size: int, data: st.DataObject
+) -> None:
+    tree = _tree(size)
+    leaves = _leaves(size)
+    root = tree.root(size)
+    prover = LeafProver(size, root)
+    hashes, _ = _counting(tree)
+    for _ in range(data.draw(st.integers(1, 40))):
+        index = data.draw(st.integers(0, size - 1))
+        leaf = leaves[index] if data.draw(st.booleans()) else _flip(leaves[data.draw(st.integers(0, size - 1))])
+        whole = inclusion_root(leaf, index, size, hashes(path_nodes(index, size))) == root
+        assert prover.prove(leaf, index, hashes) == whole
+
+
+def test_a_leaf_prover_reads_about_two_nodes_a_leaf_for_adjacent_leaves_in_a_large_tree() -> None:
+    tree = _tree(20_000)
+    leaves = _leaves(20_000)
+    prover = LeafProver(20_000, tree.root())
+    hashes, asked = _counting(tree)
+    assert all(prover.prove(leaves[i], i, hashes) for i in range(5_000, 5_512))
+    assert asked[0] == list(path_nodes(5_000, 20_000)), "the first leaf reads its whole path"
+    read = sum(len(keys) for keys in asked[1:])
+    assert read <= 2 * 511 + 2 * 15, "each next one only the part below what is known (2 a leaf, amortised)"
+
+
+@pytest.mark.parametrize("first", [0, 7, 12])
+def test_after_a_neighbour_proved_a_changed_node_refuses_every_wrong_leaf_and_the_right_one_if_it_is_read(
+    first: int,
+) -> None:
+    tree = _tree(13)
+    leaves = _leaves(13)
+    root = tree.root(13)
+    for index in range(13):
+        for key in path_nodes(index, 13):
+            prover = LeafProver(13, root)
+            assert prover.prove(leaves[first], first, _counting(tree)[0])
+            changed, asked = _counting(tree, {key: _flip(tree.nodes[key])})
+            for other in range(13):
+                if other != index:
+                    assert not prover.prove(leaves[other], index, changed), "a wrong leaf never proves"
+            assert prover.prove(leaves[index], index, changed) == (key not in asked[-1]), (
+                "the right leaf proves only when the changed node is above what the neighbour's proof authenticated"
+            )
+
+
+def test_a_failed_proof_teaches_a_leaf_prover_nothing() -> None:
+    tree = _tree(64)
+    leaves = _leaves(64)
+    prover = LeafProver(64, tree.root())
+    hashes, _ = _counting(tree)
+    forged = {key: _flip(tree.nodes[key]) for key in path_nodes(9, 64)}
+    assert not prover.prove(_flip(leaves[8]), 8, _counting(tree, forged)[0])
+    assert not prover.prove(_flip(leaves[8]), 8, hashes), "the forged subtrees were not kept"
+    assert prover.prove(leaves[8], 8, hashes)
+    assert not prover.prove(_flip(leaves[9]), 9, hashes)
+    assert not prover.prove(leaves[9], 9, _counting(tree, {(0, 8): _flip(leaves[8])})[0])
+    assert prover.prove(leaves[9], 9, hashes)
+
+
+def test_a_leaf_prover_keeps_a_bounded_number_of_hashes_and_stays_right_past_it() -> None:
+    tree = _tree(4_096)
+    leaves = _leaves(4_096)
+    prover = LeafProver(4_096, tree.root())
+    hashes, _ = _counting(tree)
+    for index in range(0, 4_096, 37):  # far apart: each proof adds most of a path
+        assert prover.prove(leaves[index], index, hashes)
+        assert not prover.prove(_flip(leaves[index]), index, hashes)
+        assert len(prover._known) <= 256  # pyright: ignore[reportPrivateUsage]
+    with pytest.raises(ValueError):
+        prover.prove(leaves[0], 4_096, hashes)
+    assert not prover.prove(leaves[0][:31], 0, hashes)
+    assert not prover.prove(leaves[1], 1, lambda keys: [tree.nodes[k] for k in keys][:-1])
 
 
 def test_hashes_in_order_over_a_mapping_lookup_are_one_lookup_in_the_order_asked() -> None:

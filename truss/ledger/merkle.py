@@ -41,6 +41,7 @@ __all__ = [
     "Frontier",
     "GetNode",
     "GetNodes",
+    "LeafProver",
     "MemoryTree",
     "NodeHashes",
     "NodeKey",
@@ -352,6 +353,76 @@ def inclusion_root(leaf: bytes, index: int, size: int, hashes: Iterable[bytes]) 
     if next(stream, None) is not None:
         return None
     return acc
+
+
+_KNOWN_LIMIT = 256  # subtree hashes a LeafProver keeps: a few paths' worth, whatever the log's size
+
+
+class LeafProver:
+    """Leaves proven one at a time against one tree head, each fold stopping at the first subtree an
+    earlier proof of this prover already authenticated (its hash was on a path that reached the root).
+
+    ``prove`` answers what ``inclusion_root(...) == root`` answers for the same leaf and stored
+    nodes, but reads and hashes only the path's part below that subtree: for the adjacent leaves of
+    one session that is about two nodes a leaf instead of ``log2(size)``, so proving a session's
+    entries one by one costs the same in a log of 20,000 sessions as in one of 200. The nodes it does
+    not read are the siblings above that subtree, which the earlier proof read and checked: a
+    proof that fails records nothing, and the hashes kept are only those of proofs that reached the
+    root, so every answer rests on ``root`` alone. At most ``_KNOWN_LIMIT`` hashes are kept (then
+    only the last leaf's path), so memory does not grow with the log or the session.
+    """
+
+    __slots__ = ("_known", "root", "size")
+
+    def __init__(self, size: int, root: bytes) -> None:
+        self.size = size
+        self.root = root
+        self._known: dict[tuple[int, int], bytes] = {(0, size): root}
+
+    def prove(self, leaf: bytes, index: int, node_hashes: NodeHashes) -> bool:
+        """Whether the leaf *hash* ``leaf`` is the leaf at ``index`` of the tree whose root is ``root``,
+        with ``node_hashes`` answering the stored subtrees it asks for (asked once, in the order
+        ``path_nodes`` would give them, read to its end)."""
+        if not 0 <= index < self.size:
+            raise ValueError(f"leaf {index} is not in a tree of size {self.size}")
+        if not _is_hash(leaf):
+            return False
+        known = self._known
+        lo, hi = index, index + 1
+        target = known.get((lo, hi))
+        steps: list[tuple[bool, int, int]] = []
+        if target is None:
+            for step in _path(index, self.size):
+                steps.append(step)
+                left, start, end = step
+                lo, hi = (start, hi) if left else (lo, end)
+                target = known.get((lo, hi))
+                if target is not None:
+                    break
+        assert target is not None  # the path ends at the whole tree, whose hash is the root
+        stream = iter(node_hashes([key for _, start, end in steps for key in reversed(_perfect_cover(start, end))]))
+        acc = leaf
+        lo, hi = index, index + 1
+        folded: list[tuple[tuple[int, int], bytes]] = [((lo, hi), leaf)]
+        for left, start, end in steps:
+            sibling: bytes | None = None
+            for _ in range((end - start).bit_count()):
+                value = next(stream, None)
+                if not isinstance(value, bytes) or len(value) != HASH_SIZE:
+                    return False
+                sibling = value if sibling is None else node_hash(value, sibling)
+            assert sibling is not None  # every range of a path is non-empty
+            acc = node_hash(sibling, acc) if left else node_hash(acc, sibling)
+            lo, hi = (start, hi) if left else (lo, end)
+            folded.append(((lo, hi), acc))
+        if next(stream, None) is not None or acc != target:
+            return False
+        if len(known) + len(folded) > _KNOWN_LIMIT:  # keep only this leaf's own path (root included)
+            path = {span: value for span, value in known.items() if span[0] <= index < span[1]}
+            known.clear()
+            known.update(path)
+        known.update(folded)
+        return True
 
 
 def inclusion_proof(index: int, size: int, get_node: GetNode) -> list[bytes]:
