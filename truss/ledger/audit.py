@@ -30,6 +30,7 @@ from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     Frontier,
     GetNodes,
+    LeafProver,
     NodeHashes,
     consistency_nodes,
     consistency_proof,
@@ -37,10 +38,8 @@ from truss.ledger.merkle import (
     in_order,
     inclusion_nodes,
     inclusion_proof,
-    inclusion_root,
     leaf_hash,
     leaves_nodes,
-    path_nodes,
     root_at,
     root_nodes,
     root_with_leaves,
@@ -370,6 +369,7 @@ class SessionInLog:
         self.failed: tuple[Any, int] | None = None  # (seq, log index) of the entry ``settle`` found
         self._nodes = nodes
         self.checkpoint: Checkpoint | None = None
+        self._prover: LeafProver | None = None  # built on the first entry the checkpoint covers
         for cp in sorted(checkpoints, key=lambda c: c.size, reverse=True):
             try:
                 self.checkpoint = open_checkpoint(cp.note.encode("utf-8"), list(trusted), origin=origin)
@@ -412,8 +412,12 @@ class SessionInLog:
                 self._pending[index] = (leaf, item.seq)
                 return None
             if cp is not None and index < cp.size:
-                # The proof's nodes are folded as the store streams them: none is held.
-                if inclusion_root(leaf, index, cp.size, self._hashes(path_nodes(index, cp.size))) == cp.root:
+                # Each entry is proven on its own, its nodes folded as the store streams them; the fold
+                # stops at the first subtree the session's earlier proofs authenticated (LeafProver).
+                prover = self._prover
+                if prover is None:
+                    prover = self._prover = LeafProver(cp.size, cp.root)
+                if prover.prove(leaf, index, self._hashes):
                     self.proven += 1
                     return None
             elif self._nodes([(0, index)])[(0, index)] == leaf:
