@@ -320,7 +320,7 @@ def test_a_leaf_prover_reads_about_two_nodes_a_leaf_for_adjacent_leaves_in_a_lar
     assert all(prover.prove(leaves[i], i, hashes) for i in range(5_000, 5_512))
     assert asked[0] == list(path_nodes(5_000, 20_000)), "the first leaf reads its whole path"
     read = sum(len(keys) for keys in asked[1:])
-    assert read <= 2 * 511 + 2 * 15, "each next one only the part below what is known (2 a leaf, amortised)"
+    assert read <= 2 * 511 + 4 * 15, "the part below what is known: 2 a leaf, and a whole path per 256 leaves"
 
 
 @pytest.mark.parametrize("first", [0, 7, 12])
@@ -357,7 +357,7 @@ def test_a_failed_proof_teaches_a_leaf_prover_nothing() -> None:
     assert prover.prove(leaves[9], 9, hashes)
 
 
-def test_a_leaf_prover_keeps_a_bounded_number_of_hashes_and_stays_right_past_it() -> None:
+def test_a_leaf_prover_holds_a_few_hashes_of_one_path_and_refuses_what_is_not_a_leaf_of_the_tree() -> None:
     tree = _tree(4_096)
     leaves = _leaves(4_096)
     prover = LeafProver(4_096, tree.root())
@@ -365,7 +365,7 @@ def test_a_leaf_prover_keeps_a_bounded_number_of_hashes_and_stays_right_past_it(
     for index in range(0, 4_096, 37):  # far apart: each proof adds most of a path
         assert prover.prove(leaves[index], index, hashes)
         assert not prover.prove(_flip(leaves[index]), index, hashes)
-        assert len(prover._known) <= 256  # pyright: ignore[reportPrivateUsage]
+        assert len(prover._path) <= 9  # pyright: ignore[reportPrivateUsage] - the lowest subtrees and the root
     with pytest.raises(ValueError):
         prover.prove(leaves[0], 4_096, hashes)
     assert not prover.prove(leaves[0][:31], 0, hashes)

@@ -348,9 +348,10 @@ class SessionInLog:
     so the finding names the first entry that is not in the log. The caller must not use an
     entry before the ``settle`` after its ``check`` returned ``None``. Either way, the nodes one
     proof (or one batch) needs are read in one lookup: the store's queries per entry do not grow
-    with the log. One entry's proof is folded as its nodes arrive (``merkle.inclusion_root`` over
+    with the log. One entry's proof is folded as its nodes arrive (``merkle.LeafProver`` over
     ``node_hashes``, the store's ``LedgerStore.node_hashes``; when none is given, ``nodes`` in order),
-    so that the memory of ``verify SESSION`` does not grow with the log either.
+    and stops at the path of the entry proven before it, so that ``verify SESSION`` reads about two
+    nodes an entry and holds one path (``log2(n) + 1`` hashes), however long the log.
     """
 
     def __init__(

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 
 __all__ = [
     "EMPTY_ROOT",
@@ -355,29 +356,35 @@ def inclusion_root(leaf: bytes, index: int, size: int, hashes: Iterable[bytes]) 
     return acc
 
 
-_KNOWN_LIMIT = 256  # subtree hashes a LeafProver keeps: a few paths' worth, whatever the log's size
+# Subtrees of the last proven path a LeafProver keeps: the lowest ones and the root. Adjacent leaves
+# meet below the kept ones but once in 2**(_PATH_KEPT - 1); then one proof reads up to the root.
+_PATH_KEPT = 9
 
 
 class LeafProver:
-    """Leaves proven one at a time against one tree head, each fold stopping at the first subtree an
-    earlier proof of this prover already authenticated (its hash was on a path that reached the root).
+    """Leaves proven one at a time against one tree head, each fold stopping at the first subtree on
+    the path of the last leaf this prover proved (whose hashes reached the root, so each is
+    authenticated by it).
 
     ``prove`` answers what ``inclusion_root(...) == root`` answers for the same leaf and stored
     nodes, but reads and hashes only the path's part below that subtree: for the adjacent leaves of
     one session that is about two nodes a leaf instead of ``log2(size)``, so proving a session's
     entries one by one costs the same in a log of 20,000 sessions as in one of 200. The nodes it does
-    not read are the siblings above that subtree, which the earlier proof read and checked: a
-    proof that fails records nothing, and the hashes kept are only those of proofs that reached the
-    root, so every answer rests on ``root`` alone. At most ``_KNOWN_LIMIT`` hashes are kept (then
-    only the last leaf's path), so memory does not grow with the log or the session.
+    not read are the siblings above that subtree, which the earlier proof read and checked; a proof
+    that fails changes nothing, so every answer rests on ``root`` alone. It holds the lowest
+    subtrees of that path and the root (``_PATH_KEPT`` hashes at most), so its memory is the same
+    at any size of the log.
     """
 
-    __slots__ = ("_known", "root", "size")
+    __slots__ = ("_path", "root", "size")
 
     def __init__(self, size: int, root: bytes) -> None:
         self.size = size
         self.root = root
-        self._known: dict[tuple[int, int], bytes] = {(0, size): root}
+        # The last proven leaf's path: (start, end, hash) of the subtrees holding it, leaf first, the
+        # root last (the middle ones past _PATH_KEPT dropped); each strictly wider than the one
+        # before, so a width names at most one of them.
+        self._path: list[tuple[int, int, bytes]] = [(0, size, root)]
 
     def prove(self, leaf: bytes, index: int, node_hashes: NodeHashes) -> bool:
         """Whether the leaf *hash* ``leaf`` is the leaf at ``index`` of the tree whose root is ``root``,
@@ -387,24 +394,28 @@ class LeafProver:
             raise ValueError(f"leaf {index} is not in a tree of size {self.size}")
         if not _is_hash(leaf):
             return False
-        known = self._known
+        known = self._path
+        at = 0  # the narrowest known subtree at least as wide as the range reached
         lo, hi = index, index + 1
-        target = known.get((lo, hi))
-        steps: list[tuple[bool, int, int]] = []
-        if target is None:
-            for step in _path(index, self.size):
-                steps.append(step)
-                left, start, end = step
-                lo, hi = (start, hi) if left else (lo, end)
-                target = known.get((lo, hi))
-                if target is not None:
-                    break
-        assert target is not None  # the path ends at the whole tree, whose hash is the root
-        stream = iter(node_hashes([key for _, start, end in steps for key in reversed(_perfect_cover(start, end))]))
+        depth = 0  # the steps of the path below that subtree: the only ones read and folded
+        walk = _path(index, self.size)
+        while True:
+            while known[at][1] - known[at][0] < hi - lo:
+                at += 1
+            if known[at][0] == lo and known[at][1] == hi:
+                break
+            left, start, end = next(walk)  # the walk ends at the whole tree, which the last known subtree is
+            depth += 1
+            lo, hi = (start, hi) if left else (lo, end)
+        # Walked again rather than held, so a proof's memory is the same at any size of the log.
+        steps = islice(_path(index, self.size), depth)
+        stream = iter(node_hashes(key for _, s, e in steps for key in reversed(_perfect_cover(s, e))))
         acc = leaf
         lo, hi = index, index + 1
-        folded: list[tuple[tuple[int, int], bytes]] = [((lo, hi), leaf)]
-        for left, start, end in steps:
+        folded: list[tuple[int, int, bytes]] = []  # this leaf's lowest subtrees, kept for the next proof
+        for left, start, end in islice(_path(index, self.size), depth):
+            if len(folded) < _PATH_KEPT - 1:
+                folded.append((lo, hi, acc))
             sibling: bytes | None = None
             for _ in range((end - start).bit_count()):
                 value = next(stream, None)
@@ -414,14 +425,12 @@ class LeafProver:
             assert sibling is not None  # every range of a path is non-empty
             acc = node_hash(sibling, acc) if left else node_hash(acc, sibling)
             lo, hi = (start, hi) if left else (lo, end)
-            folded.append(((lo, hi), acc))
-        if next(stream, None) is not None or acc != target:
+        if next(stream, None) is not None or acc != known[at][2]:
             return False
-        if len(known) + len(folded) > _KNOWN_LIMIT:  # keep only this leaf's own path (root included)
-            path = {span: value for span, value in known.items() if span[0] <= index < span[1]}
-            known.clear()
-            known.update(path)
-        known.update(folded)
+        folded += known[at:]
+        if len(folded) > _PATH_KEPT:  # the lowest subtrees and the root: the same memory at any log size
+            del folded[_PATH_KEPT - 1 : -1]
+        self._path = folded
         return True
 
 
