@@ -91,14 +91,8 @@ def canonical(value: Any) -> bytes:
     UTF-16 code unit below U+10000. Those take the C encoder; everything else the reference
     encoder below. A property test holds the two paths together.
     """
-    if is_plain(value):  # plain_canonical, inline: this runs for every entry written and verified
-        try:
-            if _C_ENCODE is not None:
-                return "".join(_C_ENCODE(value, 0)).encode("utf-8")
-            return _FAST.encode(value).encode("utf-8")
-        except UnicodeEncodeError:
-            pass  # a lone surrogate: the reference encoder names where it is
-    return _reference(value)
+    fast = plain_canonical(value)
+    return fast if fast is not None else _reference(value)
 
 
 def plain_canonical(value: Any) -> bytes | None:

@@ -343,17 +343,25 @@ def inclusion_root(leaf: bytes, index: int, size: int, hashes: Iterable[bytes]) 
     stream = iter(hashes)
     acc = leaf
     for left, start, end in _path(index, size):
-        sibling: bytes | None = None
-        for _ in range((end - start).bit_count()):
-            value = next(stream, None)
-            if not isinstance(value, bytes) or len(value) != HASH_SIZE:
-                return None
-            sibling = value if sibling is None else node_hash(value, sibling)
-        assert sibling is not None  # every range of a path is non-empty
+        sibling = _range_from(stream, end - start)
+        if sibling is None:
+            return None
         acc = node_hash(sibling, acc) if left else node_hash(acc, sibling)
     if next(stream, None) is not None:
         return None
     return acc
+
+
+def _range_from(stream: Iterator[bytes], width: int) -> bytes | None:
+    """The hash of a path's range of ``width`` leaves from the next hashes of ``stream`` (its
+    perfect subtrees right to left, as ``path_nodes`` names them); None when one is not a hash."""
+    sibling: bytes | None = None
+    for _ in range(width.bit_count()):
+        value = next(stream, None)
+        if not isinstance(value, bytes) or len(value) != HASH_SIZE:
+            return None
+        sibling = value if sibling is None else node_hash(value, sibling)
+    return sibling  # every range of a path is non-empty
 
 
 # Subtrees of the last proven path a LeafProver keeps: the lowest ones and the root. Adjacent leaves
@@ -416,13 +424,9 @@ class LeafProver:
         for left, start, end in islice(_path(index, self.size), depth):
             if len(folded) < _PATH_KEPT - 1:
                 folded.append((lo, hi, acc))
-            sibling: bytes | None = None
-            for _ in range((end - start).bit_count()):
-                value = next(stream, None)
-                if not isinstance(value, bytes) or len(value) != HASH_SIZE:
-                    return False
-                sibling = value if sibling is None else node_hash(value, sibling)
-            assert sibling is not None  # every range of a path is non-empty
+            sibling = _range_from(stream, end - start)
+            if sibling is None:
+                return False
             acc = node_hash(sibling, acc) if left else node_hash(acc, sibling)
             lo, hi = (start, hi) if left else (lo, end)
         if next(stream, None) is not None or acc != known[at][2]:
