@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from truss._errors import StoreConflictError, StoreError, TrussError
+from truss._errors import StoreConflictError, StoreError
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.stores import _group_commit
 from truss.ledger.stores._group_commit import GroupCommit, Pending, batch_error, fail_all, finish
@@ -37,7 +37,7 @@ class _Run:
         self._leading = threading.Event()
         self._release = threading.Event()
         self.groups: list[tuple[str, list[str]]] = []  # (committing thread, sessions)
-        self.returned: dict[str, list[StoredEntry] | TrussError] = {}
+        self.returned: dict[str, list[StoredEntry] | Exception] = {}
         self.results: dict[str, list[StoredEntry]] = {}
         self._threads: list[threading.Thread] = []
         self.queue = GroupCommit(threading.Lock(), group=True)
@@ -55,7 +55,7 @@ class _Run:
         pending = Pending(session, [Record("model_turn", {"s": session})], True, None)
         try:
             self.returned[session] = self.queue.run(pending, self._commit)
-        except TrussError as exc:
+        except Exception as exc:  # a store error, or what a broken commit raised in its leader
             self.returned[session] = exc
 
     def start(self, session: str) -> None:
@@ -104,6 +104,24 @@ def test_an_error_of_a_failed_group_reaches_every_member(monkeypatch: pytest.Mon
     assert run.groups[1] == ("first", ["first", "second"])
     assert run.returned["leader"] == []
     assert run.returned["first"] is failure and run.returned["second"] is failure
+
+
+def test_a_commit_that_raises_without_settling_its_group_fails_its_followers_instead_of_leaving_them_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def settle(group: list[Pending]) -> None:
+        if len(group) > 1:
+            raise RuntimeError("a bug in the backend's commit")
+        finish(group)
+
+    run = _Run(monkeypatch, settle)
+    run.through("leader", "first", "second", "third")  # joins every thread, bounded
+    assert run.groups[1] == ("first", ["first", "second", "third"])
+    assert run.returned["leader"] == []
+    assert isinstance(run.returned["first"], RuntimeError), "the group's leader gets its own exception"
+    for session in ("second", "third"):
+        error = run.returned[session]
+        assert isinstance(error, StoreError) and "RuntimeError" in error.message
 
 
 def test_a_batch_that_failed_alone_in_a_committed_group_raises_its_own_error_and_the_others_return(

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from threading import Event, Lock
 
-from truss._errors import StoreConflictError, TrussError
+from truss._errors import StoreConflictError, StoreError, TrussError
 from truss.ledger.entry import Record, StoredEntry, encode_record
 
 __all__ = ["GroupCommit", "Pending", "batch_error", "fail_all", "finish"]
@@ -112,6 +112,14 @@ def batch_error(pending: Pending, exc: Exception, detail: Callable[[BaseExceptio
     )
 
 
+def _unsettled(exc: BaseException) -> StoreError:
+    return StoreError(
+        f"the group commit this append was part of stopped ({type(exc).__name__}) before it said whether the"
+        " append was written",
+        remedy="Read the session again before going on: the append may or may not be recorded",
+    )
+
+
 class GroupCommit:
     """The leader/follower queue of one writer (see the module docstring).
 
@@ -151,11 +159,20 @@ class GroupCommit:
         return pending.result
 
     def _lead(self, commit: Callable[[list[Pending]], None]) -> None:
+        group: list[Pending] = []
         try:
             with self._qlock:
                 group, self._queue = self._queue, []
             with self._lock:
                 commit(group)
+        except BaseException as exc:
+            # ``commit`` raised before it settled its group (a bug, or an interrupt in the leader's
+            # thread): its followers would wait for ever. They get a store error instead; the
+            # leader its own exception.
+            unsettled = [p for p in group if not p.done]
+            if unsettled:
+                fail_all(unsettled, _unsettled(exc))
+            raise
         finally:
             with self._qlock:
                 if self._queue:
