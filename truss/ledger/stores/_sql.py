@@ -21,6 +21,7 @@ own way), or decide what is true (``truss.ledger.verification``).
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, LiteralString, Self
 
@@ -145,8 +146,9 @@ class SessionRows:
         return now, self._update, (now.seq, bytes.fromhex(now.head), last.ts, self._flags[now.ended], status, session)
 
 
-class SqlReads:
-    """The reads of ``LedgerStore`` both SQL stores make alike (see the module docstring)."""
+class SqlReads(ABC):
+    """The reads of ``LedgerStore`` both SQL stores make alike (see the module docstring); each store
+    supplies the four abstract methods below."""
 
     read_sql: ClassVar[ReadSql]
 
@@ -154,16 +156,17 @@ class SqlReads:
         super().__init_subclass__(**kwargs)
         cls.read_sql = ReadSql(mark)
 
+    @abstractmethod
     def _rows(self, query: LiteralString, params: tuple[Any, ...]) -> Sequence[Sequence[Any]]:
-        raise NotImplementedError
+        """The rows ``query`` (in this store's placeholder style) returns for ``params``."""
 
+    @abstractmethod
     def _entry(self, row: Sequence[Any]) -> StoredEntry:
         """A row of ``raw, sig, keyid, hash`` (then anything) as its entry (``stored_entry``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _frontier_now(self) -> Frontier:
         """The log's frontier as of one snapshot."""
-        raise NotImplementedError
 
     def session(self, session: str) -> SessionInfo | None:
         rows = self._rows(self.read_sql.session, (session,))
@@ -235,8 +238,9 @@ class SqlReads:
         rows = self._rows(self.read_sql.envelope, (session,))
         return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the store's connections."""
 
     def __enter__(self) -> Self:
         return self
