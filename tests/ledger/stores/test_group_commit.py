@@ -37,7 +37,7 @@ class _Run:
         self._leading = threading.Event()
         self._release = threading.Event()
         self.groups: list[tuple[str, list[str]]] = []  # (committing thread, sessions)
-        self.returned: dict[str, list[StoredEntry] | Exception] = {}
+        self.returned: dict[str, list[StoredEntry] | BaseException] = {}
         self.results: dict[str, list[StoredEntry]] = {}
         self._threads: list[threading.Thread] = []
         self.queue = GroupCommit(threading.Lock(), group=True)
@@ -55,11 +55,12 @@ class _Run:
         pending = Pending(session, [Record("model_turn", {"s": session})], True, None)
         try:
             self.returned[session] = self.queue.run(pending, self._commit)
-        except Exception as exc:  # a store error, or what a broken commit raised in its leader
+        except BaseException as exc:  # a store error, what a broken commit raised in its leader, an interrupt
             self.returned[session] = exc
 
     def start(self, session: str) -> None:
-        thread = threading.Thread(target=self._append, args=(session,), name=session)
+        # A daemon: a caller left waiting for ever (the bug a test catches) does not keep pytest from ending.
+        thread = threading.Thread(target=self._append, args=(session,), name=session, daemon=True)
         self._threads.append(thread)
         thread.start()
         if len(self._threads) == 1:
@@ -122,6 +123,31 @@ def test_a_commit_that_raises_without_settling_its_group_fails_its_followers_ins
     for session in ("second", "third"):
         error = run.returned[session]
         assert isinstance(error, StoreError) and "RuntimeError" in error.message
+
+
+@pytest.mark.parametrize("woken", [False, True], ids=["while-it-waits", "as-it-is-woken-to-lead"])
+def test_a_follower_interrupted_in_its_wait_leaves_the_queue_unwritten_and_the_followers_behind_it_still_commit(
+    monkeypatch: pytest.MonkeyPatch, woken: bool
+) -> None:
+    run = _Run(monkeypatch, finish)
+    counted: type[threading.Event] = _group_commit.Event
+
+    class Interrupted(counted):
+        def wait(self, timeout: float | None = None) -> bool:
+            if threading.current_thread().name != "first":
+                return super().wait(timeout)
+            if woken:
+                assert super().wait(WAIT_S), "the leader hands the lead to the oldest follower"
+            raise KeyboardInterrupt  # what a signal raises in the main thread's wait
+
+    monkeypatch.setattr(_group_commit, "Event", Interrupted)
+    run.through("leader", "first", "second", "third")  # joins every thread, bounded
+    assert isinstance(run.returned["first"], KeyboardInterrupt)
+    assert "first" not in run.results, "the interrupted batch is in no group: nothing of it is written"
+    assert run.groups == [("leader", ["leader"]), ("second", ["second", "third"])]
+    assert run.returned["second"] is run.results["second"] and run.returned["third"] is run.results["third"]
+    later = Pending("later", [Record("model_turn", {})], True, None)
+    assert run.queue.run(later, finish) == [], "nobody holds the lead: a new caller leads at once"
 
 
 def test_a_batch_that_failed_alone_in_a_committed_group_raises_its_own_error_and_the_others_return(

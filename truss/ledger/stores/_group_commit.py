@@ -8,7 +8,9 @@ Every append is a ``Pending`` batch (encoded in the caller's thread). ``GroupCom
   meanwhile wait on their own event. A batch's event is set once it has its result or error, so
   a finished follower returns at once instead of waiting for the next commit. The leader then
   hands the lead to the oldest waiter (its event is set while it is not done: it wakes to lead
-  the next group), or, when nobody waits, gives it up.
+  the next group), or, when nobody waits, gives it up. A waiter interrupted in its wait (a signal
+  in the main thread) leaves the queue unwritten and hands on a lead it was given, so the callers
+  behind it are not left waiting for a leader that went away.
 
 The backend's ``commit(group)`` runs the one transaction and settles every batch of the group:
 ``finish`` when it commits (each batch with its entries, or its own error when it failed alone in
@@ -151,7 +153,14 @@ class GroupCommit:
                 if not lead:
                     pending.wake = Event()
             if pending.wake is not None:
-                pending.wake.wait()
+                try:
+                    pending.wake.wait()
+                except BaseException:
+                    # Interrupted as it waits (a signal in the main thread): it leaves the queue, so
+                    # nothing of it is written, passing the lead on if it had been handed it, else
+                    # the callers behind it would wait for ever. A leader that took it settles it.
+                    self._withdraw(pending)
+                    raise
             if not pending.done:
                 self._lead(commit)
         if pending.error is not None:
@@ -175,12 +184,26 @@ class GroupCommit:
             raise
         finally:
             with self._qlock:
-                if self._queue:
-                    wake = self._queue[0].wake  # a follower's: it queued while this leader held the lead
-                    assert wake is not None
-                    wake.set()  # not done: it wakes as the next leader
-                else:
-                    self._leading = False
+                self._hand_on()
+
+    def _hand_on(self) -> None:
+        """Give the lead to the oldest waiter, or give it up; with ``_qlock`` held."""
+        if self._queue:
+            wake = self._queue[0].wake  # a follower's: it queued while a leader held the lead
+            assert wake is not None
+            wake.set()  # not done: it wakes as the next leader
+        else:
+            self._leading = False
+
+    def _withdraw(self, pending: Pending) -> None:
+        """Take ``pending``, a follower that stopped waiting, out of the queue if no leader took it."""
+        with self._qlock:
+            if not any(p is pending for p in self._queue):
+                return  # in a group already: its leader settles it
+            self._queue = [p for p in self._queue if p is not pending]
+            assert pending.wake is not None
+            if pending.wake.is_set():  # still queued and woken: it had been handed the lead
+                self._hand_on()
 
     def bulk(
         self, batches: Iterable[tuple[str, Sequence[Record]]], commit: Callable[[list[Pending]], None], *, per_txn: int
