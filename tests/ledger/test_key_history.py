@@ -13,9 +13,10 @@ import pytest
 from truss._errors import KeyFileError, StoreError, VerificationError
 from truss.keyring import read_history, rotate_identity_key, trust_root
 from truss.ledger.entry import Record, StoredEntry
-from truss.ledger.keyhistory import LOG_SESSION, follow_rotations
+from truss.ledger.keyhistory import LOG_SESSION, ensure_log_session, follow_rotations, rotation_record
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
 from truss.ledger.stores import open_store
+from truss.ledger.stores.sqlite import open_sqlite
 from truss.ledger.verification import verify_ledger
 from truss.testing import ManualClock
 
@@ -114,6 +115,28 @@ def test_the_store_refuses_a_retired_key_at_open_and_at_its_next_append(tmp_path
     with pytest.raises(KeyFileError) as opened:
         open_store(db, key=first, clock=clock)
     assert opened.value.reason == "key_retired"
+
+
+def test_batches_committed_after_a_rotation_in_its_transaction_are_refused_not_signed_by_the_retired_key(
+    tmp_path: Path,
+) -> None:
+    _, db, first = _home(tmp_path)
+    clock = ManualClock()
+    _run(db, first, "s_1", clock)
+    new = IdentityKey.generate(first.name)
+    with closing(open_sqlite(str(db), key=first, clock=clock)) as store:
+        ensure_log_session(store)
+        rotation = rotation_record(first, new, store.tree_size() + 1)
+        started = Record("session_started", {"contract": "c"})
+        with pytest.raises(StoreError) as info:  # one transaction, as a group commit of two callers is
+            store.bulk_append([(LOG_SESSION, [rotation]), ("s_2", [started])])
+        assert info.value.reason == "key_retired"
+        assert store.session("s_2") is None, "nothing is signed by the key the rotation retired"
+    with closing(open_store(db, key=None, clock=clock, create=False)) as store:
+        history = follow_rotations(store.read_session(LOG_SESSION), TrustedKeys([first.verifier]), origin=store.origin)
+        assert len(history.rotations) == 1
+        report = verify_ledger(store, history.trusted, extra=[history.check])
+        assert report.ok, report
 
 
 def test_a_rotation_interrupted_after_its_statement_is_completed_by_rotating_again(tmp_path: Path) -> None:

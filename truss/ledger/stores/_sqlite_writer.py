@@ -413,13 +413,18 @@ class SqliteWriter:
                     conn.execute("ROLLBACK")
                     fail_all(group, batch_error(pending, exc))
                     return
+            rotated = False  # a rotation earlier in this group retires the key for the rest (as in PostgreSQL)
             for pending in group if len(group) > 1 else ():
+                if rotated:
+                    pending.result, pending.error = [], self._retired_error()
+                    continue
                 saved = frontier.to_state()
                 conn.execute("SAVEPOINT batch")
                 try:
                     pending.result = self._apply(conn, pending, next_index, frontier)
                     conn.execute("RELEASE batch")
                     next_index += len(pending.result)
+                    rotated = pending.rotates
                 except (TrussError, sqlite3.IntegrityError) as exc:
                     conn.execute("ROLLBACK TO batch")
                     conn.execute("RELEASE batch")
@@ -463,13 +468,17 @@ class SqliteWriter:
     def _refuse_retired(self, conn: sqlite3.Connection) -> None:
         assert self._key is not None
         if key_retired(conn, self._key.key_id):
-            raise StoreError(
-                f"{self._db}: the identity key {self._key.key_id} was retired by a key rotation; "
-                "nothing more can be signed with it",
-                remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
-                db=str(self._db),
-                reason="key_retired",
-            )
+            raise self._retired_error()
+
+    def _retired_error(self) -> StoreError:
+        assert self._key is not None
+        return StoreError(
+            f"{self._db}: the identity key {self._key.key_id} was retired by a key rotation; "
+            "nothing more can be signed with it",
+            remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
+            db=str(self._db),
+            reason="key_retired",
+        )
 
     def _apply(self, conn: sqlite3.Connection, pending: Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
         key = self._key
