@@ -139,6 +139,24 @@ def test_batches_committed_after_a_rotation_in_its_transaction_are_refused_not_s
         assert report.ok, report
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "memory"])
+def test_records_after_a_rotation_in_its_own_batch_are_refused_whole_not_signed_by_the_retired_key(
+    tmp_path: Path, backend: str
+) -> None:
+    first = IdentityKey.generate(ORIGIN)
+    clock = ManualClock()
+    url = str(tmp_path / "ledger.db") if backend == "sqlite" else "memory:"
+    with closing(open_store(url, key=first, clock=clock, create=True)) as store:
+        ensure_log_session(store)
+        size = store.tree_size()
+        rotation = rotation_record(first, IdentityKey.generate(ORIGIN), size + 1)
+        with pytest.raises(StoreError) as info:
+            store.append(LOG_SESSION, [rotation, Record("model_turn", {})])
+        assert info.value.reason == "key_retired"
+        assert store.tree_size() == size, "nothing of the batch is written"
+        assert verify_ledger(store, TrustedKeys([first.verifier])).ok
+
+
 def test_a_rotation_interrupted_after_its_statement_is_completed_by_rotating_again(tmp_path: Path) -> None:
     key_path, db, first = _home(tmp_path)
     clock = ManualClock()

@@ -260,6 +260,21 @@ def _expect_index_refuses_an_append_elsewhere_in_the_log(
     assert entry.index == size
 
 
+def _nothing_follows_a_key_rotation_in_its_own_append(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
+    from truss.ledger.keyhistory import LOG_SESSION, ensure_log_session, rotation_record
+
+    ensure_log_session(store)
+    size = store.tree_size()
+    successor = IdentityKey.from_seed(bytes(reversed(_CONFORMANCE_SEED)), key.name)
+    error = _expect(
+        StoreError,
+        lambda: store.append(LOG_SESSION, [rotation_record(key, successor, size + 1), Record("model_turn", {})]),
+        "an append holding a record after a key rotation (the retired key would sign it)",
+    )
+    assert error.fields.get("reason") == "key_retired", error.fields
+    assert store.tree_size() == size, "nothing of such an append is written"
+
+
 def _concurrent_appends_leave_valid_chains(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
     errors: list[BaseException] = []
 
@@ -366,6 +381,7 @@ _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _checkpoints_are_found_by_size,
     _cosignatures_are_kept_with_their_checkpoint,
     _expect_index_refuses_an_append_elsewhere_in_the_log,
+    _nothing_follows_a_key_rotation_in_its_own_append,
     _concurrent_appends_leave_valid_chains,
     _a_session_has_one_owner_and_stale_epochs_are_fenced,
     _checked_appends_never_overspend_together,

@@ -381,7 +381,8 @@ def seal_batch(
     ``head`` is the session as the store holds it inside its transaction (None: no such
     session); ``bodies`` are ``encode_record(record)`` of each record (encoded by the caller,
     outside the store's lock). Raises ``StoreError`` (``reason="no_session"``: a session must
-    start with ``session_started``; ``bad_body``) or ``StoreConflictError`` (starting a session
+    start with ``session_started``; ``bad_body``; ``key_retired``: a record after a key rotation,
+    which the key it retires would sign) or ``StoreConflictError`` (starting a session
     twice, a stale ``expect_seq`` or ``expect_index``, appending after ``session_ended``); nothing
     is returned half-done. ``expect_index`` is the log index the first record must get (a record
     that names its own position, as a key rotation does). ``copy_bodies`` gives each entry a
@@ -427,6 +428,14 @@ def seal_batch(
             )
         if i and record.kind == "session_started":
             raise StoreError(f"session {session}: session_started may only be its first entry", session=session)
+        if i and records[i - 1].kind == "key_rotated":  # the rotation retires the key that would sign this
+            raise StoreError(
+                f"session {session}: a {record.kind} record follows a key rotation in one append; the key the"
+                " rotation retires cannot sign it",
+                remedy="append the rotation statement alone, then reopen the store with the new key",
+                session=session,
+                reason="key_retired",
+            )
         body: dict[str, Any] = json.loads(bodies[i]) if copy_bodies else record.body
         try:
             entry = seal(
