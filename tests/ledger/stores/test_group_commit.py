@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from types import TracebackType
 
 import pytest
 
@@ -148,6 +149,35 @@ def test_a_follower_interrupted_in_its_wait_leaves_the_queue_unwritten_and_the_f
     assert run.returned["second"] is run.results["second"] and run.returned["third"] is run.results["third"]
     later = Pending("later", [Record("model_turn", {})], True, None)
     assert run.queue.run(later, finish) == [], "nobody holds the lead: a new caller leads at once"
+
+
+class _InterruptedOnce:
+    """A queue lock whose ``nth`` taking by the thread ``name`` is interrupted (a signal as it waits for it)."""
+
+    def __init__(self, name: str, nth: int) -> None:
+        self._inner = threading.Lock()
+        self._name, self._nth, self._taken = name, nth, 0
+
+    def __enter__(self) -> bool:
+        if threading.current_thread().name == self._name:
+            self._taken += 1
+            if self._taken == self._nth:
+                raise KeyboardInterrupt
+        return self._inner.__enter__()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._inner.__exit__(kind, exc, tb)
+
+
+def test_a_follower_interrupted_as_it_takes_the_lead_it_was_handed_passes_it_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    run = _Run(monkeypatch, finish)
+    monkeypatch.setattr(run.queue, "_qlock", _InterruptedOnce("first", 2))  # 1: it queues; 2: it leads
+    run.through("leader", "first", "second", "third")  # joins every thread, bounded
+    assert isinstance(run.returned["first"], KeyboardInterrupt)
+    assert run.groups == [("leader", ["leader"]), ("second", ["second", "third"])]
+    assert run.returned["second"] is run.results["second"] and run.returned["third"] is run.results["third"]
 
 
 def test_a_batch_that_failed_alone_in_a_committed_group_raises_its_own_error_and_the_others_return(

@@ -162,12 +162,12 @@ class GroupCommit:
                     self._withdraw(pending)
                     raise
             if not pending.done:
-                self._lead(commit)
+                self._lead(pending, commit)
         if pending.error is not None:
             raise pending.error
         return pending.result
 
-    def _lead(self, commit: Callable[[list[Pending]], None]) -> None:
+    def _lead(self, pending: Pending, commit: Callable[[list[Pending]], None]) -> None:
         group: list[Pending] = []
         try:
             with self._qlock:
@@ -184,6 +184,8 @@ class GroupCommit:
             raise
         finally:
             with self._qlock:
+                if not group:  # stopped before it took the queue: it is still queued, first
+                    self._queue = [p for p in self._queue if p is not pending]
                 self._hand_on()
 
     def _hand_on(self) -> None:
