@@ -14,7 +14,9 @@ off the replay and off what it built:
   live steps pay for what they allocate, not for the record;
 - when the ``with`` block is left, everything frozen goes back to the collector (``gc.unfreeze()``)
   and is collected as usual from then on. A cycle that was garbage at the freeze is freed then,
-  not before: the cost is bounded by the replay, and held no longer than the run.
+  not before: the cost is bounded by the replay, and held no longer than the run. When something
+  is frozen already (the operator's own ``gc.freeze()``), nothing is frozen here, so nothing is
+  unfrozen either: ``gc.unfreeze()`` cannot tell one snapshot from another.
 
 Windows may overlap (serve-mcp resuming two sessions at once): the thresholds come back when the
 last replay ends, and the frozen objects when the last window is left. The freeze happens once per
@@ -69,7 +71,10 @@ class ReplayCollections:
                 if gc.get_threshold()[2] == _NEVER:  # unless someone set other thresholds meanwhile
                     gc.set_threshold(*_saved)
                 _saved = None
-            if _holding == 0 and not _frozen:  # once per episode: what is frozen stays one snapshot
+            # Once per episode (what is frozen stays one snapshot), and only when nothing is frozen
+            # yet: objects the operator froze (gc.freeze() before forking workers, say) must stay
+            # frozen, and the one unfreeze there is would hand them back too.
+            if _holding == 0 and not _frozen and gc.get_freeze_count() == 0:
                 gc.freeze()
                 _frozen = True
 

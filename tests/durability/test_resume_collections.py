@@ -87,3 +87,31 @@ def test_a_resume_that_fails_before_its_replay_ends_still_gives_the_collector_ba
         assert gc.get_threshold()[2] == HELD
         raise RuntimeError("the read failed")
     assert gc.get_threshold() == thresholds and gc.get_freeze_count() == frozen
+
+
+def _frozen(value: object) -> bool:
+    """Whether ``value`` is out of the collector's view (gc.freeze()): its generations do not list it."""
+    return not any(item is value for item in gc.get_objects())
+
+
+@pytest.mark.anyio
+async def test_a_resume_leaves_what_the_operator_froze_before_it_frozen(tmp_path: Path) -> None:
+    # An application embedding Truss may freeze its start-up objects (gc.freeze(), as pre-fork
+    # servers do to keep their pages shared); a resume must not hand them back to the collector.
+    home = _killed_session(tmp_path)
+    from truss.mcp.client import connect
+
+    kept: list[object] = [[i] for i in range(3)]
+    gc.freeze()
+    try:
+        assert _frozen(kept)
+        with Runtime.open(home=home, connector=connect) as runtime, anyio.fail_after(TIMEOUT):
+            outcome = await resume_session(runtime, "s1")
+        assert outcome.status == "pass", outcome
+        assert _frozen(kept)
+        with ReplayCollections() as window, ReplayCollections():  # the same for windows that overlap
+            window.release()
+        assert _frozen(kept)
+    finally:
+        gc.unfreeze()
+    assert not _frozen(kept)
