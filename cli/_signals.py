@@ -21,7 +21,10 @@ def stop_on_signals() -> Generator[threading.Event]:
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        # A handler runs on the main thread between two of its bytecodes, which may be inside
+        # ``stop.wait()`` while it holds the event's lock: setting the event here would wait for
+        # ever on a lock its own thread holds. Another thread sets it once that lock is let go.
+        threading.Thread(target=stop.set, name="truss-stop", daemon=True).start()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

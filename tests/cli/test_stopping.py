@@ -8,6 +8,7 @@ import os
 import queue
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -54,3 +55,26 @@ def test_a_signal_in_the_block_sets_the_event_and_the_previous_handlers_come_bac
         assert stop.wait(WAIT_S)
         raise KeyError("the block ends by raising")
     assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
+# The signal lands while the main thread holds the event's own lock, as it does for a moment inside
+# ``stop.wait()`` (between taking the lock and waiting on it, and again once woken): the handler runs
+# on that very thread. A handler that takes the lock itself waits for ever, and the command with it.
+SIGNAL_INSIDE_WAIT = """
+import faulthandler, os, signal, sys
+from truss_cli._signals import stop_on_signals
+
+faulthandler.dump_traceback_later(20, exit=True)  # a hang ends here instead of in the test's timeout
+with stop_on_signals() as stop:
+    with stop._cond:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+    print("stopped" if stop.wait(20) else "not stopped")
+"""
+
+
+def test_a_sigterm_while_the_command_is_inside_its_wait_still_stops_it() -> None:
+    command = [sys.executable, "-c", SIGNAL_INSIDE_WAIT]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert (done.returncode, done.stdout.strip()) == (0, "stopped"), done.stderr
