@@ -93,24 +93,35 @@ def _filled(cls: type[_E]) -> type[_E]:
     third of the cost (a replayed turn builds five events; bench/long_run.py's resume). The instance
     stays frozen: only ``__init__`` writes past ``__setattr__``."""
     assert "__slots__" not in cls.__dict__ and not hasattr(cls, "__post_init__")
-    namespace: dict[str, Any] = {"_NOT_GIVEN": _NOT_GIVEN}
+    fields = dataclasses.fields(cast(Any, cls))
+    taken = {spec.name for spec in fields}
+
+    def own(name: str) -> str:  # a name of the generated code's own that no field (parameter) shadows
+        while name in taken:
+            name = f"_{name}"
+        return name
+
+    me, state, missing = own("self"), own("state"), own("_NOT_GIVEN")
+    namespace: dict[str, Any] = {missing: _NOT_GIVEN}
     params: list[str] = []
     lines: list[str] = []
-    for spec in dataclasses.fields(cast(Any, cls)):
+    for spec in fields:
         name = spec.name
         assert spec.init and spec.kw_only and name.isidentifier()
         if spec.default is not dataclasses.MISSING:
-            namespace[f"_default_{name}"] = spec.default
+            namespace[f"_default_{name}"] = spec.default  # read where the signature is made, not in the body
             params.append(f"{name}=_default_{name}")
-            lines.append(f"    state[{name!r}] = {name}")
+            lines.append(f"    {state}[{name!r}] = {name}")
         elif spec.default_factory is not dataclasses.MISSING:
-            namespace[f"_factory_{name}"] = spec.default_factory
-            params.append(f"{name}=_NOT_GIVEN")
-            lines.append(f"    state[{name!r}] = _factory_{name}() if {name} is _NOT_GIVEN else {name}")
+            factory = own(f"_factory_{name}")
+            namespace[factory] = spec.default_factory
+            params.append(f"{name}={missing}")
+            lines.append(f"    {state}[{name!r}] = {factory}() if {name} is {missing} else {name}")
         else:
             params.append(name)
-            lines.append(f"    state[{name!r}] = {name}")
-    source = f"def __init__(self, *, {', '.join(params)}):\n    state = self.__dict__\n" + "\n".join(lines) + "\n"
+            lines.append(f"    {state}[{name!r}] = {name}")
+    head = f"def __init__({me}, *, {', '.join(params)}):\n    {state} = {me}.__dict__\n"
+    source = head + "\n".join(lines) + "\n"
     exec(source, namespace)  # noqa: S102 - built from the class's own field names, as dataclasses does
     init = namespace["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"

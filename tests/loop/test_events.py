@@ -27,6 +27,7 @@ from truss.events import (
     TurnEnded,
     TurnStarted,
     VerdictReached,
+    _filled,  # pyright: ignore[reportPrivateUsage] - the generator of their __init__
     progress_subscriber,
 )
 from truss.providers.base import Provider, TurnResponse
@@ -237,3 +238,21 @@ def test_a_subscriber_that_leaves_while_an_event_is_delivered_misses_only_later_
     assert seen == [("leaving", 1), ("staying", 1), ("staying", 2)]
     unsubscribe()  # a second time: nothing left to remove
     assert bool(bus)
+
+
+def test_an_event_with_fields_named_like_the_names_inside_its_generated_init_keeps_the_values_given() -> None:
+    # ``_filled`` writes an ``__init__`` whose own names (self, the instance's dict, the sentinel of a
+    # left-out factory field, each factory) must not be taken for a field of the same name.
+    @_filled
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Odd(Event):
+        state: str
+        self: str = "default"
+        _NOT_GIVEN: int = 0
+        _factory_extra: str = "not a factory"
+        extra: Mapping[str, Any] = dataclasses.field(default_factory=dict[str, Any])
+
+    odd = vars(Odd(session="s", span="x", parent=None, time_ms=1, state="open", self="me", _NOT_GIVEN=3))
+    expected: dict[str, Any] = {"state": "open", "self": "me", "_NOT_GIVEN": 3, "_factory_extra": "not a factory"}
+    assert {name: odd[name] for name in expected} == expected and odd["extra"] == {}
+    assert Odd(session="s", span="x", parent=None, time_ms=1, state="open").self == "default"
