@@ -13,7 +13,16 @@ import pytest
 from truss._errors import KeyFileError, StoreError, VerificationError
 from truss.keyring import read_history, rotate_identity_key, trust_root
 from truss.ledger.entry import Record, StoredEntry
-from truss.ledger.keyhistory import LOG_SESSION, ensure_log_session, follow_rotations, rotation_record
+from truss.ledger.keyhistory import (
+    LOG_SESSION,
+    admission_record,
+    append_to_log,
+    ensure_log_session,
+    follow_rotations,
+    join_request,
+    removal_record,
+    rotation_record,
+)
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
 from truss.ledger.stores import open_store
 from truss.ledger.stores.sqlite import open_sqlite
@@ -115,6 +124,31 @@ def test_the_store_refuses_a_retired_key_at_open_and_at_its_next_append(tmp_path
     with pytest.raises(KeyFileError) as opened:
         open_store(db, key=first, clock=clock)
     assert opened.value.reason == "key_retired"
+
+
+def test_a_removed_worker_key_is_refused_by_the_sqlite_store_at_its_next_append_and_at_open(tmp_path: Path) -> None:
+    _, db, log_key = _home(tmp_path)
+    clock = ManualClock()
+    _run(db, log_key, "s_1", clock)
+    worker = IdentityKey.generate(log_key.name)
+    with closing(open_store(db, key=log_key, clock=clock)) as log_store:
+        append_to_log(log_store, [admission_record(worker.verifier, join_request(worker))])
+        with closing(open_store(db, key=worker, clock=clock)) as still_open:  # the worker, opened before
+            still_open.append("s_w", [Record("session_started", {"contract": "c"})])
+            append_to_log(log_store, [removal_record(worker.verifier)])
+            size = still_open.tree_size()
+            with pytest.raises(StoreError) as info:
+                still_open.append("s_w", [Record("session_ended", {"status": "pass"})])
+            assert info.value.reason == "key_retired"
+            assert still_open.tree_size() == size, "nothing is signed by the removed key"
+    with pytest.raises(KeyFileError) as opened:
+        open_store(db, key=worker, clock=clock)
+    assert opened.value.reason == "key_retired"
+    with closing(open_store(db, key=None, clock=clock, create=False)) as store:
+        trusted = TrustedKeys([log_key.verifier])
+        history = follow_rotations(store.read_session(LOG_SESSION), trusted, origin=store.origin)
+        report = verify_ledger(store, history.trusted, extra=[history.check])
+        assert report.ok, report
 
 
 def test_batches_committed_after_a_rotation_in_its_transaction_are_refused_not_signed_by_the_retired_key(

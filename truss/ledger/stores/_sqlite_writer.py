@@ -95,12 +95,14 @@ def store_error(db: Path, busy_ms: int, what: str, exc: sqlite3.Error) -> StoreE
     )
 
 
-def key_retired(conn: sqlite3.Connection, key_id: str) -> bool:
-    """Whether a key rotation recorded in the ledger retired ``key_id``."""
-    # Rotations live in the log's own session, so this reads a few rows of one session's index.
+def key_retired(conn: sqlite3.Connection, key: IdentityKey) -> bool:
+    """Whether a key rotation recorded in the ledger retired ``key``, or a removal took it out of the key set
+    (as ``_pg_link.key_retired``: a ``key_rotated`` entry signed by it, or a ``key_removed`` naming it)."""
+    # Key statements live in the log's own session, so this reads a few rows of one session's index.
     row = conn.execute(
-        "SELECT 1 FROM entries WHERE session = ? AND kind = 'key_rotated' AND keyid = ? LIMIT 1",
-        (LOG_SESSION, key_id),
+        "SELECT 1 FROM entries WHERE session = ? AND ((kind = 'key_rotated' AND keyid = ?)"
+        " OR (kind = 'key_removed' AND instr(raw, ?) > 0)) LIMIT 1",
+        (LOG_SESSION, key.key_id, key.verifier.vkey.encode()),
     ).fetchone()
     return row is not None
 
@@ -467,14 +469,14 @@ class SqliteWriter:
 
     def _refuse_retired(self, conn: sqlite3.Connection) -> None:
         assert self._key is not None
-        if key_retired(conn, self._key.key_id):
+        if key_retired(conn, self._key):
             raise self._retired_error()
 
     def _retired_error(self) -> StoreError:
         assert self._key is not None
         return StoreError(
-            f"{self._db}: the identity key {self._key.key_id} was retired by a key rotation; "
-            "nothing more can be signed with it",
+            f"{self._db}: the identity key {self._key.key_id} was retired by a key rotation or removed from the "
+            "log's key set; nothing more can be signed with it",
             remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
             db=str(self._db),
             reason="key_retired",

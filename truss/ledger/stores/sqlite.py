@@ -240,9 +240,10 @@ class SqliteStore(SqlReads, mark="?"):
                     remedy="use the key this ledger was created with (rotated keys keep the log's name)",
                     file=str(db),
                 )
-            if key is not None and key_retired(conns[1], key.key_id):
+            if key is not None and key_retired(conns[1], key):
                 raise KeyFileError(
-                    f"the identity key {key.key_id} was retired by a key rotation recorded in {db}",
+                    f"the identity key {key.key_id} was retired by a key rotation or removed from the key set "
+                    f"recorded in {db}",
                     remedy="use the current identity key; `truss key rotate` completes a rotation that was interrupted",
                     file=str(db),
                     reason="key_retired",
