@@ -38,7 +38,9 @@ from truss.ledger.stores.base import (
     StoredCheckpoint,
     check_epoch,
     grant_lease,
+    key_retired_error,
     nodes_in_order,
+    retires,
     seal_batch,
 )
 from truss.ledger.stores.sqlite import SqliteStore, sqlite_path
@@ -153,8 +155,8 @@ def test_a_taken_scheme_is_refused_unless_replaced_and_a_built_in_one_comes_back
 class ToyStore:
     """A key-value backend: every row is bytes or JSON text, read back by parsing, as a remote store would.
 
-    It shares nothing with the built-in stores but the rules every backend applies (``seal_batch``)
-    and the Merkle frontier; the conformance check is what says it is a ledger store.
+    It shares nothing with the built-in stores but the rules every backend applies (``seal_batch``,
+    ``retires``) and the Merkle frontier; the conformance check is what says it is a ledger store.
     """
 
     def __init__(self, key: IdentityKey, clock: Clock) -> None:
@@ -213,12 +215,16 @@ class ToyStore:
         if not records:
             return []
         with self._lock:
+            if self._get("retired") is not None:
+                raise key_retired_error("toy:", self._key.key_id)
             check_epoch(session, self.lease(session), epoch)
             row = self._json(f"session/{session}")
             head = None if row is None else SessionHead(row["entries"], row["head"], row["ended"])
             out = seal_batch(self._key, origin=self.origin, session=session, head=head, records=records,
                              bodies=bodies, index=self._frontier.size, now_ms=self._clock.now_ms,
                              expect_seq=expect_seq, expect_index=expect_index)  # fmt: skip
+            if retires(self._key, records):
+                self._put("retired", b"")
             for record, entry in zip(records, out, strict=True):
                 self._put(f"entry/{entry.index}", entry.to_json())
                 self._put(f"raw/{entry.index}", entry.raw)

@@ -275,6 +275,38 @@ def _nothing_follows_a_key_rotation_in_its_own_append(store: LedgerStore, key: I
     assert store.tree_size() == size, "nothing of such an append is written"
 
 
+def _a_key_its_own_rotation_retired_signs_no_later_append(
+    store: LedgerStore, key: IdentityKey, clock: ManualClock
+) -> None:
+    from truss.ledger.keyhistory import LOG_SESSION, ensure_log_session, rotation_record
+
+    store.append("s_r", [_start()])
+    ensure_log_session(store)
+    size = store.tree_size()
+    successor = IdentityKey.from_seed(bytes(reversed(_CONFORMANCE_SEED)), key.name)
+    store.append(LOG_SESSION, [rotation_record(key, successor, size + 1)], expect_index=size)
+    _refused_as_retired(store, "an append after the store's key rotated itself away in an earlier append")
+
+
+def _a_key_a_removal_names_signs_no_later_append(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
+    """The removal here names the store's own key and is signed by it (a store holds one key), which
+    the verifier refuses (only a log key removes, and only a worker key); the store's guard reads the
+    key a ``key_removed`` names, not its signer, as for a removal the log key's process appended."""
+    from truss.ledger.keyhistory import append_to_log, removal_record
+
+    store.append("s_r", [_start()])
+    append_to_log(store, [removal_record(key.verifier)])
+    _refused_as_retired(store, "an append after a key_removed statement naming the store's key")
+
+
+def _refused_as_retired(store: LedgerStore, what: str) -> None:
+    size = store.tree_size()
+    error = _expect(StoreError, lambda: store.append("s_r", [Record("model_turn", {})]), what)
+    assert error.fields.get("reason") == "key_retired", error.fields
+    assert store.tree_size() == size, f"{what}: nothing is written"
+    assert [e.kind for e in store.read_session("s_r")] == ["session_started"], f"{what}: nothing is written"
+
+
 def _concurrent_appends_leave_valid_chains(store: LedgerStore, key: IdentityKey, clock: ManualClock) -> None:
     errors: list[BaseException] = []
 
@@ -382,6 +414,8 @@ _CHECKS: list[Callable[[LedgerStore, IdentityKey, ManualClock], None]] = [
     _cosignatures_are_kept_with_their_checkpoint,
     _expect_index_refuses_an_append_elsewhere_in_the_log,
     _nothing_follows_a_key_rotation_in_its_own_append,
+    _a_key_its_own_rotation_retired_signs_no_later_append,
+    _a_key_a_removal_names_signs_no_later_append,
     _concurrent_appends_leave_valid_chains,
     _a_session_has_one_owner_and_stale_epochs_are_fenced,
     _checked_appends_never_overspend_together,

@@ -43,6 +43,7 @@ from truss.ledger.stores.base import (
     SessionInfo,
     StoredCheckpoint,
     check_epoch,
+    key_retired_error,
     seal_batch,
 )
 
@@ -264,13 +265,7 @@ class PostgresWriter:
         return self._key.verifier.vkey.encode()
 
     def _retired_error(self) -> StoreError:
-        return StoreError(
-            f"{self.db}: the identity key {self._key_id()} was retired by a key rotation or removed from the "
-            "log's key set; nothing more can be signed with it",
-            remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
-            db=self.db,
-            reason="key_retired",
-        )
+        return key_retired_error(self.db, self._key_id())
 
     def _apply(
         self, conn: Conn, pending: Pending, index: int, frontier: Frontier, row: tuple[Any, ...] | None

@@ -36,7 +36,7 @@ from truss.ledger.keys import IdentityKey
 from truss.ledger.merkle import Frontier, NodeKey, leaf_hash, root_nodes
 from truss.ledger.stores._group_commit import GroupCommit, Pending, batch_error, fail_all, finish
 from truss.ledger.stores._sql import SessionRows
-from truss.ledger.stores.base import Lease, SessionHead, check_epoch, seal_batch
+from truss.ledger.stores.base import Lease, SessionHead, check_epoch, key_retired_error, retires, seal_batch
 
 __all__ = [
     "LEASES_TABLE",
@@ -435,8 +435,9 @@ class SqliteWriter:
                     pending.error = batch_error(pending, exc)
             conn.execute("COMMIT")
             self._frontier, self._version = frontier, version
-            if not self._rotated_here and any(p.rotates for p in group if p.result):
-                self._rotated_here = True
+            key = self._key
+            if key is not None and not self._rotated_here and any(retires(key, p.records) for p in group if p.result):
+                self._rotated_here = True  # its own rotation, or a removal naming its key: check from now on
             self._commits += 1
             self._flushes += int(bool(self._sync_full))
             self._batches += len(group)
@@ -474,13 +475,7 @@ class SqliteWriter:
 
     def _retired_error(self) -> StoreError:
         assert self._key is not None
-        return StoreError(
-            f"{self._db}: the identity key {self._key.key_id} was retired by a key rotation or removed from the "
-            "log's key set; nothing more can be signed with it",
-            remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
-            db=str(self._db),
-            reason="key_retired",
-        )
+        return key_retired_error(str(self._db), self._key.key_id)
 
     def _apply(self, conn: sqlite3.Connection, pending: Pending, index: int, frontier: Frontier) -> list[StoredEntry]:
         key = self._key

@@ -46,8 +46,10 @@ __all__ = [
     "check_epoch",
     "check_status",
     "grant_lease",
+    "key_retired_error",
     "nodes_in_order",
     "owner_gone",
+    "retires",
     "seal_batch",
     "session_fields",
 ]
@@ -360,6 +362,26 @@ class SessionHead:
     seq: int
     head: str
     ended: bool
+
+
+def retires(key: IdentityKey, records: Iterable[Record]) -> bool:
+    """Whether appending ``records`` with ``key`` retires it: a ``key_rotated`` record (the store signs
+    it with the key it retires) or a ``key_removed`` naming it. Nothing more may be signed with the
+    key (it would not verify), so a store that appended such records refuses its next append
+    (``key_retired``), as SQLite and PostgreSQL do by reading the statements in the log."""
+    vkey = key.verifier.vkey
+    return any(r.kind == "key_rotated" or (r.kind == "key_removed" and r.body.get("key") == vkey) for r in records)
+
+
+def key_retired_error(db: str, key_id: str) -> StoreError:
+    """The append refused because the store's key ``key_id`` is retired (``retires``): every backend raises this."""
+    return StoreError(
+        f"{db}: the identity key {key_id} was retired by a key rotation or removed from the log's key set; "
+        "nothing more can be signed with it",
+        remedy="restart with the current identity key; an interrupted run resumes with `truss resume SESSION`",
+        db=db,
+        reason="key_retired",
+    )
 
 
 def seal_batch(

@@ -32,7 +32,9 @@ from truss.ledger.stores.base import (
     StoredCheckpoint,
     check_epoch,
     grant_lease,
+    key_retired_error,
     nodes_in_order,
+    retires,
     seal_batch,
     session_fields,
 )
@@ -59,6 +61,7 @@ class MemoryStore:
         self._checkpoint_sizes: list[int] = []  # sorted: the index the lookups bisect
         self._tree = MemoryTree()
         self._leases: dict[str, Lease] = {}
+        self._retired = False  # the store's key rotated itself away or was removed: it signs nothing more
 
     def append(
         self,
@@ -74,6 +77,8 @@ class MemoryStore:
         if not records:
             return []
         with self._lock:
+            if self._retired:
+                raise key_retired_error("memory:", self._key.key_id)
             check_epoch(session, self._leases.get(session), epoch)
             info = self._sessions.get(session)
             head = None if info is None else SessionHead(info.entries, info.head, info.ended)
@@ -90,6 +95,7 @@ class MemoryStore:
                 expect_index=expect_index,
                 copy_bodies=True,
             )
+            self._retired = retires(self._key, records)
             for record, entry in zip(records, out, strict=True):
                 self._entries.append(entry)
                 self._tree.append(entry.raw)
