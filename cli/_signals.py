@@ -1,4 +1,5 @@
-"""Stopping a long-running command (a server, a publisher) cleanly on SIGINT or SIGTERM.
+"""Stopping a long-running command (a server, a publisher) cleanly on SIGINT or SIGTERM, and SIGTERM
+ending a command the way Ctrl-C does before the command watches for it itself.
 
 What it does not do: stop anything itself; the command waits on the event and returns.
 """
@@ -11,7 +12,7 @@ from collections.abc import Generator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["stop_on_signals"]
+__all__ = ["sigterm_interrupts", "stop_on_signals"]
 
 
 @contextmanager
@@ -32,3 +33,27 @@ def stop_on_signals() -> Generator[threading.Event]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def sigterm_interrupts() -> Generator[None]:
+    """SIGTERM raises ``KeyboardInterrupt`` while the block runs, as Ctrl-C does: the command ends
+    with "interrupted" and exit 130 instead of dying at once with nothing said (SIGTERM's default).
+
+    For the stretch of a command before it installs its own watcher (``truss resume`` reading and
+    verifying the whole session first): a watcher opened inside the block takes SIGTERM over while
+    it is open. The handler there was before comes back when the block ends. Off the main thread,
+    where no handler can be installed, the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

@@ -3,7 +3,9 @@
 Thin: parse, open the runtime (``Ctx.open_runtime``), call ``truss.session``, render. Progress goes
 to stderr (one line per call), the summary or ``--json`` document to stdout. Ctrl-C and SIGTERM
 stop the run cleanly: the session is recorded as interrupted, servers are shut down, exit 3
-(resumable). The MCP SDK is imported only inside the handlers that connect.
+(resumable); while ``resume`` first reads and verifies the session, before its servers start,
+both end the command with exit 130 and nothing written. The MCP SDK is imported only inside the
+handlers that connect.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from truss_cli._ctx import VERIFIED_NOTE, Ctx, row_limit, table, verified_cell
+from truss_cli._signals import sigterm_interrupts
 from truss_cli._telemetry import close_telemetry, open_telemetry, secrets_of
 from truss_cli.cmd_contract import add_contract_args, load_from_args
 
@@ -88,6 +91,13 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Ctx) -> int:
+    # An existing --session is read and verified whole before the run's own watcher is installed:
+    # SIGTERM in that stretch ends the command as Ctrl-C does (exit 130), not as a silent kill.
+    with sigterm_interrupts():
+        return _run(args, ctx)
+
+
+def _run(args: argparse.Namespace, ctx: Ctx) -> int:
     from truss.session import check_session_id, outcome_of
 
     if args.session is not None:
@@ -117,6 +127,14 @@ def run(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def resume(args: argparse.Namespace, ctx: Ctx) -> int:
+    # The session is read and verified whole before the run's own watcher is installed (a long one
+    # takes seconds): SIGTERM in that stretch ends the command as Ctrl-C does (exit 130, nothing
+    # written), not as a silent kill.
+    with sigterm_interrupts():
+        return _resume(args, ctx)
+
+
+def _resume(args: argparse.Namespace, ctx: Ctx) -> int:
     with ctx.open_runtime(connector=_connector(ctx, no_wait=args.no_wait)) as runtime:
         info = None if is_log_session(args.session) else runtime.store.session(args.session)
         if info is not None and info.ended:

@@ -197,8 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args, ctx)
     except TrussError as exc:
         return _report(exc, verbose=verbose, json_out=json_out)
-    except KeyboardInterrupt:
-        sys.stderr.write("truss: interrupted\n")
+    except KeyboardInterrupt as exc:
+        by = f" ({exc})" if str(exc) else ""  # the signal, when the command named it (SIGTERM)
+        sys.stderr.write(f"truss: interrupted{by}\n")
         return 130
     except BrokenPipeError:
         return 0
