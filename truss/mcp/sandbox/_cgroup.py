@@ -224,8 +224,11 @@ def setup_cgroups(name: str, limits: Limits, *, proc: Path = _PROC_SELF) -> tupl
         try:
             _apply(controller, version, made, limits)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                made.rmdir()
+            # On v2 both controllers are one directory: while a controller set up before uses it, it
+            # stays (an empty cgroup's rmdir succeeds, and would take the listed one with it).
+            if all(d != made for _, d in groups.dirs.values()):
+                with contextlib.suppress(OSError):
+                    made.rmdir()
             reasons.append(f"cannot set the {controller} cgroup's limit: {exc.strerror}")
             continue
         groups.dirs[controller] = (version, made)
