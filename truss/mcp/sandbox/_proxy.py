@@ -21,6 +21,7 @@ drops ``Proxy-*`` headers, so a second request on the same connection cannot rea
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import collections
 import contextlib
@@ -50,6 +51,9 @@ __all__ = [
 ]
 
 MAX_EGRESS_EVENTS = 1000
+# A connection's sockets are the C type itself: socket.py's subclass adds a Python __init__ and
+# close and enum-converting properties, which a proxy pays on every connection and uses none of.
+_Sock = _socket.socket
 MAX_SUMMARY_KEYS = 256
 MAX_TUNNELS = 64
 _HEAD_LIMIT = 16 * 1024
@@ -165,7 +169,8 @@ class EgressProxy:
         self._live: set[_Conn] = set()  # connections not yet reported
         self._tunnels = 0
         self._pending = 0  # connections before their tunnel (head, decision, connect)
-        self._done: collections.deque[EgressEvent] = collections.deque()  # reported by workers, for the loop
+        # Ended connections for the loop, made into events there: (connection, decision, reason, ms).
+        self._done: collections.deque[tuple[_Conn, str, str | None, int]] = collections.deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         # Every pending connection and every tunnel holds one worker, and one more waits in accept;
@@ -175,11 +180,12 @@ class EgressProxy:
         self._idle = 0  # workers in accept, or committed to calling it (the listener must outlive them)
         self._off_listener = threading.Condition(self._lock)  # notified when _idle drops to 0 while stopping
         self._listener: socket.socket | None = None
+        self._tcp = True  # the listener is a TCP socket (its connections get TCP_NODELAY)
         self._stopped = threading.Event()
         self._stopping = False
         self._window = False  # tunnel ends are being batched: the loop will drain them (under _lock)
         self._window_timer: asyncio.TimerHandle | None = None
-        self._rules_seen: dict[tuple[str, int], HostRule | None] = {}
+        self._rules_seen: dict[tuple[str, int], tuple[HostRule, str | None] | None] = {}
 
     async def serve(self, listener: anyio.abc.SocketListener) -> None:
         """Accept on ``listener``'s socket in the proxy's worker threads, until cancelled."""
@@ -188,6 +194,7 @@ class EgressProxy:
         self._loop, self._loop_thread = loop, threading.get_ident()
         raw.setblocking(True)  # idle workers wait in accept(2) themselves
         self._listener = raw
+        self._tcp = raw.family in (socket.AF_INET, socket.AF_INET6)
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(self._deliver)
             # Two from the start: a worker busy with one connection leaves the other in accept, and
@@ -225,11 +232,15 @@ class EgressProxy:
         first; at the bound it refuses the connection as busy and stays in accept itself.
         """
         idle = True  # counted in _idle: may call accept, so the listener must stay open
+        family = int(raw.family)
+        # accept(2) giving the descriptor: socket.py's accept wraps it in its Python subclass.
+        accept_fd: Callable[[], tuple[int, object]] = getattr(raw, "_accept")  # noqa: B009 - not in the stubs
         bufs = (memoryview(bytearray(_CHUNK)), memoryview(bytearray(_CHUNK)))  # this worker's tunnels', reused
         try:
             while True:
                 try:
-                    client, _ = raw.accept()
+                    fd, _ = accept_fd()
+                    client = _Sock(family, socket.SOCK_STREAM, 0, fd)
                 except OSError:
                     if self._stopping:
                         return
@@ -254,9 +265,9 @@ class EgressProxy:
                     if self._idle == 0:
                         self._off_listener.notify_all()
 
-    def _admit(self, client: socket.socket, raw: socket.socket) -> _Conn | None:
+    def _admit(self, client: _Sock, raw: socket.socket) -> _Conn | None:
         """A connection this worker (idle until now) takes, or None when refused as busy."""
-        if client.family in (socket.AF_INET, socket.AF_INET6):
+        if self._tcp:
             with contextlib.suppress(OSError):  # already reset: the head read will say so
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
         conn = _Conn(client, self.clock)
@@ -282,7 +293,7 @@ class EgressProxy:
             if conn in self._live:
                 self._live.discard(conn)
                 self._pending -= 1
-            self._done.append(self._event(conn, "refused", "busy"))
+            self._done.append(self._ended(conn, "refused", "busy"))
         conn.close()
         self._wake_loop()
 
@@ -334,10 +345,10 @@ class EgressProxy:
             self._send.close()
             self._receive.close()
 
-    def _event(self, conn: _Conn, decision: str, reason: str | None) -> EgressEvent:
-        duration = int((self.clock.monotonic() - conn.started) * 1000)
-        up, down = conn.counts
-        return EgressEvent(self.server, conn.host, conn.port, decision, reason, up, down, duration, conn.method)
+    def _ended(self, conn: _Conn, decision: str, reason: str | None) -> tuple[_Conn, str, str | None, int]:
+        """What a worker records of an ended connection; the loop makes the event of it (``_drain``),
+        off the path of the requests that follow."""
+        return conn, decision, reason, int((self.clock.monotonic() - conn.started) * 1000)
 
     def _finish(self, conn: _Conn, decision: str, reason: str | None) -> None:
         """Report ``conn`` once (from a worker, or from the loop when the proxy stops)."""
@@ -349,7 +360,7 @@ class EgressProxy:
                 self._tunnels -= 1
             else:
                 self._pending -= 1
-            self._done.append(self._event(conn, decision, reason))
+            self._done.append(self._ended(conn, decision, reason))
             then = self._drain
             if decision == "allowed" and threading.get_ident() != self._loop_thread:
                 if self._window:
@@ -389,10 +400,13 @@ class EgressProxy:
     def _drain(self) -> None:
         while True:
             try:
-                event = self._done.popleft()
+                conn, decision, reason, duration = self._done.popleft()
             except IndexError:
                 return
-            self._record(event)
+            up, down = conn.counts
+            self._record(
+                EgressEvent(self.server, conn.host, conn.port, decision, reason, up, down, duration, conn.method)
+            )
 
     def _record(self, event: EgressEvent) -> None:
         if self.reported < self.max_events:
@@ -408,17 +422,29 @@ class EgressProxy:
         count.bytes_up += event.bytes_up
         count.bytes_down += event.bytes_down
 
-    def _rule(self, host: str, port: int) -> HostRule | None:
-        """``match_host``, remembered per (host, port): it depends on nothing else, and costs a few IP parses."""
+    def _rule(self, host: str, port: int) -> tuple[HostRule, str | None] | None:
+        """The rule allowing ``host:port`` and, when ``host`` is an IP address ``_resolve`` would
+        accept, the address to connect to (None: a name, looked up on each connection, or an
+        address ``_resolve`` refuses), or None when nothing allows it.
+
+        Remembered per (host, port): neither depends on anything else, and both cost IP parses
+        (the address is what ``_resolve`` makes of a literal, where no lookup happens).
+        """
         key = (host, port)
         try:
             return self._rules_seen[key]
         except KeyError:
             pass
         rule = match_host(self.rules, host, port)
+        found: tuple[HostRule, str | None] | None = None
+        if rule is not None:
+            address = _literal(host)
+            # A literal under a rule for names (``*``) is checked as a DNS answer would be.
+            internal = address is not None and not rule.is_literal and _internal(address)
+            found = (rule, None if internal else address)
         if len(self._rules_seen) < MAX_SUMMARY_KEYS:
-            self._rules_seen[key] = rule
-        return rule
+            self._rules_seen[key] = found
+        return found
 
     def _handle(self, conn: _Conn, bufs: tuple[memoryview, memoryview]) -> None:
         """One connection, in a worker thread: head, decision, resolve, connect, answer, relay."""
@@ -426,7 +452,8 @@ class EgressProxy:
             self._handle_open(conn, bufs)
         finally:
             self._finish(conn, "failed", "stopped")  # a no-op once reported
-            conn.cut()
+            if not conn.relayed:  # an orderly end has already half-closed both ways
+                conn.cut()
             conn.close()
 
     def _handle_open(self, conn: _Conn, bufs: tuple[memoryview, memoryview]) -> None:
@@ -440,8 +467,8 @@ class EgressProxy:
             self._finish(conn, "refused", "bad_request" if isinstance(exc, _BadRequest) else "incomplete_request")
             return
         host, port = conn.host, conn.port
-        rule = self._rule(host, port)
-        if rule is None:
+        found = self._rule(host, port)
+        if found is None:
             _answer(client, clock, 403, f"egress to {host}:{port} is not allowed by this server's sandbox")
             self._finish(conn, "refused", "not_allowed")
             return
@@ -455,8 +482,10 @@ class EgressProxy:
             _answer(client, clock, 503, _BUSY)
             self._finish(conn, "refused", "busy")
             return
+        rule, address = found
         try:
-            address = _resolve(host, port, literal=rule.is_literal)
+            if address is None:
+                address = _resolve(host, port, literal=rule.is_literal)
         except _Internal:
             _answer(client, clock, 403, f"{host} resolves to an internal address")
             self._finish(conn, "refused", "resolves_to_internal")
@@ -502,9 +531,9 @@ _CHUNK = 64 * 1024
 class _Conn:
     """One connection's state, shared by its worker threads and, when the proxy stops, the loop."""
 
-    def __init__(self, client: socket.socket, clock: Clock) -> None:
+    def __init__(self, client: _Sock, clock: Clock) -> None:
         self.client = client
-        self.upstream: socket.socket | None = None
+        self.upstream: _Sock | None = None
         self.clock = clock
         self.started = clock.monotonic()
         self.host, self.port, self.method = "", 0, ""
@@ -512,6 +541,7 @@ class _Conn:
         self.tunnel = False
         self.lock = threading.Lock()  # a shutdown never meets a close (a reused descriptor number)
         self.closed = False
+        self.relayed = False  # the tunnel ended in order: both ways passed on their end
 
     def cut(self) -> None:
         """End both ways at once: every blocked ``recv``/``send`` on the two sockets returns."""
@@ -531,7 +561,7 @@ class _Conn:
                     sock.close()
 
 
-def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket, bufs: tuple[memoryview, memoryview]) -> None:
+def _relay(conn: _Conn, client: _Sock, upstream: _Sock, bufs: tuple[memoryview, memoryview]) -> None:
     """Copy both ways in this one thread until both have ended, with non-blocking sockets and ``poll``.
 
     An end of stream is passed on as a half close once what came before it is sent; an error ends
@@ -540,6 +570,11 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket, bufs: tu
     One thread per tunnel: a message crossing the proxy wakes one thread, and no two of a
     tunnel's threads ever wait for each other (or for the interpreter lock) on the data path.
     The sockets stay in blocking mode; every ``recv`` and ``send`` here is ``MSG_DONTWAIT``.
+
+    A tunnel spends nearly all its life in one state: both ways open and nothing held back. That
+    state has a loop of its own, with both sockets registered once for reading, so a message
+    costs the ``poll``, one ``recv`` and one ``send``; the first partial send or end of stream
+    leaves it for the general loop, which tracks each way's state.
     """
     socks = (client, upstream)
     fds = (client.fileno(), upstream.fileno())
@@ -549,8 +584,28 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket, bufs: tu
     done = [False, False]  # way i has ended and its end was passed on
     eof = [False, False]  # socks[i] has reached its end of stream
     poller = select.poll()
-    masks = [-1, -1]
+    poller.register(fds[0], select.POLLIN)
+    poller.register(fds[1], select.POLLIN)
+    masks = [select.POLLIN, select.POLLIN]
+    lost = select.POLLERR | select.POLLNVAL
+    readable = select.POLLIN | select.POLLHUP
+    client_fd = fds[0]
     try:
+        steady = True
+        while steady:
+            for fd, revents in poller.poll():
+                if revents & lost:
+                    conn.cut()  # a connection lost ends the tunnel
+                    return
+                if revents & readable:
+                    i = 0 if fd == client_fd else 1
+                    view, eof[i] = _pump(socks[i], socks[1 - i], bufs[i], counts, i)
+                    if view is not None:
+                        pending[i], stalled[i], steady = view, now(), False
+                    elif eof[i]:
+                        with contextlib.suppress(OSError):
+                            socks[1 - i].shutdown(socket.SHUT_WR)
+                        done[i], steady = True, False
         while not (done[0] and done[1]):
             want = [0, 0]
             timeout: float | None = None
@@ -576,50 +631,58 @@ def _relay(conn: _Conn, client: socket.socket, upstream: socket.socket, bufs: tu
                     masks[k] = want[k]
             ready = dict(poller.poll(None if timeout is None else int(timeout * 1000) + 1))
             revents = (ready.get(fds[0], 0), ready.get(fds[1], 0))
-            if (revents[0] | revents[1]) & (select.POLLERR | select.POLLNVAL):
+            if (revents[0] | revents[1]) & lost:
                 conn.cut()  # a connection lost ends the tunnel
                 return
             for i in (0, 1):
                 if done[i]:
                     continue
-                src, dst = socks[i], socks[1 - i]
                 view = pending[i]
                 if view is not None:
                     if revents[1 - i] & select.POLLOUT:
                         try:
-                            sent = dst.send(view, _NOWAIT)
+                            sent = socks[1 - i].send(view, _NOWAIT)
                         except (BlockingIOError, InterruptedError):
                             sent = 0
                         if sent == len(view):
                             pending[i] = None
                         elif sent:
                             pending[i], stalled[i] = view[sent:], now()
-                elif not eof[i] and revents[i] & (select.POLLIN | select.POLLHUP):
-                    buf = bufs[i]
-                    while True:  # a full buffer means more is likely waiting: read on without a poll
-                        try:
-                            size = src.recv_into(buf, 0, _NOWAIT)
-                        except (BlockingIOError, InterruptedError):
-                            break
-                        if not size:
-                            eof[i] = True
-                            break
-                        counts[i] += size
-                        try:
-                            sent = dst.send(buf[:size], _NOWAIT)
-                        except (BlockingIOError, InterruptedError):
-                            sent = 0
-                        if sent < size:
-                            pending[i], stalled[i] = buf[sent:size], now()
-                            break
-                        if size < _CHUNK:
-                            break
+                elif not eof[i] and revents[i] & readable:
+                    view, eof[i] = _pump(socks[i], socks[1 - i], bufs[i], counts, i)
+                    if view is not None:
+                        pending[i], stalled[i] = view, now()
                 if eof[i] and pending[i] is None:
                     with contextlib.suppress(OSError):
                         socks[1 - i].shutdown(socket.SHUT_WR)
                     done[i] = True
     except OSError:
         conn.cut()  # a connection lost (reset, refused write, or the proxy stopping) ends the tunnel
+        return
+    conn.relayed = True
+
+
+def _pump(src: _Sock, dst: _Sock, buf: memoryview, counts: list[int], i: int) -> tuple[memoryview | None, bool]:
+    """Pass on what ``src`` has now: (what ``dst`` did not take yet, or None; ``src`` reached its end).
+
+    Reads on while a read fills the buffer (more is likely waiting), without another ``poll``.
+    """
+    while True:
+        try:
+            size = src.recv_into(buf, 0, _NOWAIT)
+        except (BlockingIOError, InterruptedError):
+            return None, False
+        if not size:
+            return None, True
+        counts[i] += size
+        try:
+            sent = dst.send(buf[:size], _NOWAIT)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        if sent < size:
+            return buf[sent:size], False
+        if size < _CHUNK:
+            return None, False
 
 
 class _Internal(Exception):
@@ -633,12 +696,12 @@ def _answer_bytes(status: int, text: str) -> bytes:
     return head.encode() + b"Connection: close\r\n\r\n" + body
 
 
-def _answer(client: socket.socket, clock: Clock, status: int, text: str) -> None:
+def _answer(client: _Sock, clock: Clock, status: int, text: str) -> None:
     with contextlib.suppress(OSError):
         _send_all(client, _answer_bytes(status, text), clock.monotonic() + _HEAD_TIMEOUT_S, clock)
 
 
-def _wait(sock: socket.socket, events: int, deadline: float, clock: Clock) -> None:
+def _wait(sock: _Sock, events: int, deadline: float, clock: Clock) -> None:
     """Until ``sock`` is ready for ``events``; ``TimeoutError`` past ``deadline``."""
     left = deadline - clock.monotonic()
     poller = select.poll()
@@ -647,7 +710,7 @@ def _wait(sock: socket.socket, events: int, deadline: float, clock: Clock) -> No
         raise TimeoutError("the peer did not get ready in time")
 
 
-def _send_all(sock: socket.socket, data: bytes, deadline: float, clock: Clock) -> None:
+def _send_all(sock: _Sock, data: bytes, deadline: float, clock: Clock) -> None:
     """Send all of ``data`` by ``deadline``: usually one ``send``, with a ``poll`` only when the peer lags."""
     view = memoryview(data)
     while view:
@@ -657,7 +720,7 @@ def _send_all(sock: socket.socket, data: bytes, deadline: float, clock: Clock) -
             _wait(sock, select.POLLOUT, deadline, clock)
 
 
-def _read_head(client: socket.socket, deadline: float, clock: Clock) -> tuple[bytes, bytes]:
+def _read_head(client: _Sock, deadline: float, clock: Clock) -> tuple[bytes, bytes]:
     """The request head and what followed it. Read first, ``poll`` only when nothing has come yet:
     the head usually arrives with (or right after) the connection, in one segment."""
     buf = b""
@@ -679,14 +742,14 @@ def _read_head(client: socket.socket, deadline: float, clock: Clock) -> tuple[by
     return head, rest
 
 
-def _connect(address: str, port: int, deadline: float, clock: Clock) -> socket.socket:
+def _connect(address: str, port: int, deadline: float, clock: Clock) -> _Sock:
     """A TCP connection to ``address`` (an IP address) by ``deadline``, with Nagle off like the client's.
 
     Made non-blocking and left so (one mode, set once): every call on it is ``MSG_DONTWAIT`` in
     any case, like those on the client's socket, which stays in blocking mode.
     """
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+    sock = _Sock(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         code = sock.connect_ex((address, port))
@@ -762,11 +825,20 @@ def _internal(address: str) -> bool:
     return ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified
 
 
+def _literal(host: str) -> str | None:
+    """``host`` as the address to connect to when it is an IP address, else None."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+
+
 def _resolve(host: str, port: int, *, literal: bool) -> str:
     """The address to connect to: the first one ``getaddrinfo`` gives, checked when it came from DNS."""
-    try:
-        addresses = [str(ipaddress.ip_address(host))]  # an address needs no lookup (nor a worker thread)
-    except ValueError:
+    address = _literal(host)  # an address needs no lookup (nor a worker thread)
+    if address is not None:
+        addresses = [address]
+    else:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)  # in the worker: no thread hop
         addresses = [str(info[4][0]) for info in infos]
     if not addresses:
