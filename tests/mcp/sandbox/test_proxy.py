@@ -150,6 +150,8 @@ async def test_a_wildcard_rule_never_reaches_an_internal_address_on_any_attempt(
         pytest.param(b"CONNECT user@api.github.com:443 HTTP/1.1\r\n\r\n", id="user_information"),
         pytest.param(b"GET https://api.github.com/ HTTP/1.1\r\n\r\n", id="https_in_absolute_form"),
         pytest.param(b"HELLO\r\n\r\n", id="not_http"),
+        pytest.param(b"CONNECT evil\\host:443 HTTP/1.1\r\n\r\n", id="backslash_in_host"),
+        pytest.param(b"CONNECT evil\thost:443 HTTP/1.1\r\n\r\n", id="tab_in_host"),
         pytest.param(b"GET http://" + b"a" * 20000 + b"/ HTTP/1.1\r\n\r\n", id="oversized_head"),
     ],
 )

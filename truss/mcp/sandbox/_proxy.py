@@ -250,8 +250,10 @@ class EgressProxy:
                 if conn is None:
                     continue  # refused as busy: still counted idle, back to accept
                 idle = False
-                with contextlib.suppress(Exception):  # a worker must survive any one connection
+                try:  # noqa: SIM105 - per connection: contextlib.suppress builds an object each time
                     self._handle(conn, bufs)
+                except Exception:  # noqa: S110 - a worker must survive any one connection
+                    pass
                 with self._lock:
                     if self._stopping:
                         return
@@ -268,8 +270,10 @@ class EgressProxy:
     def _admit(self, client: _Sock, raw: socket.socket) -> _Conn | None:
         """A connection this worker (idle until now) takes, or None when refused as busy."""
         if self._tcp:
-            with contextlib.suppress(OSError):  # already reset: the head read will say so
+            try:  # noqa: SIM105 - per connection, as above
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
+            except OSError:  # already reset: the head read will say so
+                pass
         conn = _Conn(client, self.clock)
         with self._lock:
             # With no other worker left in accept, start one before taking this connection: a
@@ -459,7 +463,7 @@ class EgressProxy:
     def _handle_open(self, conn: _Conn, bufs: tuple[memoryview, memoryview]) -> None:
         client, clock = conn.client, self.clock
         try:
-            head, rest = _read_head(client, clock.monotonic() + _HEAD_TIMEOUT_S, clock)
+            head, rest = _read_head(client, conn.started + _HEAD_TIMEOUT_S, clock)  # from accept
             conn.method, conn.host, conn.port, forward = _parse(head)
         except (_BadRequest, OSError) as exc:
             with contextlib.suppress(OSError):
@@ -526,6 +530,7 @@ _BUSY = "too many connections through this sandbox's proxy"
 _ACCEPT_RETRY_S = 0.05
 _MAX_PENDING = 64  # connections past accept and before their tunnel (a slow head holds one for 10 s)
 _CHUNK = 64 * 1024
+_NOT_IN_HOST = frozenset(" \t/\\")
 
 
 class _Conn:
@@ -603,8 +608,7 @@ def _relay(conn: _Conn, client: _Sock, upstream: _Sock, bufs: tuple[memoryview, 
                     if view is not None:
                         pending[i], stalled[i], steady = view, now(), False
                     elif eof[i]:
-                        with contextlib.suppress(OSError):
-                            socks[1 - i].shutdown(socket.SHUT_WR)
+                        _half_close(socks[1 - i])
                         done[i], steady = True, False
         while not (done[0] and done[1]):
             want = [0, 0]
@@ -653,13 +657,20 @@ def _relay(conn: _Conn, client: _Sock, upstream: _Sock, bufs: tuple[memoryview, 
                     if view is not None:
                         pending[i], stalled[i] = view, now()
                 if eof[i] and pending[i] is None:
-                    with contextlib.suppress(OSError):
-                        socks[1 - i].shutdown(socket.SHUT_WR)
+                    _half_close(socks[1 - i])
                     done[i] = True
     except OSError:
         conn.cut()  # a connection lost (reset, refused write, or the proxy stopping) ends the tunnel
         return
     conn.relayed = True
+
+
+def _half_close(sock: _Sock) -> None:
+    """Pass an end of stream on (a peer already gone makes it moot)."""
+    try:  # noqa: SIM105 - per connection, as in the worker
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 def _pump(src: _Sock, dst: _Sock, buf: memoryview, counts: list[int], i: int) -> tuple[memoryview | None, bool]:
@@ -816,7 +827,7 @@ def _authority(text: str, default_port: int | None) -> tuple[str, int]:
     else:
         raise _BadRequest("bad port")
     host = host.strip().lower().rstrip(".")
-    if not host or len(host) > 253 or any(c in host for c in " \t/\\"):
+    if not host or len(host) > 253 or not _NOT_IN_HOST.isdisjoint(host):
         raise _BadRequest("bad host")
     return host, port
 
