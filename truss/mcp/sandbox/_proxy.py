@@ -180,7 +180,6 @@ class EgressProxy:
         self._idle = 0  # workers in accept, or committed to calling it (the listener must outlive them)
         self._off_listener = threading.Condition(self._lock)  # notified when _idle drops to 0 while stopping
         self._listener: socket.socket | None = None
-        self._tcp = True  # the listener is a TCP socket (its connections get TCP_NODELAY)
         self._stopped = threading.Event()
         self._stopping = False
         self._window = False  # tunnel ends are being batched: the loop will drain them (under _lock)
@@ -194,7 +193,10 @@ class EgressProxy:
         self._loop, self._loop_thread = loop, threading.get_ident()
         raw.setblocking(True)  # idle workers wait in accept(2) themselves
         self._listener = raw
-        self._tcp = raw.family in (socket.AF_INET, socket.AF_INET6)
+        if raw.family in (socket.AF_INET, socket.AF_INET6):
+            # Each TLS flight at once. Set on the listener, since every connection accepted from
+            # it inherits the option (Linux): no setsockopt per connection.
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         async with listener, anyio.create_task_group() as tg:
             tg.start_soon(self._deliver)
             # Two from the start: a worker busy with one connection leaves the other in accept, and
@@ -269,11 +271,6 @@ class EgressProxy:
 
     def _admit(self, client: _Sock, raw: socket.socket) -> _Conn | None:
         """A connection this worker (idle until now) takes, or None when refused as busy."""
-        if self._tcp:
-            try:  # noqa: SIM105 - per connection, as above
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each TLS flight at once
-            except OSError:  # already reset: the head read will say so
-                pass
         conn = _Conn(client, self.clock)
         with self._lock:
             # With no other worker left in accept, start one before taking this connection: a
