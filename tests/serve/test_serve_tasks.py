@@ -15,7 +15,14 @@ from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
 from tests.serve.conftest import Site, error_of, stdio_client_for, structured, text_of, truss_cmd
+from truss._clock import SystemClock
+from truss.ledger.keys import IdentityKey
+from truss.ledger.stores import open_store
+from truss.mcp._serve_backend import LedgerBackend
+from truss.mcp._serve_core import Principal
 from truss.mcp._serve_tasks import RUN_META, TASKS_EXTENSION
+from truss.mcp.server import ServeConfig, ServeLimits, serve_app
+from truss.runtime import Runtime
 
 pytestmark = pytest.mark.anyio
 
@@ -286,3 +293,44 @@ async def test_a_task_another_serve_mcp_drives_polls_as_working_and_completes_fr
         flag.touch()
         final = await poll_until(other, handle.task_id, lambda s: s.status == "completed")
     assert final.result is not None and final.result["structuredContent"]["status"] == "pass", final
+
+
+async def test_tasks_nobody_polls_after_their_runs_finish_are_forgotten_past_the_finished_limit(
+    serve_site: Site,
+) -> None:
+    # Regression: a task's state moved on from "running" only when tasks/get saw its run finished,
+    # and only finished or cancelled tasks are ever forgotten, so a caller that started tasks and
+    # never polled them grew the server's task table by one entry per run, without bound.
+    flag = serve_site.flag("unpolled")
+    flag.touch()
+    kept = 2
+    key = IdentityKey.load(serve_site.home / "identity.key")
+    clock = SystemClock()
+    store = open_store(serve_site.home / "ledger.db", key=key, clock=clock)
+    backend = LedgerBackend(Runtime(store=store, key=key, clock=clock, home=serve_site.home, environ=serve_site.env))
+    limits = ServeLimits(max_concurrent_runs=1, max_finished_kept=kept)
+    config = ServeConfig(contracts_dir=serve_site.contracts, home=serve_site.home, backend=backend, clock=clock,
+                         limits=limits)  # fmt: skip
+    principal = Principal("acme", "alice")
+    try:
+        async with (
+            serve_app(config, lambda ctx: principal) as app,
+            Client(app.server, extensions=[Tasks()], cache=None) as client,
+        ):
+            started: list[str] = []
+            with anyio.fail_after(120):
+                for _ in range(kept + 3):
+                    handle = await start_task(client, {"contract": "gated", "params": {"flag": str(flag)}})
+                    started.append(handle.task_id)
+                    while True:  # the ordinary status tool: it leaves the task's own state alone
+                        status = await client.call_tool("truss_contract_status", {"session": handle.task_id})
+                        if structured(status)["running"] is False:
+                            break
+                        await anyio.sleep(0.05)
+                    await app.wait_idle()
+            assert app.tasks_held <= kept
+            # A forgotten task is still answered from the ledger.
+            state = await get(client, started[0])
+            assert state.status == "completed"
+    finally:
+        store.close()

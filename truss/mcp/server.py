@@ -262,6 +262,11 @@ class ServeApp:
     def active_runs(self) -> int:
         return self._active
 
+    @property
+    def tasks_held(self) -> int:
+        """Tasks this process remembers (queued, running, and at most ``max_finished_kept`` finished)."""
+        return len(self._tasks)
+
     async def shutdown(self, grace_s: float = 10.0) -> None:
         """Ask every run in progress to stop (each records itself as interrupted), wait up to
         ``grace_s`` for them, then cancel what is left and leave ``serve_app``."""
@@ -487,6 +492,11 @@ class ServeApp:
             task = self._tasks.get(run.session)
             if task is not None:
                 task.updated_ms = self.config.clock.now_ms()
+                # Finished now, not when tasks/get first sees it: a task nobody polls must still be
+                # forgettable, or the table grows by one per run (tasks/get answers it from the ledger).
+                if task.state == "running":
+                    task.state = "finished"
+                self._forget_old_tasks()
             self._forget_old()
             self._dispatch()
 
