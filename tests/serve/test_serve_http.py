@@ -3,6 +3,7 @@ concurrency and clients that go away mid-run."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 from collections.abc import AsyncGenerator
@@ -226,3 +227,62 @@ async def test_a_stop_signal_records_http_runs_in_flight_as_interrupted_and_a_la
     finally:
         again.stop()
     assert resumed["session"] == stored and resumed["status"] == "pass"
+
+
+_ACCEPT = {"Accept": "application/json, text/event-stream"}
+_VERSION = "2025-11-25"
+
+
+async def _open_session(http: httpx2.AsyncClient, url: str, token: str) -> dict[str, str]:
+    """The headers of a fresh, initialized 2025-11-25 session of ``token``'s principal."""
+    headers = _ACCEPT | {"Authorization": f"Bearer {token}"}
+    opened = await http.post(url, json=_initialize(), headers=headers)
+    assert opened.status_code == 200
+    headers |= {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": _VERSION}
+    done = await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    assert done.status_code == 202
+    return headers
+
+
+def _event_ids(sse: str) -> list[str]:
+    return [line[4:] for line in sse.splitlines() if line.startswith("id: ")]
+
+
+async def test_another_principal_cannot_use_or_end_an_http_session_it_did_not_open(http_server: HttpServer) -> None:
+    # Regression: a session was bound to nobody, so any valid token could send requests into
+    # another principal's MCP session, or DELETE it, given its session id.
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    with anyio.fail_after(60):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            alice = await _open_session(http, http_server.url, TOKEN_A)
+            bob_in_alices = alice | {"Authorization": f"Bearer {TOKEN_B}"}
+            assert (await http.post(http_server.url, json=listing, headers=bob_in_alices)).status_code == 404
+            assert (await http.delete(http_server.url, headers=bob_in_alices)).status_code == 404
+            mine = await http.post(http_server.url, json=listing, headers=alice)
+            assert mine.status_code == 200 and "truss_run_contract" in mine.text
+
+
+async def test_resuming_an_sse_stream_replays_only_the_callers_own_events(http_server: HttpServer) -> None:
+    # Regression: the replay buffer is shared by every session and keyed by the SSE stream's id,
+    # which is the JSON-RPC request id; a caller resuming its stream with Last-Event-ID was sent
+    # every later event on any session whose request had the same id: other principals' answers.
+    with anyio.fail_after(90):
+        async with httpx2.AsyncClient(timeout=30) as http:
+            bob = await _open_session(http, http_server.url, TOKEN_B)
+            alice = await _open_session(http, http_server.url, TOKEN_A)
+            listed = await http.post(http_server.url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                                     headers=bob)  # fmt: skip
+            first = _event_ids(listed.text)[0]
+            run = {"name": "truss_run_contract", "arguments": {"contract": "hello"}}
+            ran = await http.post(http_server.url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                                                         "params": run}, headers=alice)  # fmt: skip
+            alices_session = json.loads(ran.text.split("data: ")[-1])["result"]["structuredContent"]["session"]
+            replayed = ""
+            async with http.stream("GET", http_server.url, headers=bob | {"last-event-id": first}) as stream:
+                assert stream.status_code == 200
+                async for chunk in stream.aiter_text():
+                    replayed += chunk
+                    if "retry: " in replayed:  # the resumed stream's priming event: the replay is over
+                        break
+    assert '"tools"' in replayed  # bob's own answer after his event is replayed
+    assert alices_session not in replayed

@@ -16,10 +16,13 @@ import contextlib
 import json
 from collections import OrderedDict
 from collections.abc import Generator
+from contextvars import ContextVar
 from typing import Any
 
 import anyio
 from mcp.server import ServerRequestContext
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http import EventMessage, EventStore
 
 from truss._clock import Clock
@@ -28,6 +31,10 @@ from truss.mcp._serve_core import Principal, TokenTable
 from truss.mcp.server import ServeApp, ServeConfig, say, serve_app
 
 __all__ = ["serve_http"]
+
+_REQUESTER: ContextVar[Principal | None] = ContextVar("truss_serve_requester", default=None)
+"""The principal of the HTTP request being served (set by ``_BearerGate``). A session's own tasks
+start inside the request that opened it, so they carry the principal of the session's owner."""
 
 
 async def serve_http(
@@ -127,34 +134,45 @@ async def _stop_on_signal(app: ServeApp, server: Any) -> None:
 class _RecentEvents(EventStore):
     """The last SSE events in memory, so a legacy-era client that loses its stream mid-run can
     resume it (``Last-Event-ID``). Event ids are random (from the clock), so one caller cannot
-    guess its way into another's stream; the buffer is bounded."""
+    guess its way into another's stream; the buffer is bounded.
+
+    One buffer serves every session, and the SDK names a stream by its JSON-RPC request id, which
+    two sessions reuse all the time: each event is kept with the principal it was sent to, and a
+    replay sends only the replaying principal's (an event id of another's is an unknown one)."""
 
     def __init__(self, clock: Clock, limit: int = 10_000) -> None:
         self._clock = clock
         self._limit = limit
-        self._events: OrderedDict[str, tuple[Any, Any]] = OrderedDict()
+        self._events: OrderedDict[str, tuple[Any, Any, Principal | None]] = OrderedDict()
 
     async def store_event(self, stream_id: Any, message: Any) -> str:
         event_id = self._clock.new_id("e")
-        self._events[event_id] = (stream_id, message)
+        self._events[event_id] = (stream_id, message, _REQUESTER.get())
         while len(self._events) > self._limit:
             self._events.popitem(last=False)
         return event_id
 
     async def replay_events_after(self, last_event_id: str, send_callback: Any) -> Any:
-        if last_event_id not in self._events:
+        owner = _REQUESTER.get()
+        last = self._events.get(last_event_id)
+        if last is None or last[2] != owner:
             return None
-        stream_id = self._events[last_event_id][0]
+        stream_id = last[0]
         after = False
-        for event_id, (stream, message) in list(self._events.items()):
-            if after and stream == stream_id and message is not None:
+        for event_id, (stream, message, sent_to) in list(self._events.items()):
+            if after and stream == stream_id and sent_to == owner and message is not None:
                 await send_callback(EventMessage(message, event_id))
             after = after or event_id == last_event_id
         return stream_id
 
 
 class _BearerGate:
-    """ASGI wrapper: 401 unless the bearer token maps to a principal (constant-time comparison)."""
+    """ASGI wrapper: 401 unless the bearer token maps to a principal (constant-time comparison).
+
+    The principal rides on as the request's ``scope["user"]``, which is what the SDK's session
+    manager binds a session to: a request for a session another principal opened (its id leaked,
+    say) is answered 404, exactly as an unknown session, so it can neither use nor end it.
+    """
 
     def __init__(self, inner: Any, tokens: TokenTable) -> None:
         self._inner = inner
@@ -185,7 +203,20 @@ class _BearerGate:
                 )
                 await send({"type": "http.response.body", "body": body})
                 return
+            scope = {**scope, "user": _user_of(principal)}
+            requester = _REQUESTER.set(principal)
+            try:
+                await self._inner(scope, receive, send)
+            finally:
+                _REQUESTER.reset(requester)
+            return
         await self._inner(scope, receive, send)
+
+
+def _user_of(principal: Principal) -> AuthenticatedUser:
+    """The SDK's authenticated user for ``principal`` (no token in it: the session owner is the principal)."""
+    subject = f"{principal.tenant}/{principal.user}"  # '/' is in neither part (Principal's pattern)
+    return AuthenticatedUser(AccessToken(token="", client_id="truss-serve-mcp", scopes=[], subject=subject))
 
 
 def _url_host(host: str) -> str:
