@@ -12,7 +12,8 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client, MCPError
+from mcp import Client, MCPError, types
+from mcp.server.streamable_http import EventMessage
 
 from tests.conftest import truss_cmd
 from tests.serve.conftest import HERE, Site, error_of, structured, text_of
@@ -21,8 +22,10 @@ from truss.ledger.keys import IdentityKey
 from truss.ledger.stores import open_store
 from truss.mcp._serve_backend import LedgerBackend
 from truss.mcp._serve_core import Principal, TokenTable, json_depth, resolve_contract
+from truss.mcp._serve_http import RecentEvents
 from truss.mcp.server import ServeConfig, ServeLimits, serve_app
 from truss.runtime import Runtime
+from truss.testing import ManualClock
 
 pytestmark = pytest.mark.anyio
 
@@ -196,6 +199,27 @@ def test_nesting_depth_is_counted_without_recursion() -> None:
         deep = [deep]
     assert json_depth(deep, 32) == 33
     assert json_depth({"a": [1, {"b": 2}]}, 32) == 3
+
+
+async def test_the_sse_replay_buffer_holds_at_most_its_byte_bound_of_large_answers() -> None:
+    # Regression: the buffer was bounded by its count of events alone (10,000), and each kept the
+    # message object; a caller asking for a bundle of up to --max-answer-bytes again and again made
+    # serve-mcp hold thousands of them, gigabytes, for replays nobody might ask for.
+    bound = 1_048_576
+    events = RecentEvents(ManualClock(), max_bytes=bound)
+    answer = {"bundle": "x" * 100_000}
+    ids = [await events.store_event("7", types.JSONRPCResponse(jsonrpc="2.0", id=7, result=answer)) for _ in range(30)]
+    assert events.held_bytes <= bound
+    replayed: list[Any] = []
+
+    async def send(event: EventMessage) -> None:
+        replayed.append(event)
+
+    with anyio.fail_after(10):
+        assert await events.replay_events_after(ids[0], send) is None  # long gone: an unknown event id
+        assert await events.replay_events_after(ids[-4], send) == "7"
+    assert [e.event_id for e in replayed] == ids[-3:]
+    assert all(isinstance(e.message, types.JSONRPCResponse) and e.message.result == answer for e in replayed)
 
 
 def test_a_token_maps_to_its_principal_only_by_its_hash(tmp_path: Path) -> None:

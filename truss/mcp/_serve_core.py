@@ -66,6 +66,7 @@ class ServeLimits:
     max_request_bytes: int = 1_048_576  # one JSON-RPC message (stdio line or HTTP body)
     max_nesting_depth: int = 32  # of any request's params
     max_answer_bytes: int = 262_144  # an export larger than this is written to a file and referenced
+    max_replay_bytes: int = 16_777_216  # HTTP: the SSE events kept for Last-Event-ID replays, all sessions together
     max_concurrent_runs: int = 4
     max_finished_kept: int = 1_000  # finished runs remembered in memory (errors before a session existed)
 

@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import anyio
+from mcp import types
 from mcp.server import ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -91,7 +92,7 @@ async def serve_http(
             streamable_http_path=path,
             host=host,
             max_request_body_size=config.limits.max_request_bytes,
-            event_store=_RecentEvents(config.clock),
+            event_store=RecentEvents(config.clock, max_bytes=config.limits.max_replay_bytes),
             retry_interval=1000,
         )
         asgi: Any = _BearerGate(starlette, tokens) if tokens is not None else starlette
@@ -131,25 +132,43 @@ async def _stop_on_signal(app: ServeApp, server: Any) -> None:
             server.should_exit = True
 
 
-class _RecentEvents(EventStore):
+class RecentEvents(EventStore):
     """The last SSE events in memory, so a legacy-era client that loses its stream mid-run can
     resume it (``Last-Event-ID``). Event ids are random (from the clock), so one caller cannot
-    guess its way into another's stream; the buffer is bounded.
+    guess its way into another's stream.
 
     One buffer serves every session, and the SDK names a stream by its JSON-RPC request id, which
     two sessions reuse all the time: each event is kept with the principal it was sent to, and a
-    replay sends only the replaying principal's (an event id of another's is an unknown one)."""
+    replay sends only the replaying principal's (an event id of another's is an unknown one).
 
-    def __init__(self, clock: Clock, limit: int = 10_000) -> None:
+    The buffer is bounded in events (``limit``) and in bytes (``max_bytes``): events are kept as
+    their wire JSON, counted exactly, and the oldest go first (the newest is always kept, whatever
+    its size, so a replay never skips the last answer silently). An answer can be as large as
+    ``--max-answer-bytes`` twice over (text and structured content), and a caller may ask for one
+    as often as it likes.
+    """
+
+    def __init__(self, clock: Clock, *, limit: int = 10_000, max_bytes: int = 16_777_216) -> None:
         self._clock = clock
         self._limit = limit
-        self._events: OrderedDict[str, tuple[Any, Any, Principal | None]] = OrderedDict()
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._events: OrderedDict[str, tuple[Any, str | None, Principal | None]] = OrderedDict()
+
+    @property
+    def held_bytes(self) -> int:
+        """The bytes of wire JSON the buffer holds now."""
+        return self._bytes
 
     async def store_event(self, stream_id: Any, message: Any) -> str:
         event_id = self._clock.new_id("e")
-        self._events[event_id] = (stream_id, message, _REQUESTER.get())
-        while len(self._events) > self._limit:
-            self._events.popitem(last=False)
+        # As the transport writes it (``_create_event_data``), so a replay sends the same bytes.
+        wire = None if message is None else str(message.model_dump_json(by_alias=True, exclude_unset=True))
+        self._events[event_id] = (stream_id, wire, _REQUESTER.get())
+        self._bytes += len(wire or "")
+        while len(self._events) > self._limit or (self._bytes > self._max_bytes and len(self._events) > 1):
+            _, (_, dropped, _) = self._events.popitem(last=False)
+            self._bytes -= len(dropped or "")
         return event_id
 
     async def replay_events_after(self, last_event_id: str, send_callback: Any) -> Any:
@@ -159,8 +178,9 @@ class _RecentEvents(EventStore):
             return None
         stream_id = last[0]
         after = False
-        for event_id, (stream, message, sent_to) in list(self._events.items()):
-            if after and stream == stream_id and sent_to == owner and message is not None:
+        for event_id, (stream, wire, sent_to) in list(self._events.items()):
+            if after and stream == stream_id and sent_to == owner and wire is not None:
+                message = types.jsonrpc_message_adapter.validate_json(wire)
                 await send_callback(EventMessage(message, event_id))
             after = after or event_id == last_event_id
         return stream_id
