@@ -10,6 +10,8 @@ import pytest
 from tests.ledger._witness_keys import C2SP, ORIGIN, log_key, witness_key
 from truss._errors import PolicyError, VerificationError
 from truss.ledger.cosignature import cosign, with_signature_lines
+from truss.ledger.keyhistory import KeyHistory, KeyPeriod
+from truss.ledger.keys import IdentityKey
 from truss.ledger.note import parse_note, sign_checkpoint_note
 from truss.ledger.tlog_policy import evaluate, find_fork, parse_policy, verify_witnessed
 from truss.ledger.witnessed import verify_with_policy
@@ -94,9 +96,9 @@ def _policy() -> str:
 
 def test_a_checkpoint_under_a_policy_reports_its_cosigners_and_quorum() -> None:
     policy = parse_policy(_policy())
-    witnessed = verify_witnessed(_cosigned(ROOT_A, "w2", "stranger"), policy, [])
+    witnessed = verify_witnessed(_cosigned(ROOT_A, "w2", "stranger"), policy)
     assert sorted(witnessed.cosignatures) == ["w2"] and witnessed.quorum.ok
-    assert not verify_witnessed(_cosigned(ROOT_A), policy, []).quorum.ok
+    assert not verify_witnessed(_cosigned(ROOT_A), policy).quorum.ok
 
 
 def test_a_log_the_policy_does_not_list_is_refused() -> None:
@@ -111,8 +113,8 @@ def test_a_log_the_policy_does_not_list_is_refused() -> None:
 
 def test_two_cosigned_checkpoints_of_one_size_with_different_roots_are_reported_as_a_fork_with_both() -> None:
     policy = parse_policy(_policy())
-    first = verify_witnessed(_cosigned(ROOT_A, "w1"), policy, [], source="a.note")
-    second = verify_witnessed(_cosigned(ROOT_B, "w2"), policy, [], source="b.note")
+    first = verify_witnessed(_cosigned(ROOT_A, "w1"), policy, source="a.note")
+    second = verify_witnessed(_cosigned(ROOT_B, "w2"), policy, source="b.note")
     fork = find_fork([first, second])
     assert fork is not None and (fork.first.source, fork.second.source) == ("a.note", "b.note")
     report = verify_with_policy(
@@ -137,3 +139,26 @@ def test_a_note_that_disagrees_with_the_log_as_held_is_a_fork_too() -> None:
         root_at=lambda _size: ROOT_A,
     )
     assert (report.step, report.reason) == ("W4", "fork")
+
+
+def test_a_policy_naming_the_first_log_key_does_not_let_that_key_sign_after_it_was_rotated_away() -> None:
+    # The policy was written when the log had its first key; the log then rotated to a new one at
+    # index 4. A checkpoint of size 10 signed with the retired key, and cosigned, is not the log's.
+    first, second = log_key(), log_key("rotated log key")
+    history = KeyHistory([KeyPeriod(first.verifier, 0, 4), KeyPeriod(second.verifier, 4, None)])
+    policy = parse_policy(f"log {first.verifier.vkey}\nwitness w1 {witness_key('w1').verifier.vkey}\nquorum w1\n")
+
+    def signed(key: IdentityKey, size: int) -> bytes:
+        note = sign_checkpoint_note(ORIGIN, size, ROOT_A, key).note
+        assert note is not None
+        return with_signature_lines(note, [cosign(parse_note(note).text, witness_key("w1"), 1_700_000_000)])
+
+    def check(note: bytes) -> tuple[bool, str | None]:
+        report = verify_with_policy(
+            policy, origin=ORIGIN, keys_for=history.checkpoint_keys, required=[(note, "held.note")]
+        )
+        return report.ok, report.step
+
+    assert check(signed(second, 10)) == (True, None)
+    assert check(signed(first, 3)) == (True, None), "before the rotation the first key signs"
+    assert check(signed(first, 10)) == (False, "W1")

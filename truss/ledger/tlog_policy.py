@@ -286,17 +286,27 @@ class Witnessed:
 
 
 def verify_witnessed(
-    note: bytes, policy: Policy, log_keys: Iterable[VerifierKey], *, origin: str | None = None, source: str = ""
+    note: bytes,
+    policy: Policy,
+    log_keys: Iterable[VerifierKey] | None = None,
+    *,
+    origin: str | None = None,
+    source: str = "",
 ) -> Witnessed:
-    """Open ``note`` (signed by a key in ``log_keys`` or the policy's logs, named after the origin),
-    verify the cosignatures of the policy's witnesses on it and evaluate the quorum.
+    """Open ``note`` (signed by a key in ``log_keys``, named after the origin), verify the
+    cosignatures of the policy's witnesses on it and evaluate the quorum.
+
+    ``log_keys`` are the keys allowed to sign this checkpoint (after a rotation, those of the key
+    history at its size); only when it is ``None`` do the policy's ``log`` keys sign. Given keys are
+    not widened by the policy's: a policy written before a rotation names the retired key, which
+    must not sign a checkpoint past its period. The policy's ``log`` lines still say which logs count.
 
     Raises ``VerificationError`` when the note does not verify (its own reasons), when a
     witness's cosignature fails (``bad_cosignature``), or when the policy lists logs and this
     checkpoint's origin is not one of them (``log_not_in_policy``); ``BundleFormatError`` when it
     cannot be parsed. An unmet quorum is not an error here: ``quorum.ok`` is false.
     """
-    keys = [*policy.log_keys(), *log_keys]
+    keys = policy.log_keys() if log_keys is None else list(log_keys)
     checkpoint = open_checkpoint(note, keys, origin=origin)
     if policy.logs and checkpoint.origin not in {log.key.name for log in policy.logs}:
         raise VerificationError(
