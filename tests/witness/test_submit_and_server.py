@@ -4,6 +4,7 @@ waits, the rate limit, and check-and-persist from two connections at once."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from contextlib import closing
@@ -14,11 +15,12 @@ import httpx2
 import pytest
 
 from tests.ledger._witness_keys import ORIGIN, log_key
+from truss.ledger.cosignature import verify_cosignatures
 from truss.ledger.entry import Record
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import CosignerKey, IdentityKey
 from truss.ledger.merkle import MemoryTree, root_at
-from truss.ledger.note import sign_checkpoint, sign_checkpoint_note
+from truss.ledger.note import format_checkpoint, parse_note, sign_checkpoint, sign_checkpoint_note, sign_note
 from truss.ledger.stores import LedgerStore, open_store
 from truss.ledger.tlog_policy import parse_policy
 from truss.ledger.witness import AddCheckpoint, Submission, check_submission, format_add_checkpoint
@@ -265,3 +267,22 @@ def test_a_witness_follows_every_key_of_a_rotated_log(tmp_path: Path) -> None:
     proof = tuple(tree.consistency_proof(1, 2))
     answer = service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(1, proof, second)))
     assert answer.status == 200
+
+
+def test_a_checkpoint_with_an_extension_line_gets_a_cosignature_over_its_whole_body(tmp_path: Path) -> None:
+    # tlog-cosignature: extension lines, when a log writes them, are part of the Ed25519 cosigned
+    # message. A cosignature over the body without them verifies on no note the log signed.
+    clock = ManualClock()
+    directory, key = _witness_dir(tmp_path, "w1")
+    service = _service(directory, clock)
+    tree = MemoryTree()
+    tree.append(b"a")
+    body = format_checkpoint(ORIGIN, 1, tree.root()) + "an extension line of the log\n"
+    note = sign_note(body, [log_key()])
+    answer = service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(0, (), note)))
+    assert answer.status == 200
+    cosigned = note + answer.body
+    assert [c.name for c in verify_cosignatures(cosigned, [key.verifier])] == [key.name]
+    held = service.handle("GET", f"/{hashlib.sha256(ORIGIN.encode()).hexdigest()}/checkpoint", b"")
+    assert held.status == 200 and parse_note(held.body).text == body
+    assert [c.name for c in verify_cosignatures(held.body, [key.verifier])] == [key.name]

@@ -224,7 +224,9 @@ class Checkpoint:
     note: bytes | None = None
 
     def text(self) -> str:
-        return format_checkpoint(self.origin, self.size, self.root)
+        """The body as signed: origin, size and root, then its extension lines, if any (a
+        cosignature covers them too, so a body without them is not what the log signed)."""
+        return format_checkpoint(self.origin, self.size, self.root) + "".join(f"{line}\n" for line in self.extensions)
 
 
 def format_checkpoint(origin: str, size: int, root: bytes) -> str:
