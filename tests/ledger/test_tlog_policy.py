@@ -13,7 +13,15 @@ from truss.ledger.cosignature import cosign, with_signature_lines
 from truss.ledger.keyhistory import KeyHistory, KeyPeriod
 from truss.ledger.keys import IdentityKey
 from truss.ledger.note import parse_note, sign_checkpoint_note
-from truss.ledger.tlog_policy import evaluate, find_fork, parse_policy, verify_witnessed
+from truss.ledger.tlog_policy import (
+    Policy,
+    PolicyLog,
+    PolicyWitness,
+    evaluate,
+    find_fork,
+    parse_policy,
+    verify_witnessed,
+)
 from truss.ledger.witnessed import verify_with_policy
 
 BAD = sorted((Path(__file__).parent / "bad_policies").glob("*.policy"))
@@ -162,3 +170,25 @@ def test_a_policy_naming_the_first_log_key_does_not_let_that_key_sign_after_it_w
     assert check(signed(second, 10)) == (True, None)
     assert check(signed(first, 3)) == (True, None), "before the rotation the first key signs"
     assert check(signed(first, 10)) == (False, "W1")
+
+
+def test_a_witness_whose_key_id_collides_with_another_s_is_credited_only_for_its_own_cosignature() -> None:
+    # Key ids are 4 bytes: a hostile witness of the policy can grind a key whose (name, key id) is
+    # the honest witness's. Its cosignature must count for itself, never for the witness it mimics.
+    honest = witness_key("a")
+    hostile = witness_key("mimic", name=honest.name)
+    hostile.key_id = hostile.verifier.key_id = honest.key_id  # what 2**32 tries at grinding give
+    policy = Policy(
+        (PolicyLog(log_key().verifier),),
+        {"H": PolicyWitness("H", hostile.verifier), "A": PolicyWitness("A", honest.verifier)},
+        {},
+        "A",
+    )
+    note = sign_checkpoint_note(ORIGIN, 5, ROOT_A, log_key()).note
+    assert note is not None
+    by_hostile = with_signature_lines(note, [cosign(parse_note(note).text, hostile, 1_700_000_000)])
+    witnessed = verify_witnessed(by_hostile, policy)
+    assert (sorted(witnessed.cosignatures), witnessed.quorum.ok) == (["H"], False)
+    by_honest = with_signature_lines(note, [cosign(parse_note(note).text, honest, 1_700_000_000)])
+    witnessed = verify_witnessed(by_honest, policy)
+    assert (sorted(witnessed.cosignatures), witnessed.quorum.ok) == (["A"], True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from truss._errors import BundleFormatError, VerificationError
@@ -94,13 +94,18 @@ class CosignatureVerifier(Protocol):
 
 @dataclass(frozen=True)
 class Cosignature:
-    """One verified cosignature: who (``name``, hex ``key_id``, ``alg``), when, and its note line."""
+    """One verified cosignature: who (``name``, hex ``key_id``, ``alg``), when, and its note line.
+
+    ``verifier`` is the given cosigner key it verified under: the one thing that says whose it is,
+    since a key id is 4 bytes and another key can be ground to share a name and key id with it.
+    """
 
     name: str
     key_id: str
     alg: int
     timestamp: int
     line: str
+    verifier: CosignatureVerifier | None = field(default=None, compare=False, repr=False)
 
 
 def ed25519_message(checkpoint_text: str, timestamp: int) -> bytes:
@@ -193,7 +198,7 @@ def _check_one(text: str, sig: NoteSignature, cosigner: CosignatureVerifier) -> 
         return None
     if not cosigner.verify(message, sig.signature[8:]):
         return None
-    return Cosignature(sig.name, cosigner.key_id, cosigner.alg, timestamp, sig.line())
+    return Cosignature(sig.name, cosigner.key_id, cosigner.alg, timestamp, sig.line(), cosigner)
 
 
 def with_signature_lines(note: bytes, lines: Iterable[NoteSignature]) -> bytes:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from truss._errors import InputError, PolicyError, VerificationError
 from truss.ledger.cosignature import Cosignature, verify_cosignatures
 from truss.ledger.keys import CosignerVerifier, VerifierKey
-from truss.ledger.note import Checkpoint, open_checkpoint, parse_note
+from truss.ledger.note import Checkpoint, open_checkpoint
 
 __all__ = [
     "MAX_POLICY_BYTES",
@@ -43,6 +43,7 @@ __all__ = [
     "Quorum",
     "Shortfall",
     "Witnessed",
+    "cosigned_by",
     "evaluate",
     "find_fork",
     "parse_policy",
@@ -315,12 +316,26 @@ def verify_witnessed(
             reason="log_not_in_policy",
             origin=checkpoint.origin,
         )
-    parsed = parse_note(note)
-    by_key: dict[tuple[str, str], str] = {(w.key.name, w.key.key_id): w.name for w in policy.witnesses.values()}
-    found: dict[str, Cosignature] = {}
-    for cosig in verify_cosignatures(parsed, [w.key for w in policy.witnesses.values()]):
-        found[by_key[(cosig.name, cosig.key_id)]] = cosig
+    found = cosigned_by(policy, note)
     return Witnessed(checkpoint, found, evaluate(policy, found), source=source)
+
+
+def _keys(policy: Policy) -> list[CosignerVerifier]:
+    return [w.key for w in policy.witnesses.values()]
+
+
+def _owner(policy: Policy, cosig: Cosignature) -> list[str]:
+    """The witness of ``policy`` whose key ``cosig`` verified under (by the key itself: a (name, key
+    id) pair, 4 bytes of hash, can be ground to collide with another witness's)."""
+    return [w.name for w in policy.witnesses.values() if w.key is cosig.verifier][:1]
+
+
+def cosigned_by(policy: Policy, note: bytes) -> dict[str, Cosignature]:
+    """The witnesses of ``policy`` with a verified cosignature on ``note``, each with it.
+
+    Raises like ``verify_cosignatures`` (``bad_cosignature``, ``BundleFormatError``).
+    """
+    return {name: cosig for cosig in verify_cosignatures(note, _keys(policy)) for name in _owner(policy, cosig)}
 
 
 @dataclass(frozen=True)

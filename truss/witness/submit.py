@@ -35,12 +35,12 @@ import httpx2
 from truss._clock import Clock
 from truss._errors import BundleFormatError, TrussError, VerificationError
 from truss.ledger.canonical import number_problem
-from truss.ledger.cosignature import checkpoint_of, verify_cosignatures, with_signature_lines
+from truss.ledger.cosignature import checkpoint_of, with_signature_lines
 from truss.ledger.entry import Record, StoredEntry
 from truss.ledger.keyhistory import LOG_SESSION, LogAppender, append_to_log
 from truss.ledger.merkle import consistency_proof
 from truss.ledger.note import StoredCheckpointLike
-from truss.ledger.tlog_policy import Policy, Quorum, evaluate
+from truss.ledger.tlog_policy import Policy, Quorum, cosigned_by, evaluate
 from truss.witness.client import Sleep, WitnessClient, WitnessOutcome
 from truss.witness.config import WitnessSettings, load_settings
 
@@ -116,12 +116,10 @@ class WitnessReport:
 
 
 def _cosigned_names(note: bytes, policy: Policy) -> list[str]:
-    by_key = {(w.key.name, w.key.key_id): w.name for w in policy.witnesses.values()}
     try:
-        found = verify_cosignatures(note, [w.key for w in policy.witnesses.values()])
+        return list(cosigned_by(policy, note))
     except (VerificationError, BundleFormatError):
         return []
-    return [by_key[(c.name, c.key_id)] for c in found]
 
 
 def _held_note(store: WitnessStore, size: int, note: bytes) -> bytes:
