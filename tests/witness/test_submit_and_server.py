@@ -155,6 +155,10 @@ async def test_an_unreachable_witness_is_retried_with_bounded_backoff_and_record
          "refused", "witness_ahead"),
         (lambda: httpx2.Response(409, content=b"5\n", headers={"content-type": "text/x.tlog.size"}),
          "superseded", "superseded"),
+        # tlog-witness: a 409 naming the checkpoint's own size, once proven from it, is a witness that
+        # cosigned another root at that size (a fork), not a witness that keeps moving.
+        (lambda: httpx2.Response(409, content=b"2\n", headers={"content-type": "text/x.tlog.size"}),
+         "refused", "inconsistent"),
         # A size the ledger cannot record (2**60 is past I-JSON's range): still an outcome, recorded.
         (lambda: httpx2.Response(409, content=b"1152921504606846976\n", headers={"content-type": "text/x.tlog.size"}),
          "refused", "witness_ahead"),

@@ -7,9 +7,11 @@ never raises for what a witness does. Answers (``truss.ledger.witness.interpret`
 - 200: the returned lines are verified against the witness's key from the policy (lines by
   other keys are ignored); at least one valid cosignature means ``cosigned``.
 - 409: the witness's latest size S. S at most the checkpoint's size: prove again from S (at most
-  three times). S above the checkpoint's size but within the log: ``superseded`` (it already
-  cosigned a later checkpoint). S beyond the log: ``refused`` (``witness_ahead``: this log was
-  truncated, or someone else signs for its origin).
+  three times); S the checkpoint's size once proven from it: ``refused`` (``inconsistent``), the
+  spec's answer to the same size with another root than the one it cosigned. S above the
+  checkpoint's size but within the log: ``superseded`` (it already cosigned a later checkpoint).
+  S beyond the log: ``refused`` (``witness_ahead``: this log was truncated, or someone else signs
+  for its origin).
 - 404, 403, 400, 422: ``refused`` (``unknown_log``, ``forbidden``, ``bad_request``,
   ``inconsistent``). 422 means the witness holds a checkpoint this one does not extend.
 - refused connections, timeouts, 408, 429 and 5xx: retried up to ``retries`` more times with a
@@ -189,6 +191,18 @@ class WitnessClient:
                         "superseded",
                         "superseded",
                         f"it already cosigned a later checkpoint (size {theirs})",
+                        status=409,
+                        witness_size=theirs,
+                        attempts=attempts,
+                    )
+                if theirs == old == size:
+                    # Proven from this very size and still 409: it cosigned another root here.
+                    return WitnessOutcome(
+                        name,
+                        size,
+                        "refused",
+                        "inconsistent",
+                        f"the witness cosigned another tree of size {size}: the log showed it another history",
                         status=409,
                         witness_size=theirs,
                         attempts=attempts,
