@@ -113,11 +113,14 @@ def test_a_consistency_proof_that_does_not_verify_is_422_and_kept_as_evidence() 
     assert verdict.refusal is not None and verdict.refusal.status == 422 and verdict.refusal.evidence
 
 
-def test_the_same_size_with_another_root_is_a_fork_422() -> None:
+def test_the_same_size_with_another_root_is_a_fork_answered_409_with_that_size_and_kept_as_evidence() -> None:
+    # tlog-witness: "If the old size matches the checkpoint size, the witness MUST check that the
+    # root hashes are also identical. If they don't match, [...] 409 Conflict".
     honest, rewritten = _tree(5), _tree(5, salt=b"rewritten ")
     submission = check_submission(format_add_checkpoint(AddCheckpoint(5, (), _note(rewritten))), LOGS)
     verdict = judge(submission, LogState(5, honest.root()))
-    assert verdict.refusal is not None and (verdict.refusal.status, verdict.refusal.reason) == (422, "fork")
+    assert verdict.refusal is not None and (verdict.refusal.status, verdict.refusal.reason) == (409, "fork")
+    assert verdict.conflict_size == 5 and verdict.refusal.evidence
     assert judge(check_submission(format_add_checkpoint(AddCheckpoint(5, (), _note(honest))), LOGS),
                  LogState(5, honest.root())).ok, "the same checkpoint again is cosigned again"  # fmt: skip
 

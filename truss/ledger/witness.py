@@ -9,9 +9,10 @@ Request body (``format_add_checkpoint`` / ``parse_add_checkpoint``)::
     <the signed checkpoint note>
 
 Responses: 200 with one or more cosignature lines; 409 with the witness's latest cosigned size
-(``text/x.tlog.size``, ``"<size>\\n"``); 404 unknown log; 403 no trusted log signature (or a
-trusted one that fails); 400 a malformed request or an old size above the checkpoint's; 422 a
-consistency proof that does not verify (or the same size with another root). ``interpret`` turns a
+(``text/x.tlog.size``, ``"<size>\\n"``): an old size that is not it, or that size again with another
+root (a fork, as the spec asks); 404 unknown log; 403 no trusted log signature (or a trusted one
+that fails); 400 a malformed request or an old size above the checkpoint's; 422 a consistency
+proof that does not verify. ``interpret`` turns a
 response into an ``Outcome`` for the client; ``check_submission`` and ``judge`` are the witness's
 two halves: what can be checked without its state (400, 404, 403), and what needs the last
 cosigned checkpoint of that log (409, 422). The witness runs ``judge`` and the
@@ -195,8 +196,8 @@ def judge(submission: Submission, state: LogState | None) -> Judgement:
 
     422 (kept as evidence of misbehaviour: validly signed, yet inconsistent) for an empty tree
     with another root than the empty one; 409 when the old size is not the witness's latest; 422
-    (evidence too) when the proof does not verify, when a proof is given from size 0, or when the
-    same size comes with another root.
+    (evidence too) when the proof does not verify or when a proof is given from size 0; 409 with
+    the latest size (evidence too) when that same size comes with another root (tlog-witness).
     """
     request, checkpoint = submission.request, submission.checkpoint
     if checkpoint.size == 0 and checkpoint.root != EMPTY_ROOT:
@@ -220,11 +221,12 @@ def judge(submission: Submission, state: LogState | None) -> Judgement:
             return Judgement(
                 ok=False,
                 refusal=Refusal(
-                    422,
+                    409,
                     "fork",
                     f"a checkpoint of size {state.size} with another root than the one cosigned before: a fork",
                     evidence=True,
                 ),
+                conflict_size=state.size,
             )
         if request.proof:
             return Judgement(ok=False, refusal=Refusal(422, "bad_proof", "a proof between equal sizes is empty"))
