@@ -15,12 +15,20 @@ import httpx2
 import pytest
 
 from tests.ledger._witness_keys import ORIGIN, log_key
-from truss.ledger.cosignature import verify_cosignatures
+from truss.ledger.cosignature import verify_cosignatures, with_signature_lines
 from truss.ledger.entry import Record
 from truss.ledger.keyhistory import LOG_SESSION
 from truss.ledger.keys import CosignerKey, IdentityKey
 from truss.ledger.merkle import MemoryTree, root_at
-from truss.ledger.note import format_checkpoint, parse_note, sign_checkpoint, sign_checkpoint_note, sign_note
+from truss.ledger.note import (
+    NoteSignature,
+    format_checkpoint,
+    open_checkpoint,
+    parse_note,
+    sign_checkpoint,
+    sign_checkpoint_note,
+    sign_note,
+)
 from truss.ledger.stores import LedgerStore, open_store
 from truss.ledger.tlog_policy import parse_policy
 from truss.ledger.witness import AddCheckpoint, Submission, check_submission, format_add_checkpoint
@@ -289,4 +297,26 @@ def test_a_checkpoint_with_an_extension_line_gets_a_cosignature_over_its_whole_b
     assert [c.name for c in verify_cosignatures(cosigned, [key.verifier])] == [key.name]
     held = service.handle("GET", f"/{hashlib.sha256(ORIGIN.encode()).hexdigest()}/checkpoint", b"")
     assert held.status == 200 and parse_note(held.body).text == body
+    assert [c.name for c in verify_cosignatures(held.body, [key.verifier])] == [key.name]
+
+
+def test_the_served_checkpoint_keeps_only_the_log_signatures_the_witness_verified(tmp_path: Path) -> None:
+    # Anyone may submit a log's checkpoint. A line under the log's name by a key the witness does not
+    # know (here the key the log rotates to next) is ignored when checking, and must not be kept: a
+    # monitor that knows that key would find its signature bad and refuse the note the witness serves.
+    clock = ManualClock()
+    directory, key = _witness_dir(tmp_path, "w1")
+    service = _service(directory, clock)
+    tree = MemoryTree()
+    tree.append(b"a")
+    note = sign_checkpoint_note(ORIGIN, 1, tree.root(), log_key()).note
+    assert note is not None
+    upcoming = log_key("the log's next key")
+    junk = NoteSignature(ORIGIN, bytes.fromhex(upcoming.key_id), bytes(64))
+    poisoned = with_signature_lines(note, [junk])
+    answer = service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(0, (), poisoned)))
+    assert answer.status == 200
+    held = service.handle("GET", f"/{hashlib.sha256(ORIGIN.encode()).hexdigest()}/checkpoint", b"")
+    assert held.status == 200
+    assert open_checkpoint(held.body, [log_key().verifier, upcoming.verifier]).size == 1
     assert [c.name for c in verify_cosignatures(held.body, [key.verifier])] == [key.name]

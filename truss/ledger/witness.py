@@ -145,10 +145,15 @@ class LogState:
 
 @dataclass(frozen=True)
 class Submission:
-    """A request that passed the state-free checks: its parsed parts and the opened checkpoint."""
+    """A request that passed the state-free checks: its parsed parts and the opened checkpoint.
+
+    ``log_signatures`` are the note's lines by keys the witness trusts for the log (each verified);
+    the lines it ignored, by keys it does not know, are not among them and are not worth keeping.
+    """
 
     request: AddCheckpoint
     checkpoint: Checkpoint
+    log_signatures: tuple[NoteSignature, ...] = ()
 
 
 def check_submission(body: bytes, logs: Mapping[str, Sequence[VerifierKey]]) -> Submission:
@@ -176,7 +181,9 @@ def check_submission(body: bytes, logs: Mapping[str, Sequence[VerifierKey]]) -> 
     if request.old_size > checkpoint.size:
         message = f"old size {request.old_size} is above the checkpoint's {checkpoint.size}"
         raise Refusal(400, "old_beyond_size", message)
-    return Submission(request=request, checkpoint=checkpoint)
+    known = {(key.name, key.key_id) for key in keys}
+    verified = tuple(dict.fromkeys(sig for sig in note.signatures if (sig.name, sig.key_id.hex()) in known))
+    return Submission(request=request, checkpoint=checkpoint, log_signatures=verified)
 
 
 @dataclass(frozen=True)

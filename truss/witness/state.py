@@ -176,11 +176,11 @@ class Evidence:
 
 
 def _held_note(submission: Submission, lines: Sequence[NoteSignature]) -> bytes:
-    # What the witness serves back: the log's own signature line(s) and its cosignatures, not
-    # whatever other witnesses' lines the submitter sent along.
+    # What the witness serves back: the log's signature line(s) it verified and its cosignatures,
+    # not whatever other lines the submitter sent along (other witnesses', or one under the log's
+    # name by a key it does not know, which a monitor knowing that key would find bad).
     parsed = parse_note(submission.request.checkpoint)
-    own = tuple(s for s in parsed.signatures if s.name == submission.checkpoint.origin)
-    return Note(text=parsed.text, signatures=(*own, *lines)).to_bytes()
+    return Note(text=parsed.text, signatures=(*submission.log_signatures, *lines)).to_bytes()
 
 
 class WitnessState:
