@@ -320,3 +320,26 @@ def test_the_served_checkpoint_keeps_only_the_log_signatures_the_witness_verifie
     assert held.status == 200
     assert open_checkpoint(held.body, [log_key().verifier, upcoming.verifier]).size == 1
     assert [c.name for c in verify_cosignatures(held.body, [key.verifier])] == [key.name]
+
+
+def test_a_witness_whose_clock_steps_back_never_dates_a_larger_tree_before_a_smaller_one(tmp_path: Path) -> None:
+    # A cosignature says "as of this time, this is the largest tree I saw". Dated before an earlier
+    # cosignature of a smaller tree, the pair would read as the witness going back in the log.
+    directory, key = _witness_dir(tmp_path, "w1")
+    logs = load_dir_config(directory).trusted()
+    tree = MemoryTree()
+    for entry in (b"a", b"b", b"c"):
+        tree.append(entry)
+    small = sign_checkpoint_note(ORIGIN, 1, tree.root(1), log_key()).note
+    large = sign_checkpoint_note(ORIGIN, 3, tree.root(3), log_key()).note
+    assert small is not None and large is not None
+    with WitnessState(directory / "state.db") as state:
+        first = check_submission(format_add_checkpoint(AddCheckpoint(0, (), small)), logs)
+        status, [early], _, _ = state.submit(first, [key], lambda: 1_700_000_000_000)
+        proof = tuple(tree.consistency_proof(1, 3))
+        second = check_submission(format_add_checkpoint(AddCheckpoint(1, proof, large)), logs)
+        again, [late], _, _ = state.submit(second, [key], lambda: 1_600_000_000_000)  # the clock stepped back
+    assert (status, again) == (200, 200)
+    [one] = verify_cosignatures(small + early.line().encode(), [key.verifier])
+    [two] = verify_cosignatures(large + late.line().encode(), [key.verifier])
+    assert two.timestamp >= one.timestamp

@@ -15,8 +15,9 @@ Layout of a witness directory (``truss witness init --dir DIR``)::
     keys = ["example.com/truss+1234abcd+AX...", ...]   # the log's verifier keys (all of a rotation)
 
 ``WitnessState.submit`` is the check-and-persist transaction: ``BEGIN IMMEDIATE``, read the log's
-latest cosigned checkpoint, ``witness.judge``, then either cosign and store the new checkpoint,
-or keep the refused request as evidence when it was validly signed yet inconsistent, and commit
+latest cosigned checkpoint, ``witness.judge``, then either cosign (dated no earlier than the log's
+last cosignature, whatever the clock says) and store the new checkpoint, or keep the refused
+request as evidence when it was validly signed yet inconsistent, and commit
 (``synchronous=FULL``) before answering. Two submissions, from threads or processes, are
 serialised by the database, so both can never be cosigned on diverging trees.
 
@@ -232,7 +233,10 @@ class WitnessState:
                 state = self._latest(origin)
                 verdict = judge(submission, state)
                 if verdict.ok:
-                    ms = now_ms()
+                    # Never dated before the log's last cosignature: a clock stepping back would make
+                    # the two read as this witness seeing a larger tree, then a smaller one.
+                    last = conn.execute("SELECT ts FROM latest WHERE origin = ?", (origin,)).fetchone()
+                    ms = max(now_ms(), 0 if last is None else int(last[0]))
                     text = checkpoint.text()
                     lines = [cosign(text, key, max(1, ms // 1000)) for key in keys]
                     note = _held_note(submission, lines)
