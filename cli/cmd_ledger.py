@@ -786,7 +786,7 @@ def _verify_evidence(args: argparse.Namespace, ctx: Ctx) -> int:
         history = store_history(runtime.store, trusted)
         if isinstance(history, VerifyReport):
             return _render_report(ctx, history, scope="all")
-        since = audit.verify_since(runtime.store, note, history.trusted)
+        since = audit.verify_since(runtime.store, note, history)
     if since.ok:
         ctx.emit(
             since.to_json(),

@@ -18,6 +18,7 @@ from truss._clock import SystemClock
 from truss.ledger.entry import Record
 from truss.ledger.keyhistory import LOG_SESSION, rotation_statement
 from truss.ledger.keys import IdentityKey
+from truss.ledger.note import sign_checkpoint_note
 from truss.ledger.stores import open_store
 
 pytestmark = pytest.mark.slow  # `truss` in subprocesses
@@ -116,3 +117,24 @@ def test_the_log_session_is_not_listed_as_a_run_and_cannot_be_resumed(home: Path
     assert shown.returncode == 0 and "key_rotated" in shown.stdout
     resumed = truss(home, "resume", LOG_SESSION)
     assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
+
+
+def test_an_old_checkpoint_signed_by_the_retired_key_past_its_period_is_refused_not_taken_for_a_fork(
+    home: Path, tmp_path: Path
+) -> None:
+    # The key was rotated away (stolen, say). Whoever holds it can still sign a checkpoint of the
+    # log as it is now, with another root; `verify --since` must not take that note for the log's
+    # own and report the log as forked.
+    first = truss(home, "key", "show").stdout.strip()
+    retired = IdentityKey.load(home / "identity.key")
+    assert truss(home, "key", "rotate").returncode == 0
+    _record(home, "s_after")
+    with closing(open_store(home / "ledger.db", key=None, clock=SystemClock(), create=False)) as store:
+        size = store.tree_size()
+    forged = sign_checkpoint_note(retired.name, size, bytes(32), retired).note
+    assert forged is not None
+    held = tmp_path / "forged.note"
+    held.write_bytes(forged)
+    proc = truss(home, "ledger", "verify", "--since", str(held), "--trusted-key", first, "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _json(proc)["reason"] == "retired_key"

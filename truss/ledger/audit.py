@@ -46,7 +46,7 @@ from truss.ledger.merkle import (
     verify_consistency,
     verify_inclusion,
 )
-from truss.ledger.note import Checkpoint, StoredCheckpointLike, open_checkpoint
+from truss.ledger.note import Checkpoint, StoredCheckpointLike, open_checkpoint, parse_checkpoint, parse_note
 from truss.ledger.verification import EntryCheck, LedgerReader, VerifyReport, failed_report, verify_ledger
 
 if TYPE_CHECKING:  # bundles and witness policies load only when verified (start-up of `ledger verify`)
@@ -509,11 +509,13 @@ class SinceReport:
 
 
 def verify_since(
-    store: SinceSource, old_checkpoint: bytes, trusted: TrustedKeys, *, recompute: bool = True
+    store: SinceSource, old_checkpoint: bytes, trusted: TrustedKeys | KeyHistory, *, recompute: bool = True
 ) -> SinceReport:
     """Prove that ``store``'s log is an append-only extension of ``old_checkpoint``.
 
-    S1 open the old checkpoint with ``trusted`` (origin = the store's log); S2 with
+    S1 open the old checkpoint with ``trusted`` (origin = the store's log); given the log's key
+    history, only with the keys allowed to sign at its size (``retired_key`` for a key rotated away
+    before it: such a note is not the log's, and is no evidence of a fork); S2 with
     ``recompute``, rebuild the root from the stored entries' bytes and compare it with the
     stored tree (a rewritten entry under untouched nodes is caught here); S3 a larger old size
     than the log is a truncation; S4 the RFC 9162 consistency proof from the old size to the
@@ -521,7 +523,7 @@ def verify_since(
     """
     facts: dict[str, Any] = {}
     try:
-        old = open_checkpoint(old_checkpoint, list(trusted), origin=store.origin)  # S1
+        old = _open_old(old_checkpoint, trusted, store.origin)  # S1
     except (VerificationError, InputError) as exc:
         return SinceReport(
             ok=False, reason=str(exc.fields.get("reason") or exc.kind), message=exc.message, exit_code=exc.exit_code
@@ -554,6 +556,27 @@ def verify_since(
             facts, "inconsistent", f"the log was rewritten: it does not extend the checkpoint of size {old.size}"
         )
     return SinceReport(ok=True, **facts)
+
+
+def _open_old(note: bytes, trusted: TrustedKeys | KeyHistory, origin: str) -> Checkpoint:
+    if not isinstance(trusted, KeyHistory):
+        return open_checkpoint(note, list(trusted), origin=origin)
+    if not trusted.rotations:
+        return open_checkpoint(note, list(trusted.trusted), origin=origin)
+    size = parse_checkpoint(parse_note(note).text).size  # form only: which keys may have signed it depends on its size
+    try:
+        return open_checkpoint(note, trusted.checkpoint_keys(size), origin=origin)
+    except VerificationError as exc:
+        if exc.fields.get("reason") != "no_trusted_signature":
+            raise
+        open_checkpoint(note, list(trusted.trusted), origin=origin)  # a key of the log at all?
+        raise VerificationError(
+            f"the checkpoint of size {size} is signed by a key of the log that does not sign at that size "
+            "(it was rotated away before)",
+            remedy="compare with a checkpoint the log signed with the key it held then",
+            reason="retired_key",
+            size=size,
+        ) from None
 
 
 def _since_fail(facts: dict[str, Any], reason: str, message: str) -> SinceReport:
