@@ -12,7 +12,10 @@ import pytest
 
 from truss._errors import KeyFileError, StoreError, VerificationError
 from truss.keyring import read_history, rotate_identity_key, trust_root
+from truss.ledger.bundle import export_bundle, verify_bundle
+from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
+from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import (
     LOG_SESSION,
     admission_record,
@@ -24,6 +27,7 @@ from truss.ledger.keyhistory import (
     rotation_record,
 )
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
+from truss.ledger.note import parse_checkpoint, parse_note, sign_checkpoint_note
 from truss.ledger.stores import open_store
 from truss.ledger.stores.sqlite import open_sqlite
 from truss.ledger.verification import verify_ledger
@@ -214,3 +218,31 @@ def test_a_rotation_interrupted_after_its_statement_is_completed_by_rotating_aga
     result = rotate_identity_key(key_path, lambda k: open_store(db, key=k, clock=clock, create=False))
     assert result.completed_earlier and not prepared.exists()
     assert IdentityKey.load(key_path).verifier == result.new
+
+
+def test_a_bundle_whose_verdict_names_a_checkpoint_the_retired_key_signed_is_not_called_a_fork(
+    tmp_path: Path,
+) -> None:
+    # After a rotation, whoever holds the old key can sign a verdict envelope naming a checkpoint of
+    # the bundle's size with another root. That checkpoint is not the log's (the key no longer signs
+    # at that size), so B8 must refuse it as such rather than report the log as forked.
+    key_path, db, first = _home(tmp_path)
+    clock = ManualClock()
+    _run(db, first, "s_before", clock)
+    rotate_identity_key(key_path, lambda k: open_store(db, key=k, clock=clock, create=False))
+    current = IdentityKey.load(key_path)
+    _run(db, current, "s_after", clock)
+    with closing(open_store(db, key=current, clock=clock, create=False)) as store:
+        doc: Any = json.loads(export_bundle(store, "s_after", vkey=current.verifier.vkey, signer=current))
+    trusted = TrustedKeys([first.verifier])
+    assert verify_bundle(canonical(doc), trusted).ok
+    size = parse_checkpoint(parse_note(doc["checkpoint"].encode()).text).size
+    forged = sign_checkpoint_note(ORIGIN, size, bytes(32), first).note
+    assert forged is not None
+    head = doc["entries"][-1]["hash"]
+    statement = verdict_statement(
+        session="s_after", head=head, status="pass", checks=[], contract_hash="sha256:x", checkpoint=forged.decode()
+    )
+    doc["envelope"] = sign_verdict(statement, first).to_json()
+    report = verify_bundle(canonical(doc), trusted)
+    assert (report.ok, report.step, report.reason) == (False, "B8", "no_trusted_signature")

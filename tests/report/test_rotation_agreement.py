@@ -21,7 +21,9 @@ from truss.keyring import rotate_identity_key
 from truss.ledger.bundle import export_bundle
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, entry_signing_payload
+from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keys import IdentityKey
+from truss.ledger.note import parse_checkpoint, parse_note, sign_checkpoint_note
 from truss.ledger.stores import open_store
 from truss.testing import ManualClock
 
@@ -64,6 +66,16 @@ def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
     proof = moved["key_history"][0]["inclusion"]
     proof[0] = base64.b64encode(bytes(32)).decode()
     variants["rotation_statement_not_in_the_checkpoint"] = moved
+    # The retired key signs a verdict naming a checkpoint of the bundle's size with another root:
+    # not the log's checkpoint (that key no longer signs at that size), so no fork either.
+    retired = json.loads(json.dumps(after))
+    size = parse_checkpoint(parse_note(retired["checkpoint"].encode()).text).size
+    forged = sign_checkpoint_note(ORIGIN, size, bytes(32), first).note
+    assert forged is not None
+    statement = verdict_statement(session="s_after", head=retired["entries"][-1]["hash"], status="pass", checks=[],
+                                  contract_hash="sha256:x", checkpoint=forged.decode())  # fmt: skip
+    retired["envelope"] = sign_verdict(statement, first).to_json()
+    variants["verdict_naming_a_checkpoint_the_retired_key_signed"] = retired
     paths: dict[str, Path] = {}
     for name, doc in variants.items():
         path = tmp_path / f"{name}.json"

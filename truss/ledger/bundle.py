@@ -35,7 +35,7 @@ from truss._json import as_dict, as_list
 from truss.ledger.cosignature import witnessed_checkpoint
 from truss.ledger.entry import StoredEntry, entry_bytes, iter_refs
 from truss.ledger.envelope import VerdictStatement, open_verdict, parse_envelope
-from truss.ledger.keyhistory import bundle_key_history, follow_rotations, rotation_proofs
+from truss.ledger.keyhistory import KeyHistory, bundle_key_history, follow_rotations, rotation_proofs
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
     HASH_SIZE,
@@ -498,7 +498,7 @@ def _verify(data: bytes, trusted: TrustedKeys, facts: dict[str, Any]) -> BundleR
 
         # B8: the checkpoint the verdict names and the bundle's describe one log (no fork).
         if opened.checkpoint is not None:
-            _step("B8", lambda: _same_log(opened, checkpoint, trusted, doc["consistency"]))
+            _step("B8", lambda: _same_log(opened, checkpoint, history, doc["consistency"]))
 
     return BundleReport(ok=True, statement=None if statement is None else statement.statement, **facts)
 
@@ -598,11 +598,15 @@ def _verdict_agrees(statement: VerdictStatement, entries: Sequence[StoredEntry])
 
 
 def _same_log(
-    statement: VerdictStatement, checkpoint: Checkpoint, trusted: TrustedKeys, consistency: list[bytes] | None
+    statement: VerdictStatement, checkpoint: Checkpoint, history: KeyHistory, consistency: list[bytes] | None
 ) -> None:
     assert statement.checkpoint is not None
     note = _utf8(statement.checkpoint, "the verdict envelope's checkpoint", "bad_note")
-    named = open_checkpoint(note, list(trusted), origin=checkpoint.origin)
+    # As in B3, only a key allowed at its size: one rotated away before it does not sign for the
+    # log, so a checkpoint it signed is not the log's, and no evidence of a fork.
+    size = parse_checkpoint(parse_note(note).text).size
+    signers = history.checkpoint_keys(size) if history.rotations else list(history.trusted)
+    named = open_checkpoint(note, signers, origin=checkpoint.origin)
     if named.size == checkpoint.size:
         if named.root != checkpoint.root:
             raise _fail(

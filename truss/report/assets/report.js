@@ -941,7 +941,9 @@
         // B8
         if (statement.checkpoint !== null) {
           step = "B8";
-          const namedCp = await openCheckpoint(statement.checkpoint, trusted, checkpoint.origin);
+          // As in B3, only a key allowed at its size: one rotated away before it does not sign for the log.
+          const namedSigners = history.rotations ? checkpointKeys(history, parseCheckpoint(parseNote(statement.checkpoint).text).size) : trusted;
+          const namedCp = await openCheckpoint(statement.checkpoint, namedSigners, checkpoint.origin);
           if (namedCp.size === checkpoint.size) {
             if (!sameBytes(namedCp.root, checkpoint.root)) throw notVerified("fork", `two checkpoints of size ${namedCp.size} with different roots: the log was forked`);
           } else {
