@@ -220,12 +220,8 @@ def test_a_rotation_interrupted_after_its_statement_is_completed_by_rotating_aga
     assert IdentityKey.load(key_path).verifier == result.new
 
 
-def test_a_bundle_whose_verdict_names_a_checkpoint_the_retired_key_signed_is_not_called_a_fork(
-    tmp_path: Path,
-) -> None:
-    # After a rotation, whoever holds the old key can sign a verdict envelope naming a checkpoint of
-    # the bundle's size with another root. That checkpoint is not the log's (the key no longer signs
-    # at that size), so B8 must refuse it as such rather than report the log as forked.
+def _rotated_bundle(tmp_path: Path) -> tuple[IdentityKey, IdentityKey, dict[str, Any]]:
+    """The first and current keys of a log rotated once, and the bundle of a session after it."""
     key_path, db, first = _home(tmp_path)
     clock = ManualClock()
     _run(db, first, "s_before", clock)
@@ -234,15 +230,46 @@ def test_a_bundle_whose_verdict_names_a_checkpoint_the_retired_key_signed_is_not
     _run(db, current, "s_after", clock)
     with closing(open_store(db, key=current, clock=clock, create=False)) as store:
         doc: Any = json.loads(export_bundle(store, "s_after", vkey=current.verifier.vkey, signer=current))
-    trusted = TrustedKeys([first.verifier])
-    assert verify_bundle(canonical(doc), trusted).ok
+    assert verify_bundle(canonical(doc), TrustedKeys([first.verifier])).ok
+    return first, current, doc
+
+
+def _verdict(doc: dict[str, Any], key: IdentityKey, *, contract_hash: str, checkpoint: str | None) -> dict[str, Any]:
+    statement = verdict_statement(
+        session="s_after",
+        head=doc["entries"][-1]["hash"],
+        status="pass",
+        checks=[],
+        contract_hash=contract_hash,
+        checkpoint=checkpoint,
+    )
+    return sign_verdict(statement, key).to_json()
+
+
+def test_a_bundle_whose_verdict_names_a_checkpoint_the_retired_key_signed_is_not_called_a_fork(
+    tmp_path: Path,
+) -> None:
+    # After a rotation, whoever holds the old key can sign a verdict envelope naming a checkpoint of
+    # the bundle's size with another root. That checkpoint is not the log's (the key no longer signs
+    # at that size), so B8 must refuse it as such rather than report the log as forked.
+    first, current, doc = _rotated_bundle(tmp_path)
     size = parse_checkpoint(parse_note(doc["checkpoint"].encode()).text).size
     forged = sign_checkpoint_note(ORIGIN, size, bytes(32), first).note
     assert forged is not None
-    head = doc["entries"][-1]["hash"]
-    statement = verdict_statement(
-        session="s_after", head=head, status="pass", checks=[], contract_hash="sha256:x", checkpoint=forged.decode()
-    )
-    doc["envelope"] = sign_verdict(statement, first).to_json()
-    report = verify_bundle(canonical(doc), trusted)
+    doc["envelope"] = _verdict(doc, current, contract_hash="sha256:x", checkpoint=forged.decode())
+    report = verify_bundle(canonical(doc), TrustedKeys([first.verifier]))
     assert (report.ok, report.step, report.reason) == (False, "B8", "no_trusted_signature")
+
+
+def test_a_verdict_envelope_the_retired_key_signed_for_a_session_after_the_rotation_does_not_verify(
+    tmp_path: Path,
+) -> None:
+    # The session ended after the rotation, so its verdict was signed by the key of that time. The
+    # old key's holder can sign another statement about it (another contract, another checkpoint).
+    first, current, doc = _rotated_bundle(tmp_path)
+    trusted = TrustedKeys([first.verifier])
+    doc["envelope"] = _verdict(doc, current, contract_hash="sha256:other", checkpoint=None)
+    assert verify_bundle(canonical(doc), trusted).ok, "the key of that time may sign it"
+    doc["envelope"] = _verdict(doc, first, contract_hash="sha256:other", checkpoint=None)
+    report = verify_bundle(canonical(doc), trusted)
+    assert (report.ok, report.step, report.reason) == (False, "B7", "retired_key")

@@ -66,16 +66,22 @@ def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
     proof = moved["key_history"][0]["inclusion"]
     proof[0] = base64.b64encode(bytes(32)).decode()
     variants["rotation_statement_not_in_the_checkpoint"] = moved
-    # The retired key signs a verdict naming a checkpoint of the bundle's size with another root:
-    # not the log's checkpoint (that key no longer signs at that size), so no fork either.
+    # A verdict naming a checkpoint of the bundle's size with another root, signed by the retired
+    # key: not the log's checkpoint (that key no longer signs at that size), so no fork either.
     retired = json.loads(json.dumps(after))
     size = parse_checkpoint(parse_note(retired["checkpoint"].encode()).text).size
     forged = sign_checkpoint_note(ORIGIN, size, bytes(32), first).note
     assert forged is not None
     statement = verdict_statement(session="s_after", head=retired["entries"][-1]["hash"], status="pass", checks=[],
                                   contract_hash="sha256:x", checkpoint=forged.decode())  # fmt: skip
-    retired["envelope"] = sign_verdict(statement, first).to_json()
+    retired["envelope"] = sign_verdict(statement, current).to_json()
     variants["verdict_naming_a_checkpoint_the_retired_key_signed"] = retired
+    # The retired key re-signs the verdict of a session that ended after the rotation.
+    resigned_verdict = json.loads(json.dumps(after))
+    statement = verdict_statement(session="s_after", head=resigned_verdict["entries"][-1]["hash"], status="pass",
+                                  checks=[], contract_hash="sha256:other", checkpoint=None)  # fmt: skip
+    resigned_verdict["envelope"] = sign_verdict(statement, first).to_json()
+    variants["verdict_resigned_by_the_retired_key"] = resigned_verdict
     paths: dict[str, Path] = {}
     for name, doc in variants.items():
         path = tmp_path / f"{name}.json"

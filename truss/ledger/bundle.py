@@ -491,7 +491,7 @@ def _verify(data: bytes, trusted: TrustedKeys, facts: dict[str, Any]) -> BundleR
     # B7: the verdict envelope is signed by a trusted key, about this session and this head.
     statement: VerdictStatement | None = None
     if doc["envelope"] is not None:
-        opened = _step("B7", lambda: open_verdict(doc["envelope"], trusted, session=session, head=head.hash))
+        opened = _step("B7", lambda: _open_verdict(doc["envelope"], history, session=session, head=head))
         _step("B7", lambda: _verdict_agrees(opened, entries))
         facts["verdict"] = opened.status
         statement = opened
@@ -584,6 +584,23 @@ def _vkey_trusted(vkey: str, trusted: TrustedKeys) -> bool:
     except InputError:
         return False
     return key in trusted.get(key.key_id)
+
+
+def _open_verdict(envelope: Any, history: KeyHistory, *, session: str, head: StoredEntry) -> VerdictStatement:
+    """B7's envelope check: after a rotation, only a key that signs at the session's last entry
+    signed its verdict (the one that signed that entry did it right after): a key rotated away
+    before it is ``retired_key``, whatever its envelope says."""
+    if not history.rotations:
+        return open_verdict(envelope, history.trusted, session=session, head=head.hash)
+    try:
+        return open_verdict(envelope, TrustedKeys(history.valid_at(head.index)), session=session, head=head.hash)
+    except VerificationError:
+        open_verdict(envelope, history.trusted, session=session, head=head.hash)  # a key of the log at all?
+        raise _fail(
+            f"the verdict envelope is signed by a key of the log that no longer signed at log index {head.index} "
+            "(the session's last entry): it was rotated away before",
+            "retired_key",
+        ) from None
 
 
 def _verdict_agrees(statement: VerdictStatement, entries: Sequence[StoredEntry]) -> None:

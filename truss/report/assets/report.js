@@ -762,6 +762,18 @@
     const spans = history.periods.filter((p) => p.key.keyId === item.keyid).map((p) => `[${p.from}, ${p.until === null ? "..." : p.until})`).join(", ");
     return ["retired_key", `entry ${item.entry.seq} of session ${JSON.stringify(item.entry.session)} (log index ${index}) is signed by key ${item.keyid}, which signs only log indexes ${spans || "none"}`];
   }
+  // bundle._open_verdict: after a rotation, only a key that signs at the session's last entry signed its verdict.
+  async function openVerdictAt(envelope, history, trusted, session, head) {
+    if (!history.rotations) return openVerdict(envelope, trusted, session, head.hash);
+    const atHead = new Trusted(history.periods.filter((p) => covers(p, head.entry.index)).map((p) => p.key));
+    try {
+      return await openVerdict(envelope, atHead, session, head.hash);
+    } catch (e) {
+      if (!(e instanceof Fail)) throw e;
+      await openVerdict(envelope, trusted, session, head.hash); // a key of the log at all?
+      throw notVerified("retired_key", `the verdict envelope is signed by a key of the log that no longer signed at log index ${head.entry.index} (the session's last entry): it was rotated away before`);
+    }
+  }
   // KeyHistory.checkpoint_keys: the keys that may sign a checkpoint of `size`.
   function checkpointKeys(history, size) {
     return new Trusted(history.periods.filter((p) => BigInt(p.from) <= size && (p.until === null || size <= BigInt(p.until))).map((p) => p.key));
@@ -930,7 +942,7 @@
       // B7
       step = "B7";
       if (doc.envelope !== null) {
-        const statement = await openVerdict(doc.envelope, trusted, session, head.hash);
+        const statement = await openVerdictAt(doc.envelope, history, trusted, session, head);
         const recorded = items.filter((item) => item.entry.kind === "verdict");
         if (recorded.length) {
           const status = own(recorded[recorded.length - 1].entry.body, "status");
