@@ -9,12 +9,16 @@ whether the egress proxy may open a connection.
 Layering rules (docs/sandbox.md):
 
 * ``required``: the contract's when it sets it, else the operator's, else true; ``false`` over
-  the operator's ``true`` is refused (a contract may harden, never soften).
+  the operator's ``true`` is refused (a contract may harden, never soften), and so is ``false``
+  under the level ``enforced`` unless the operator's baseline says ``false`` itself (it would let
+  the server run unconfined where bwrap cannot run).
 * ``network``: ordered ``none`` < ``allow`` < ``host``; a contract may pick a lower mode than the
   operator's, a higher one is refused. Unset on both sides: ``none``.
-* ``allow_hosts``: when the operator lists hosts, every host a contract lists must be covered by
-  one of them (the same port; a wildcard covers its subdomains); the contract's list then
-  replaces the operator's. Without an operator list the contract's list stands.
+* ``allow_hosts``: when the operator lists hosts (whether or not it also sets ``network``), every
+  host a contract lists must be covered by one of them (the same port; a wildcard covers its
+  subdomains and the same wildcard; an address or ``localhost``, which the proxy lets reach
+  internal addresses, only by the same rule); the contract's list then replaces the operator's.
+  Without an operator list the contract's list stands.
 * ``limits``: each limit is the contract's when it is at or below the operator's, and the
   operator's when the contract leaves it unset; a contract that raises one is refused.
 * ``read``/``write``: the union of both sides. A contract may not make writable a path the
@@ -126,15 +130,21 @@ class HostRule:
         return host == self.host
 
     def covers(self, other: HostRule) -> bool:
-        """True when every (host, port) ``other`` matches is matched by this rule too."""
+        """True when every (host, port) ``other`` matches is matched by this rule too, as safely.
+
+        An address or ``localhost`` is covered only by the same rule: the proxy lets such a rule
+        reach an internal address (loopback, link-local), which a name or a wildcard never does.
+        """
         if other.port != self.port:
             return False
+        if other.is_literal:
+            return other == self
         if self.host == "*":
             return True
         if other.host == "*":
             return False
         if self.wildcard:
-            return other.host.endswith("." + self.host)
+            return other.host.endswith("." + self.host) or (other.wildcard and other.host == self.host)
         return not other.wildcard and other.host == self.host
 
 
@@ -341,6 +351,10 @@ def parse_host_rule(text: Any) -> HostRule:
     labels = host.split(".")
     if len(host) > 253 or not all(_LABEL_RE.match(label) for label in labels):
         raise ValueError(f"{text!r} is not a valid host name")
+    if labels[-1].isdigit():
+        # No top-level domain is numeric; such a name is an address in another form (the resolver
+        # reads 192.168.1 as 192.168.0.1) and a wildcard on it matches addresses (*.0.1: 10.0.0.1).
+        raise ValueError(f"{text!r}: the last label of a host name cannot be a number; write an address whole")
     if wildcard and len(labels) < 2:
         raise ValueError(f"{text!r}: a wildcard needs a domain with at least two labels, e.g. '*.example.com:443'")
     return HostRule(host, port, wildcard)
@@ -437,7 +451,7 @@ def merge_profiles(
         return None
     base = operator.baseline
     table = contract or SandboxTable()
-    if base.required is True and table.required is False:
+    if table.required is False and (base.required is True or (operator.level == "enforced" and base.required is None)):
         raise ContractError(
             "required = false would let this server run unconfined, but the operator requires its sandbox",
             remedy="Remove required = false",
@@ -468,7 +482,7 @@ def _merge_hosts(base: SandboxTable, mine: SandboxTable, network: NetworkMode, w
         return ()
     if mine.allow_hosts is None:
         return base.allow_hosts or ()
-    if base.allow_hosts is not None and base.network == "allow":
+    if base.allow_hosts is not None:  # a ceiling, whether or not the operator also set network
         for i, rule in enumerate(mine.allow_hosts):
             if not any(ceiling.covers(rule) for ceiling in base.allow_hosts):
                 raise ContractError(

@@ -142,6 +142,11 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
         "mcp.servers[0].sandbox.allow_hosts[0]",
         11,
     ),
+    "sandbox_host_list_of_an_operator_server_table_without_network": (
+        "sandbox_host_list_of_an_operator_server_table_without_network.toml",
+        "mcp.servers[0].sandbox.allow_hosts[0]",
+        11,
+    ),
     "sandbox_limit_above_operator": ("sandbox_limit_above_operator.toml", "mcp.servers[0].sandbox.limits.memory", 10),
     "sandbox_network_looser_than_operator": (
         "sandbox_network_looser_than_operator.toml",
@@ -151,6 +156,11 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "sandbox_on_http_server": ("sandbox_on_http_server.toml", "mcp.servers[0]", 5),
     "sandbox_opt_out_under_enforced": ("sandbox_opt_out_under_enforced.toml", "mcp.servers[0].sandbox.enabled", 10),
     "sandbox_relative_bind": ("sandbox_relative_bind.toml", "mcp.servers[0].sandbox.read[0]", 10),
+    "sandbox_require_false_under_enforced": (
+        "sandbox_require_false_under_enforced.toml",
+        "mcp.servers[0].sandbox.required",
+        10,
+    ),
     "sandbox_size_without_number": ("sandbox_size_without_number.toml", "mcp.servers[0].sandbox.limits.memory", 10),
     "sandbox_unknown_key": ("sandbox_unknown_key.toml", "mcp.servers[0].sandbox.writable", 10),
     "sandbox_unknown_level": ("HOME/config.toml", "harness.sandbox", 2),

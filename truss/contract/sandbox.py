@@ -166,7 +166,8 @@ def _over(base: SandboxTable, top: SandboxTable) -> SandboxTable:
     write = tuple(dict.fromkeys([*base.write, *top.write]))
     read = tuple(p for p in dict.fromkeys([*base.read, *top.read]) if p not in write)
     network = pick(base.network, top.network)
-    hosts = pick(base.allow_hosts, top.allow_hosts) if network == "allow" else None
+    # A host list without a network mode is still a ceiling for a contract that picks "allow".
+    hosts = pick(base.allow_hosts, top.allow_hosts) if network in ("allow", None) else None
     return replace(base, required=pick(base.required, top.required), read=read, write=write, network=network,
                    allow_hosts=hosts, limits=limits)  # fmt: skip
 
