@@ -124,6 +124,20 @@ def test_a_ledger_outside_the_home_is_masked_file_by_file_with_its_wal() -> None
     assert _pairs(plan.options, "--ro-bind").count("/dev/null") == 2
 
 
+def test_truss_home_and_a_key_inside_a_system_tree_are_masked_although_no_bind_names_them() -> None:
+    # A system-wide install (TRUSS_HOME=/usr/local/var/truss, the key under /usr/local/etc):
+    # /usr is bound whole, read-only, in every sandbox.
+    home, key = "/usr/local/var/truss", "/usr/local/etc/truss/identity.key"
+    fs = _fs().file(f"{home}/ledger.db", b"db", executable=False).file(key, b"key", executable=False)
+    plan = _plan(Profile(), fs=fs, protected=(home, key, f"{home}/ledger.db"))
+    assert plan.masked == (key, home)
+    opts = list(plan.options)
+    at = opts.index(home, opts.index("/usr") + 2)
+    assert opts[at - 1] == "--tmpfs" and opts[at + 1 : at + 3] == ["--remount-ro", home]
+    assert opts[opts.index(key) - 2 : opts.index(key)] == ["--ro-bind", "/dev/null"]
+    assert plan.description["masked"] == [key, home]
+
+
 @pytest.mark.parametrize(
     "profile",
     [

@@ -14,8 +14,8 @@ Order of the mounts (bwrap applies them in order, later ones on top): fresh ``/p
 
 Truss's home, the identity key, the ledger and the sandbox's own runtime directory are never
 visible inside: a bind inside one of them is refused (``SandboxError``, cause ``protected_path``),
-and a bind containing one has it masked (an empty read-only tmpfs over a directory, ``/dev/null``
-over a file). Paths are compared after resolving symlinks; hard links are not detected.
+and a bind or a system tree containing one has it masked (an empty read-only tmpfs over a
+directory, ``/dev/null`` over a file). Paths are compared after resolving symlinks; hard links are not detected.
 """
 
 from __future__ import annotations
@@ -160,8 +160,11 @@ def plan_sandbox(
         opts += ["--ro-bind", proxy_socket, PROXY_SOCKET]
 
     masked: list[str] = []
+    # Everything the sandbox shows of the host: the binds and the system trees, which are bound
+    # whole (a system-wide install may keep Truss's home or key under /usr/local).
+    shown = [*visible, *system.dirs, *system.etc]
     for secret, kind in sorted(protected_real.items()):
-        if not any(_inside(secret, b.path) for b in binds) or any(_inside(secret, m) for m in masked):
+        if not any(_inside(secret, root) for root in shown) or any(_inside(secret, m) for m in masked):
             continue  # not visible anyway, or inside a directory already masked
         masked.append(secret)
         if kind == "dir":
