@@ -284,8 +284,9 @@ class SandboxError(ServerStartError):
 
     Fields: ``server``, ``cause`` (a stable code: ``not_linux``, ``bwrap_missing``,
     ``bwrap_unusable``, ``bwrap_too_old``, ``userns_unavailable``, ``unresolvable``,
-    ``protected_path``, ``runtime_dir``), ``path`` where one is involved. Never a fallback:
-    a profile that is ``required`` refuses to start the server instead of running it unconfined.
+    ``protected_path``, ``aliased_bind``, ``runtime_dir``, ``limit_unenforceable``), ``path`` where
+    one is involved. Never a fallback: a profile that is ``required`` refuses to start the server
+    instead of running it unconfined.
     """
 
     kind = "sandbox"

@@ -153,6 +153,27 @@ def test_a_bind_inside_truss_home_is_refused(profile: Profile) -> None:
     assert caught.value.cause == "protected_path"
 
 
+@pytest.mark.parametrize(
+    "profile",
+    [
+        # /data is a symlink to /srv: the layering compares the paths as written, the plan binds real paths.
+        pytest.param(Profile(read=("/srv/shared",), write=("/data/shared",)), id="the_read_path_again_by_a_symlink"),
+        pytest.param(Profile(read=("/srv/shared",), write=("/data/shared/data",)), id="inside_it_by_a_symlink"),
+    ],
+)
+def test_a_write_path_that_reaches_a_read_only_path_through_a_symlink_is_refused(profile: Profile) -> None:
+    # Else a contract's write = ["/data/shared"] made the operator's read-only /srv/shared writable.
+    with pytest.raises(SandboxError) as caught:
+        _plan(profile)
+    assert caught.value.cause == "aliased_bind"
+    assert caught.value.fields["path"] == profile.write[0]
+
+
+def test_a_write_path_inside_a_read_path_as_written_stays_writable_on_top_of_it() -> None:
+    plan = _plan(Profile(read=("/data",), write=("/data/work",)))
+    assert [(b.path, b.mode) for b in plan.binds if b.why == "profile"] == [("/srv", "ro"), ("/srv/work", "rw")]
+
+
 def test_a_server_whose_executable_lives_in_truss_home_is_refused() -> None:
     fs = _fs().file(f"{HOME}/bin/server")
     with pytest.raises(SandboxError) as caught:

@@ -234,6 +234,7 @@ def _binds(
     links: dict[str, str] = dict(resolution.symlinks)
     links.update(helper.symlinks)
     chosen: dict[str, Bind] = {}
+    resolved: dict[str, list[tuple[str, str]]] = {"rw": [], "ro": []}  # (as written, real)
     for mode, paths in (("rw", profile.write), ("ro", profile.read)):
         for path in paths:
             try:
@@ -252,7 +253,9 @@ def _binds(
                     path=path,
                 )
             links.update(met)
+            resolved[mode].append((path, real))
             chosen.setdefault(real, Bind(real, "rw" if mode == "rw" else "ro", "profile"))
+    _check_aliases(resolved["rw"], resolved["ro"], server)
     profile_roots = list(chosen)
     for bind in (*resolution.binds, *helper.binds):
         if bind.path in chosen or any(_inside(bind.path, root) for root in profile_roots):
@@ -266,6 +269,28 @@ def _binds(
             continue
         kept.append(bind)
     return kept, sorted(links.items())
+
+
+def _check_aliases(write: Sequence[tuple[str, str]], read: Sequence[tuple[str, str]], server: str) -> None:
+    """Refuse a write path that reaches a read path, or inside one, only once symlinks are resolved.
+
+    The layering (``merge_profiles``) compares paths as written, without the file system: a
+    contract's ``write = ["/data/shared"]``, where ``/data`` links to ``/srv``, would otherwise
+    make the operator's read-only ``/srv/shared`` writable. A write path inside a read path as
+    written (both the contract's, or the operator's write under a contract's read) stays allowed.
+    """
+    for path, real in write:
+        for read_path, read_real in read:
+            if _inside(real, read_real) and not _inside(path, read_path):
+                raise SandboxError(
+                    f"cannot confine MCP server {server!r}: the sandbox write path {path} is {real}, "
+                    f"{'the same as' if real == read_real else 'inside'} the read-only path {read_path}, "
+                    "once symlinks are resolved",
+                    remedy="Write the sandbox's read and write paths as their real paths, without symlinks",
+                    server=server,
+                    cause="aliased_bind",
+                    path=path,
+                )
 
 
 def _protected(fs: FsView, paths: Sequence[str]) -> dict[str, str]:
