@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,14 +14,17 @@ from tests.mcp.sandbox._fakefs import FakeFs, debian
 from truss._errors import SandboxError
 from truss.mcp.sandbox import (
     PROXY_SOCKET,
+    Bwrap,
     Limits,
     Profile,
     SandboxPlan,
     parse_host_rule,
+    plan_for,
     plan_sandbox,
     resolve_command,
     system_layout,
 )
+from truss.mcp.sandbox._confine import _helper_python  # pyright: ignore[reportPrivateUsage]
 
 HOME = "/srv/shared/truss-home"
 
@@ -136,6 +141,24 @@ def test_truss_home_and_a_key_inside_a_system_tree_are_masked_although_no_bind_n
     assert opts[at - 1] == "--tmpfs" and opts[at + 1 : at + 3] == ["--remount-ro", home]
     assert opts[opts.index(key) - 2 : opts.index(key)] == ["--ro-bind", "/dev/null"]
     assert plan.description["masked"] == [key, home]
+
+
+def test_a_relative_truss_home_is_masked_as_surely_as_an_absolute_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TRUSS_HOME=.truss (or protected=[".truss"]) means the directory below Truss's working directory.
+    work = os.path.realpath(tmp_path)
+    fs = debian().file(_helper_python()).file(f"{work}/.truss/identity.key", b"key", executable=False)
+    fs.file(f"{work}/server")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("TRUSS_HOME", ".truss")
+    bwrap = Bwrap(path="/usr/bin/bwrap", version="0.11.0", source="PATH")
+    for protected in ([], [".truss"]):
+        plan = plan_for(
+            Profile(read=(work,)), f"{work}/server", [], {"PATH": "/usr/bin"}, work, server="s", bwrap=bwrap,
+            protected=protected, fs=fs,
+        )  # fmt: skip
+        assert plan.masked == (f"{work}/.truss",)
 
 
 @pytest.mark.parametrize(

@@ -223,6 +223,8 @@ def plan_for(
     guarded = [str(p) for p in protected]
     if os.environ.get("TRUSS_HOME"):
         guarded.append(os.environ["TRUSS_HOME"])
+    # Absolute, as Truss itself reads them: a relative home (.truss) is masked as surely as /x/.truss.
+    guarded = [os.path.abspath(p) for p in guarded]
     place = runtime or Path(tempfile.gettempdir()) / "truss-sbx-plan"
     return plan_sandbox(
         profile,
