@@ -43,6 +43,7 @@ from truss._errors import ContractError
 
 __all__ = [
     "NETWORK_MODES",
+    "NEVER_BIND",
     "HostRule",
     "Limits",
     "NetworkMode",
@@ -78,7 +79,7 @@ _SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^([0-9]+)\s*([KMGT]?)(?:i?B)?\Z", re.IGNORECASE)
 _LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 # Kernel file systems a bind would expose from the host, not from the sandbox's own mounts.
-_NEVER_BIND = ("/proc", "/sys", "/dev")
+NEVER_BIND = ("/proc", "/sys", "/dev")
 
 
 @dataclass(frozen=True)
@@ -311,7 +312,7 @@ def normalise_bind(path: Any) -> str:
     if not parts:
         raise ValueError("binding / would expose the whole file system")
     norm = "/" + "/".join(parts)
-    for root in _NEVER_BIND:
+    for root in NEVER_BIND:
         if norm == root or norm.startswith(root + "/"):
             raise ValueError(f"{norm} is inside {root}, which the sandbox mounts afresh and never binds from the host")
     return norm

@@ -138,3 +138,52 @@ def test_the_system_layout_recreates_merged_usr_links_and_adds_resolv_and_certif
     assert {"/etc/resolv.conf", "/etc/ssl/certs"} <= set(online.etc)
     assert "/etc/ld.so.cache" in offline.etc and "/etc/passwd" in offline.etc
     assert not any(p.startswith("/etc/ssl/private") for p in online.etc)
+
+
+def test_a_venv_made_with_bin_python3_on_merged_usr_binds_its_real_base_not_the_root() -> None:
+    # python3 -m venv run as /bin/python3 writes home = /bin; /bin links to usr/bin, whose prefix is /usr.
+    fs = debian().link("/srv/venv/bin/python3", "/usr/bin/python3.11")
+    fs.file("/srv/venv/pyvenv.cfg", b"home = /bin\nversion = 3.11.2\n", executable=False)
+    found = resolve_command(fs, "/srv/venv/bin/python3", ["-m", "server"], {}, "/")
+    assert "/" not in [b.path for b in found.binds]
+    assert [b.path for b in found.binds] == ["/srv/venv"]
+
+
+@pytest.mark.parametrize(
+    ("fs", "command", "env"),
+    [
+        # A confined server that can write its own venv rewrites pyvenv.cfg for its next start.
+        pytest.param(
+            debian().file("/srv/venv/bin/python3").file("/srv/venv/pyvenv.cfg", b"home = /\n", executable=False),
+            "/srv/venv/bin/python3",
+            {},
+            id="pyvenv_home_at_the_root",
+        ),
+        pytest.param(
+            debian().file("/srv/venv/bin/python3").file("/srv/venv/pyvenv.cfg", b"home = /proc/1/root/bin\n"),
+            "/srv/venv/bin/python3",
+            {},
+            id="pyvenv_home_in_host_proc",
+        ),
+        pytest.param(
+            debian().file("/usr/bin/npx"),
+            "npx",
+            {"PATH": "/usr/bin", "NPM_CONFIG_CACHE": "/"},
+            id="npm_cache_at_the_root",
+        ),
+        pytest.param(
+            debian().file("/usr/bin/uvx").dir("/proc/self"),
+            "uvx",
+            {"PATH": "/usr/bin", "UV_CACHE_DIR": "/proc/self"},
+            id="uv_cache_in_host_proc",
+        ),
+    ],
+)
+def test_a_resolved_path_that_would_bind_the_root_or_a_kernel_file_system_is_refused(
+    fs: FakeFs, command: str, env: dict[str, str]
+) -> None:
+    # The profile's read/write refuse /, /proc, /sys and /dev; what the command needs may not bind them either.
+    with pytest.raises(SandboxError) as caught:
+        resolve_command(fs, command, ["x"], env, "/", server="s")
+    assert caught.value.cause == "unresolvable"
+    assert caught.value.server == "s"

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from truss._errors import SandboxError
+from truss._sandbox_profile import NEVER_BIND
 
 __all__ = [
     "SYSTEM_ROOTS",
@@ -196,14 +197,29 @@ def _shebang(fs: FsView, path: str) -> list[str] | None:
 
 
 class _Collector:
-    def __init__(self, fs: FsView) -> None:
+    def __init__(self, fs: FsView, server: str) -> None:
         self.fs = fs
+        self.server = server
         self.binds: dict[str, Bind] = {}
         self.links: dict[str, str] = {}
 
     def see(self, path: str, why: str, mode: Literal["ro", "overlay"] = "ro") -> str:
-        """Record ``path``'s symlinks and bind its real target (unless a system tree holds it)."""
+        """Record ``path``'s symlinks and bind its real target (unless a system tree holds it).
+
+        The root and the kernel file systems are refused as the profile's own paths are: a
+        ``pyvenv.cfg`` or a cache variable naming them (``home = /``, ``UV_CACHE_DIR=/proc/1/root``)
+        would otherwise show the whole host.
+        """
         real, links = walk(self.fs, path)
+        if real == "/" or any(_inside(real, root) for root in NEVER_BIND):
+            raise SandboxError(
+                f"cannot confine MCP server {self.server!r}: its {why} {path} is {real}, which a sandbox never "
+                "binds from the host",
+                remedy="Fix the path the command's files or environment name (pyvenv.cfg home, a cache variable)",
+                server=self.server,
+                cause="unresolvable",
+                path=path,
+            )
         for link, target in links:
             self.links.setdefault(link, target)
         if not is_system(real) and real not in self.binds:
@@ -229,7 +245,7 @@ def resolve_command(
             cause="unresolvable",
             path=command,
         )
-    collect = _Collector(fs)
+    collect = _Collector(fs, server)
     chain: list[str] = []
     current = found
     current_args = list(args)
@@ -305,6 +321,9 @@ def _prefixes(collect: _Collector, invoked: str, real: str) -> None:
         collect.see(posixpath.dirname(cfg), "venv")
         home = _cfg_value(fs.head(cfg, 65536), "home")
         if home and home.startswith("/"):
+            # Resolved first: a venv made by /bin/python3 on a merged-/usr system says home = /bin,
+            # whose prefix is /usr (where /bin leads), not the root.
+            home, _ = walk(fs, home)
             base = posixpath.dirname(home) if posixpath.basename(home.rstrip("/")) == "bin" else home
             collect.see(base, "prefix")
         break
