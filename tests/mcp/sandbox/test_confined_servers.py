@@ -123,6 +123,24 @@ async def test_the_environment_inside_is_exactly_the_one_given_plus_the_proxy_va
     assert seen == {**env, **dict.fromkeys(names, "http://127.0.0.1:3128"), "PWD": "/"}
 
 
+async def test_the_servers_variables_reach_it_inside_but_not_trusss_launcher_outside_by_their_names(
+    tmp_path: Path,
+) -> None:
+    # The launcher runs on the host before bwrap: the loader would honour a LD_PRELOAD or a
+    # LD_LIBRARY_PATH given to the server there, unconfined (a library the server wrote into a
+    # write bind in an earlier run, say).
+    await checked_bwrap()
+    loader = {"LD_PRELOAD": str(tmp_path / "absent.so"), "LD_LIBRARY_PATH": str(tmp_path), "GCONV_PATH": str(tmp_path)}
+    env = _env(**loader)
+    async with confined(Profile(), "/usr/bin/env", [], env, "/", server="p") as spawn:
+        outside = dict(spawn.env)
+        code, out, err = await _run(spawn)
+    assert code == 0, err
+    assert not set(env) & set(outside)
+    seen = dict(line.split("=", 1) for line in out.splitlines())
+    assert seen == {**env, "PWD": "/"}
+
+
 async def test_a_start_that_fails_inside_the_sandbox_says_what_was_not_visible(tmp_path: Path) -> None:
     await checked_bwrap()
     lib = tmp_path / "lib"

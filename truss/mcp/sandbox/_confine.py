@@ -62,6 +62,10 @@ _EXIT_SIGNALS = {24: "cpu", 25: "file_size"}  # SIGXCPU, SIGXFSZ: the rlimit's o
 _MAX_HANDOVER_TRIES = 4
 _NO_STATUS: dict[str, int] = {}  # shared, never changed: what ``_current_status`` answers before bwrap wrote
 _HANDOVER_TIMEOUT_S = 10.0
+# The launcher runs on the host, before bwrap: it gets the server's variables only under this
+# prefix, so that the loader and libc never honour one of them there (LD_PRELOAD, LD_LIBRARY_PATH,
+# GCONV_PATH ...: a library the server wrote into a write bind would run unconfined).
+ENV_PREFIX = "TRUSS_SANDBOX_ENV_"
 
 
 @dataclass
@@ -266,8 +270,10 @@ async def confined(
     """Start-up plan for one confined stdio server; see the module docstring. Raises ``SandboxError``.
 
     ``env`` is exactly the environment the server gets inside (plus the proxy variables with
-    network ``allow``); ``protected`` are paths never shown inside (Truss's home, the identity key,
-    the ledger database and its ``-wal``/``-shm`` files); ``on_event`` receives each
+    network ``allow``); ``Spawn.env`` holds it for the launcher outside, each name prefixed with
+    ``ENV_PREFIX`` (Truss's spawn marker excepted); ``protected`` are paths never shown inside
+    (Truss's home, the identity key, the ledger database and its ``-wal``/``-shm`` files);
+    ``on_event`` receives each
     ``EgressEvent`` and, at the end, the ``EgressSummary`` values (sync or async callable).
     """
     clock = clock or SystemClock()
@@ -337,6 +343,7 @@ async def confined(
             "bwrap": bwrap.path,
             "options": list(plan.options),
             "env_names": list(plan.env_names),
+            "env_prefix": ENV_PREFIX,
             "extra_env": [list(pair) for pair in plan.extra_env],
             "command": list(plan.command),
             "cgroup_procs": cgroups.procs_files,
@@ -348,10 +355,12 @@ async def confined(
         fd = os.open(plan_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(launch, handle)
+        outside = {MARKER_ENV: env[MARKER_ENV]} if MARKER_ENV in env else {}
+        outside.update((ENV_PREFIX + name, value) for name, value in env.items())
         spawn = Spawn(
             command=_helper_python(),
             args=["-I", "-S", str(_LAUNCH), str(plan_file)],
-            env=dict(env),
+            env=outside,
             cwd=cwd,
             confined=True,
             description=description,

@@ -1,7 +1,9 @@
 """The command a confined server is started with: joins the cgroups, then becomes bwrap. Stdlib only.
 
 Run as ``python -I -S _launch.py PLAN.json`` by whatever starts the stdio server (the MCP SDK),
-with the server's environment. It
+with the server's environment under prefixed names (``TRUSS_SANDBOX_ENV_PATH``: this process runs
+on the host, where the loader must not honour the server's ``LD_PRELOAD`` or ``LD_LIBRARY_PATH``).
+It
 
 1. writes its own pid into each of the sandbox's ``cgroup.procs`` (so bwrap and everything it
    starts are limited from the first instruction) and into ``launcher.pid`` (so Truss can end the
@@ -83,8 +85,9 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         return _fail(f"cannot record the sandbox's pid: {exc.strerror}")
     words: list[str] = [*plan["options"], "--clearenv"]
+    prefix = plan["env_prefix"]
     for name in plan["env_names"]:
-        value = os.environ.get(name)
+        value = os.environ.get(prefix + name)
         if value is not None:
             words += ["--setenv", name, value]
     for name, value in plan["extra_env"]:
