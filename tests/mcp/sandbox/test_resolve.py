@@ -9,6 +9,14 @@ from truss._errors import SandboxError
 from truss.mcp.sandbox import Bind, resolve_command, system_layout
 
 
+def _unmerged() -> FakeFs:
+    """A system without merged /usr: /lib and /bin are directories of their own."""
+    fs = debian()
+    for link in ("/bin", "/lib"):
+        del fs.links[link]
+    return fs.dir("/bin", "/lib/x86_64-linux-gnu")
+
+
 def _venv_layout() -> FakeFs:
     fs = debian()
     # The checkout reaches the peers through a symlink in the middle of the path, as .peers does.
@@ -152,15 +160,19 @@ def test_a_venv_made_with_bin_python3_on_merged_usr_binds_its_real_base_not_the_
 @pytest.mark.parametrize(
     ("fs", "command", "env"),
     [
-        # A confined server that can write its own venv rewrites pyvenv.cfg for its next start.
+        # A confined server that can write its own venv rewrites pyvenv.cfg for its next start
+        # (on a system without merged /usr, /lib is a directory: the root looks like a prefix).
         pytest.param(
-            debian().file("/srv/venv/bin/python3").file("/srv/venv/pyvenv.cfg", b"home = /\n", executable=False),
+            _unmerged().file("/srv/venv/bin/python3").file("/srv/venv/pyvenv.cfg", b"home = /\n", executable=False),
             "/srv/venv/bin/python3",
             {},
             id="pyvenv_home_at_the_root",
         ),
         pytest.param(
-            debian().file("/srv/venv/bin/python3").file("/srv/venv/pyvenv.cfg", b"home = /proc/1/root/bin\n"),
+            debian()
+            .file("/srv/venv/bin/python3")
+            .file("/srv/venv/pyvenv.cfg", b"home = /proc/1/root/bin\n")
+            .dir("/proc/1/root/lib"),
             "/srv/venv/bin/python3",
             {},
             id="pyvenv_home_in_host_proc",
@@ -187,3 +199,12 @@ def test_a_resolved_path_that_would_bind_the_root_or_a_kernel_file_system_is_ref
         resolve_command(fs, command, ["x"], env, "/", server="s")
     assert caught.value.cause == "unresolvable"
     assert caught.value.server == "s"
+
+
+def test_a_pyvenv_home_that_is_no_python_prefix_binds_nothing_of_it() -> None:
+    # A confined server that can write its own venv names ~/.ssh/bin as home for its next start.
+    fs = debian().file("/srv/venv/bin/python3").dir("/home/u/.ssh")
+    fs.file("/home/u/.ssh/id_ed25519", b"key", executable=False)
+    fs.file("/srv/venv/pyvenv.cfg", b"home = /home/u/.ssh/bin\n", executable=False)
+    found = resolve_command(fs, "/srv/venv/bin/python3", ["-m", "server"], {}, "/")
+    assert not [b.path for b in found.binds if b.path.startswith("/home")]

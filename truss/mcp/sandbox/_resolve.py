@@ -210,7 +210,12 @@ class _Collector:
         ``pyvenv.cfg`` or a cache variable naming them (``home = /``, ``UV_CACHE_DIR=/proc/1/root``)
         would otherwise show the whole host.
         """
-        real, links = walk(self.fs, path)
+        try:
+            real, links = walk(self.fs, path)
+        except ValueError as exc:
+            raise SandboxError(
+                f"cannot confine MCP server {self.server!r}: {exc}", server=self.server, cause="unresolvable", path=path
+            ) from None
         if real == "/" or any(_inside(real, root) for root in NEVER_BIND):
             raise SandboxError(
                 f"cannot confine MCP server {self.server!r}: its {why} {path} is {real}, which a sandbox never "
@@ -323,9 +328,15 @@ def _prefixes(collect: _Collector, invoked: str, real: str) -> None:
         if home and home.startswith("/"):
             # Resolved first: a venv made by /bin/python3 on a merged-/usr system says home = /bin,
             # whose prefix is /usr (where /bin leads), not the root.
-            home, _ = walk(fs, home)
+            try:
+                home, _ = walk(fs, home)
+            except ValueError:
+                break  # a symlink loop: no prefix to bind (the interpreter will say what it misses)
             base = posixpath.dirname(home) if posixpath.basename(home.rstrip("/")) == "bin" else home
-            collect.see(base, "prefix")
+            # Only a Python prefix (its standard library under lib/): a pyvenv.cfg that a server
+            # could rewrite in its own venv must not name any other directory into its next sandbox.
+            if any(fs.kind(posixpath.join(base, lib)) == "dir" for lib in ("lib", "Lib")):
+                collect.see(base, "prefix")
         break
     real_bin = posixpath.dirname(real)
     if posixpath.basename(real_bin) == "bin":
