@@ -141,6 +141,27 @@ async def test_the_servers_variables_reach_it_inside_but_not_trusss_launcher_out
     assert seen == {**env, "PWD": "/"}
 
 
+async def test_a_bind_swapped_for_a_symlink_after_the_plan_is_refused_at_the_start_and_shows_nothing(
+    tmp_path: Path,
+) -> None:
+    # Another process that can write the bind's parent (another confined server with a write bind
+    # there) replaces the checked directory with a symlink before bwrap mounts it.
+    await checked_bwrap()
+    shared, secret = tmp_path / "shared", tmp_path / "secret"
+    (shared / "data").mkdir(parents=True)
+    secret.mkdir()
+    (secret / "identity.key").write_text("CANARY-swapped-bind")
+    code_text = f"import os; print(sorted(os.listdir({str(shared / 'data')!r})))"
+    async with confined(
+        Profile(read=(str(shared / "data"),)), sys.executable, ["-c", code_text], _env(), "/", server="swap"
+    ) as spawn:
+        (shared / "data").rename(shared / "was-data")
+        (shared / "data").symlink_to(secret)
+        code, out, err = await _run(spawn)
+    assert "CANARY" not in out and "identity.key" not in out
+    assert code == 126 and str(shared / "data") in err
+
+
 async def test_a_start_that_fails_inside_the_sandbox_says_what_was_not_visible(tmp_path: Path) -> None:
     await checked_bwrap()
     lib = tmp_path / "lib"

@@ -344,6 +344,8 @@ async def confined(
             "options": list(plan.options),
             "env_names": list(plan.env_names),
             "env_prefix": ENV_PREFIX,
+            # Mounted through a descriptor the launcher opens and checks (no symlink swapped in since).
+            "pinned": [b.path for b in plan.binds if b.mode in ("ro", "rw")],
             "extra_env": [list(pair) for pair in plan.extra_env],
             "command": list(plan.command),
             "cgroup_procs": cgroups.procs_files,

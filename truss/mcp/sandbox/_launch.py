@@ -8,10 +8,14 @@ It
 1. writes its own pid into each of the sandbox's ``cgroup.procs`` (so bwrap and everything it
    starts are limited from the first instruction) and into ``launcher.pid`` (so Truss can end the
    sandbox even if the SDK did not);
-2. puts bwrap's options, ``--clearenv`` and one ``--setenv`` per variable the plan names (values
+2. opens each bind the plan checked (``pinned``: real paths, no symlink in them) and checks
+   that it still is that path and no symlink, then has bwrap mount what it opened
+   (``--ro-bind-fd``/``--bind-fd``): a directory swapped for a symlink since the plan (by another
+   process that can write its parent) refuses the start instead of showing where the link leads;
+3. puts bwrap's options, ``--clearenv`` and one ``--setenv`` per variable the plan names (values
    from its own environment) into an anonymous memory file passed as ``--args FD``: secret values
    never appear on a command line, which any local user can read;
-3. execs bwrap with an environment holding only Truss's spawn marker (``TRUSS_MCP_SPAWN``, so
+4. execs bwrap with an environment holding only Truss's spawn marker (``TRUSS_MCP_SPAWN``, so
    that Truss still finds the process group it started) and ``--json-status-fd`` on a file
    Truss reads (the sandbox's init pid, then its exit code).
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import _json  # pyright: ignore[reportMissingModuleSource] - the C half of json, without re
 import os
+import stat
 import sys
 
 TYPE_CHECKING = False
@@ -64,6 +69,28 @@ def load_json(text: str) -> Any:
     return value
 
 
+def pin_binds(options: list[str], pinned: list[str]) -> list[str]:
+    """``options`` with each ``--bind P P``/``--ro-bind P P`` of a pinned path made ``--bind-fd FD P``.
+
+    Raises ``OSError`` when a pinned path is gone, is a symlink now, or resolves elsewhere (a
+    component swapped for a symlink). The descriptors are left open and inheritable for bwrap,
+    which mounts what they name and closes them before the sandbox runs anything.
+    """
+    wanted = set(pinned)
+    out = list(options)
+    for i, word in enumerate(out[:-2]):
+        if word not in ("--bind", "--ro-bind") or out[i + 1] != out[i + 2] or out[i + 1] not in wanted:
+            continue
+        path = out[i + 1]
+        fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        if stat.S_ISLNK(os.fstat(fd).st_mode) or os.readlink(f"/proc/self/fd/{fd}") != path:
+            os.close(fd)
+            raise OSError(f"{path} changed since the sandbox was planned (it is or goes through a symlink now)")
+        os.set_inheritable(fd, True)
+        out[i : i + 2] = [f"{word}-fd", str(fd)]
+    return out
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         return _fail("usage: _launch.py PLAN.json")
@@ -84,7 +111,11 @@ def main(argv: list[str]) -> int:
             handle.write(me)
     except OSError as exc:
         return _fail(f"cannot record the sandbox's pid: {exc.strerror}")
-    words: list[str] = [*plan["options"], "--clearenv"]
+    try:
+        options = pin_binds(plan["options"], plan["pinned"])
+    except OSError as exc:
+        return _fail(f"cannot pin the sandbox's binds: {exc}; nothing was started")
+    words: list[str] = [*options, "--clearenv"]
     prefix = plan["env_prefix"]
     for name in plan["env_names"]:
         value = os.environ.get(prefix + name)
