@@ -192,6 +192,47 @@ def test_a_write_path_that_reaches_a_read_only_path_through_a_symlink_is_refused
     assert caught.value.fields["path"] == profile.write[0]
 
 
+@pytest.mark.parametrize(
+    ("link", "target"),
+    [
+        pytest.param("/srv/everything", "/", id="a_symlink_to_the_root"),
+        pytest.param("/srv/host-root", "/proc/1/root", id="a_symlink_to_proc_1_root"),
+        pytest.param("/srv/disk", "/dev/sda", id="a_symlink_to_a_device"),
+    ],
+)
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_profile_path_that_is_a_symlink_to_the_root_or_a_kernel_file_system_is_refused(
+    link: str, target: str, mode: str
+) -> None:
+    # The profile refuses /, /proc, /sys and /dev as written; a symlink to them must not get past.
+    fs = _fs().link(link, target).link("/proc/1/root", "/").file("/dev/sda", b"", executable=False)
+    profile = Profile(read=(link,)) if mode == "read" else Profile(write=(link,))
+    with pytest.raises(SandboxError) as caught:
+        _plan(profile, fs=fs)
+    assert caught.value.cause == "unresolvable"
+    assert caught.value.fields["path"] == link
+
+
+class _GuardedProc(FakeFs):
+    """/proc/1/root as an unprivileged process in a container meets it: a link it may not read."""
+
+    def readlink(self, path: str) -> str:
+        if path.startswith("/proc/1/"):
+            raise PermissionError(13, "Permission denied", path)
+        return super().readlink(path)
+
+
+def test_a_symlink_the_planner_may_not_read_is_a_sandbox_error_not_a_traceback() -> None:
+    fs = _GuardedProc(files=dict(_fs().files), dirs=set(_fs().dirs), links=dict(_fs().links))
+    fs.link("/srv/host-root", "/proc/1/root").link("/proc/1/root", "/")
+    with pytest.raises(SandboxError) as caught:
+        _plan(Profile(read=("/srv/host-root",)), fs=fs)
+    assert caught.value.cause == "unresolvable"
+    # A protected path behind such a link does not stop the plan either.
+    plan = _plan(Profile(read=("/srv",)), fs=fs, protected=(HOME, "/srv/host-root/key"))
+    assert plan.masked == (HOME,)
+
+
 def test_a_write_path_inside_a_read_path_as_written_stays_writable_on_top_of_it() -> None:
     plan = _plan(Profile(read=("/data",), write=("/data/work",)))
     assert [(b.path, b.mode) for b in plan.binds if b.why == "profile"] == [("/srv", "ro"), ("/srv/work", "rw")]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from truss._errors import SandboxError
-from truss._sandbox_profile import Profile
+from truss._sandbox_profile import NEVER_BIND, Profile
 from truss.mcp.sandbox._resolve import SYSTEM_ROOTS, Bind, FsView, Resolution, SystemLayout, is_system, walk
 
 __all__ = [
@@ -243,6 +243,15 @@ def _binds(
                 raise SandboxError(
                     f"cannot confine MCP server {server!r}: {exc}", server=server, cause="unresolvable", path=path
                 ) from None
+            if real == "/" or any(_inside(real, root) for root in NEVER_BIND):
+                raise SandboxError(
+                    f"cannot confine MCP server {server!r}: the sandbox {'write' if mode == 'rw' else 'read'} "
+                    f"path {path} leads to {real}, which a sandbox never binds from the host",
+                    remedy="Name the directory the server needs itself, not a symlink to / or into /proc, /sys, /dev",
+                    server=server,
+                    cause="unresolvable",
+                    path=path,
+                )
             if fs.kind(real) is None:
                 raise SandboxError(
                     f"cannot confine MCP server {server!r}: the sandbox {'write' if mode == 'rw' else 'read'} "

@@ -121,7 +121,8 @@ _PYTHON_RE = re.compile(r"^python[0-9.]*\Z")
 def walk(fs: FsView, path: str) -> tuple[str, list[tuple[str, str]]]:
     """``realpath(path)`` and every symlink met on the way, as (link path, target text) pairs.
 
-    Raises ``ValueError`` on a loop. A missing component ends the walk at the path so far.
+    Raises ``ValueError`` on a loop or a link this process may not read (``/proc/1/root`` in a
+    container). A missing component ends the walk at the path so far.
     """
     links: list[tuple[str, str]] = []
     pending = [p for p in path.split("/") if p]
@@ -139,7 +140,10 @@ def walk(fs: FsView, path: str) -> tuple[str, list[tuple[str, str]]]:
             hops += 1
             if hops > _MAX_LINKS:
                 raise ValueError(f"too many levels of symbolic links at {candidate}")
-            target = fs.readlink(candidate)
+            try:
+                target = fs.readlink(candidate)
+            except OSError as exc:
+                raise ValueError(f"cannot read the symbolic link {candidate}: {exc.strerror or exc}") from None
             links.append((candidate, target))
             pending = [p for p in target.split("/") if p] + pending
             if target.startswith("/"):
