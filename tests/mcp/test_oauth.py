@@ -219,6 +219,22 @@ def test_login_then_runs_refresh_before_the_first_call_and_status_shows_no_token
     assert "canary-" not in status.stdout
 
 
+def test_login_refuses_forged_callbacks_with_400_and_keeps_waiting_for_the_one_with_its_state(
+    oauth: Servers, home: Path, tmp_path: Path
+) -> None:
+    # A local process (or a page the user has open) reaching the loopback listener first, with a
+    # wrong state, no state or no code, used to end the wait and so break the login.
+    file = contract(tmp_path / "c.toml", [server("a", oauth.a, CODE)], [("mcp:a:whoami", {})],
+                    ("mcp:a:whoami", "mcp:read"))  # fmt: skip
+    forging = {"BROWSER": f"{sys.executable} {BROWSER} --forge-first %s"}
+    done = truss(home, "--json", "mcp", "login", "a", "--contract", str(file), "--timeout", "60s", env=forging)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no browser here" not in done.stderr  # the browser exits 1 unless every forged callback got a 400
+    assert json.loads(done.stdout)["issuer"].rstrip("/") == oauth.issuer
+    assert grants(oauth) == ["authorization_code"]
+    assert ran(truss(home, "--json", "run", str(file)))["status"] == "pass"
+
+
 def grants(server: Servers) -> list[str]:
     return [r["grant"] for r in server.admin("log")]
 

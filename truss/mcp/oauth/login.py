@@ -14,6 +14,7 @@ contract names, plus those the previous grant held and those a headless step-up 
 
 from __future__ import annotations
 
+import hmac
 import webbrowser
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,11 @@ PASTE_PORT = 8976
 _PAGE = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
     b"Truss received the authorization. You can close this window.\n"
+)
+_NOT_OURS = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
+    b"This is not the authorization Truss is waiting for (its state does not match, or it has no code):"
+    b" Truss ignored it and is still waiting for the login you started.\n"
 )
 _NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
@@ -66,11 +72,21 @@ def parse_redirect(url: str) -> AuthorizationCodeResult:
 
 
 class _Loopback:
-    """The redirect's landing place on 127.0.0.1: one ``GET /callback?...`` is all it takes."""
+    """The redirect's landing place on 127.0.0.1: the ``GET /callback?...`` that carries the state
+    of the authorization URL Truss showed ends the wait.
+
+    Any local process, or a web page the person has open, can reach the listener before the
+    browser does. A callback with another state, or none, or with neither a code nor an error, is
+    answered 400 and the wait goes on (the login's own timeout still bounds it); taking it would
+    not leak the login (the SDK checks the state too) but would break it."""
 
     def __init__(self) -> None:
+        self.state: str | None = None
         self.result: AuthorizationCodeResult | BaseException | None = None
         self.arrived = anyio.Event()
+
+    def expect(self, authorization_url: str) -> None:
+        self.state = parse_qs(urlsplit(authorization_url).query).get("state", [None])[0]
 
     async def handle(self, stream: anyio.abc.SocketStream) -> None:
         async with stream:
@@ -83,8 +99,11 @@ class _Loopback:
                     data += chunk
             line = data.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split(" ")
-            if len(parts) < 2 or parts[0] != "GET" or not parts[1].startswith("/callback") or self.arrived.is_set():
+            if len(parts) < 2 or parts[0] != "GET" or urlsplit(parts[1]).path != "/callback" or self.arrived.is_set():
                 await stream.send(_NOT_FOUND)
+                return
+            if not self._ours(parts[1]):
+                await stream.send(_NOT_OURS)
                 return
             try:
                 self.result = parse_redirect(parts[1])
@@ -92,6 +111,13 @@ class _Loopback:
                 self.result = exc
             await stream.send(_PAGE)
             self.arrived.set()
+
+    def _ours(self, target: str) -> bool:
+        values = parse_qs(urlsplit(target).query, keep_blank_values=True)
+        state = values.get("state", [""])[0]
+        if self.state is None or not state or not hmac.compare_digest(state.encode(), self.state.encode()):
+            return False
+        return bool(values.get("code", [""])[0] or values.get("error", [""])[0])
 
 
 async def login(
@@ -141,6 +167,7 @@ async def login(
     redirect_uri = f"http://127.0.0.1:{port or PASTE_PORT}/callback"
 
     async def show(url: str) -> None:
+        loopback.expect(url)
         say(f"Open this URL to let Truss use MCP server {name!r}:\n\n  {url}\n")
         if browser:
             opened = await anyio.to_thread.run_sync(webbrowser.open, url)
