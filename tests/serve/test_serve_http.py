@@ -3,12 +3,14 @@ concurrency and clients that go away mid-run."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import sqlite3
 from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager, closing
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2
@@ -21,6 +23,8 @@ from truss._clock import SystemClock
 from truss.ledger.keys import IdentityKey, TrustedKeys
 from truss.ledger.stores import open_store
 from truss.ledger.verification import verify_ledger
+from truss.mcp._serve_core import Principal, TokenTable
+from truss.mcp._serve_http import _BearerGate  # pyright: ignore[reportPrivateUsage]
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -57,6 +61,66 @@ async def test_http_without_a_valid_bearer_token_gets_401_and_reaches_nothing(ht
                 http_server.url, json=_initialize(), headers=headers | {"Authorization": f"Bearer {TOKEN_A}"}
             )
             assert ok.status_code == 200
+
+
+async def _websocket_handshake(url: str, token: str | None) -> tuple[str, str]:
+    """A raw WebSocket opening handshake to ``url``: the status line and the headers of the answer."""
+    where = urlsplit(url)
+    assert where.hostname is not None and where.port is not None
+    head = (
+        f"GET {where.path} HTTP/1.1\r\nHost: {where.netloc}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        + (f"Authorization: Bearer {token}\r\n" if token is not None else "")
+        + "\r\n"
+    )
+    async with await anyio.connect_tcp(where.hostname, where.port) as stream:
+        await stream.send(head.encode())
+        data = b""
+        while b"\r\n\r\n" not in data and len(data) < 65536:
+            try:
+                data += await stream.receive()
+            except anyio.EndOfStream:
+                break
+    status, _, headers = data.partition(b"\r\n\r\n")[0].decode("latin-1").partition("\r\n")
+    return status, headers.lower()
+
+
+async def test_a_websocket_handshake_without_a_valid_bearer_token_gets_the_gates_401(http_server: HttpServer) -> None:
+    # With a WebSocket library installed (uvicorn[standard] brings one) uvicorn hands the app a
+    # "websocket" scope, which the gate used to pass on unauthenticated (the app then closed it: 403).
+    with anyio.fail_after(30):
+        for token in (None, "wrong-token"):
+            status, headers = await _websocket_handshake(http_server.url, token)
+            assert status.split(" ")[1] == "401", status
+            assert 'www-authenticate: bearer error="invalid_token"' in headers
+
+
+async def test_the_bearer_gate_closes_a_websocket_without_a_token_and_passes_on_no_other_scope() -> None:
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    principal = Principal(tenant="acme", user="alice")
+    gate = _BearerGate(app, TokenTable([(hashlib.sha256(TOKEN_A.encode()).digest(), principal)]))
+    with anyio.fail_after(10):
+        await gate({"type": "websocket", "headers": [], "extensions": {}}, receive, send)
+        assert sent == [{"type": "websocket.close", "code": 1008}] and seen == []
+        await gate(
+            {"type": "webtransport", "headers": [(b"authorization", f"Bearer {TOKEN_A}".encode())]}, receive, send
+        )
+        assert seen == []
+        await gate({"type": "websocket", "headers": [(b"authorization", f"Bearer {TOKEN_A}".encode())]}, receive, send)
+        await gate({"type": "lifespan"}, receive, send)
+        assert seen == ["websocket", "lifespan"]
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])

@@ -192,6 +192,12 @@ class _BearerGate:
     The principal rides on as the request's ``scope["user"]``, which is what the SDK's session
     manager binds a session to: a request for a session another principal opened (its id leaked,
     say) is answered 404, exactly as an unknown session, so it can neither use nor end it.
+
+    It fails closed: a WebSocket handshake (uvicorn delivers one when a WebSocket library is
+    installed, though nothing here serves them) needs the same token, and is refused with the same
+    401 where the server can send an HTTP answer to a handshake, else closed with 1008 (policy
+    violation) before it is accepted; any other kind of scope but the server's own lifespan
+    never reaches the app.
     """
 
     def __init__(self, inner: Any, tokens: TokenTable) -> None:
@@ -199,38 +205,49 @@ class _BearerGate:
         self._tokens = tokens
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            auth: bytes | None = None
-            for key, value in scope.get("headers", []):
-                if key == b"authorization":
-                    auth = value
-                    break
-            principal = self._tokens.principal_for_header(auth.decode("latin-1") if auth is not None else None)
-            if principal is None:
-                body = json.dumps(
-                    {"error": "unauthorized", "error_description": "a valid bearer token is required"}
-                ).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b'Bearer error="invalid_token"'),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-            scope = {**scope, "user": _user_of(principal)}
-            requester = _REQUESTER.set(principal)
-            try:
-                await self._inner(scope, receive, send)
-            finally:
-                _REQUESTER.reset(requester)
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._inner(scope, receive, send)
             return
-        await self._inner(scope, receive, send)
+        if kind not in ("http", "websocket"):
+            return
+        auth: bytes | None = None
+        for key, value in scope.get("headers", []):
+            if key == b"authorization":
+                auth = value
+                break
+        principal = self._tokens.principal_for_header(auth.decode("latin-1") if auth is not None else None)
+        if principal is None:
+            await _unauthorized(scope, send)
+            return
+        scope = {**scope, "user": _user_of(principal)}
+        requester = _REQUESTER.set(principal)
+        try:
+            await self._inner(scope, receive, send)
+        finally:
+            _REQUESTER.reset(requester)
+
+
+async def _unauthorized(scope: Any, send: Any) -> None:
+    prefix = "http"
+    if scope["type"] == "websocket":
+        if "websocket.http.response" not in (scope.get("extensions") or {}):
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        prefix = "websocket.http"
+    body = json.dumps({"error": "unauthorized", "error_description": "a valid bearer token is required"}).encode()
+    await send(
+        {
+            "type": f"{prefix}.response.start",
+            "status": 401,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"www-authenticate", b'Bearer error="invalid_token"'),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": f"{prefix}.response.body", "body": body})
 
 
 def _user_of(principal: Principal) -> AuthenticatedUser:
