@@ -4,6 +4,9 @@ The same (principal, ``session_id``) sent to both replicas at once starts one ru
 the claim atomic (``UNIQUE (session, seq)`` on the session's first entry), the replica that lost
 it answers with the other's session; a status poll on either answers; a caller waiting on the
 replica that does not drive the run gets the run's verdict when it ends.
+
+Where the property lives in one replica (its run slots), two in-process ``ServeApp``s over one
+SQLite ledger stand in for two replicas.
 """
 
 from __future__ import annotations
@@ -14,11 +17,17 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 
-from tests.serve.conftest import TOKEN_A, TOKEN_B, HttpServer, Site, structured
+from tests.serve.conftest import TOKEN_A, TOKEN_B, HttpServer, Site, error_of, structured
 from tests.serve.test_serve_http import http_client
 from truss._clock import SystemClock
+from truss.ledger.keys import IdentityKey
 from truss.ledger.stores import open_store
+from truss.mcp._serve_backend import LedgerBackend
+from truss.mcp._serve_core import Principal
+from truss.mcp.server import RunAnswer, ServeConfig, ServeLimits, serve_app
+from truss.runtime import Runtime
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -88,3 +97,64 @@ async def test_the_same_session_id_sent_to_two_replicas_at_once_starts_one_run(
     kinds = _kinds(postgres_url, session)
     assert kinds.count("session_started") == 1
     assert kinds.count("mcp_tool_intent") == 1, kinds  # one run called the tool, once
+
+
+class _Watched(LedgerBackend):
+    """The ledger backend, telling when it begins to follow a run another replica drives."""
+
+    following: anyio.Event
+
+    async def follow(self, session_id: str, *, stop: anyio.Event | None = None) -> RunAnswer:
+        self.following.set()
+        return await super().follow(session_id, stop=stop)
+
+
+async def test_a_call_waiting_on_a_run_another_replica_drives_takes_no_run_slot(serve_site: Site) -> None:
+    # Regression: following another replica's run took one of this process's run slots, so a
+    # replica busy with its own runs answered "busy" to a caller that only wanted to wait.
+    flag = serve_site.flag("follow")
+    gated = {"contract": "gated", "params": {"flag": str(flag)}}
+    key = IdentityKey.load(serve_site.home / "identity.key")
+    clock = SystemClock()
+    store = open_store(serve_site.home / "ledger.db", key=key, clock=clock)
+    backend = _Watched(Runtime(store=store, key=key, clock=clock, home=serve_site.home, environ=serve_site.env))
+    backend.following = anyio.Event()
+    config = ServeConfig(contracts_dir=serve_site.contracts, home=serve_site.home, backend=backend, clock=clock,
+                         limits=ServeLimits(max_concurrent_runs=1))  # fmt: skip
+    principal = Principal("acme", "alice")
+    try:
+        async with (
+            serve_app(config, lambda ctx: principal) as one,
+            serve_app(config, lambda ctx: principal) as two,
+            Client(one.server, cache=None) as a,
+            Client(two.server, cache=None) as b,
+        ):
+            with anyio.fail_after(120):
+                theirs = structured(
+                    await a.call_tool("truss_run_contract", {**gated, "session_id": "j", "async": True})
+                )
+                ours = structured(await b.call_tool("truss_run_contract", {**gated, "async": True}))
+                assert theirs["status"] == ours["status"] == "running"
+                while True:  # until replica one has recorded the session's start
+                    status = structured(await a.call_tool("truss_contract_status", {"session": theirs["session"]}))
+                    if status["head"]:
+                        break
+                    await anyio.sleep(0.05)
+                full = error_of(await b.call_tool("truss_run_contract", {**gated, "async": True}))
+                assert full["kind"] == "busy"  # replica two's one slot is its own run's
+                answers: list[Any] = []
+
+                async def wait_on() -> None:
+                    answers.append(await b.call_tool("truss_run_contract", {**gated, "session_id": "j"}))
+                    backend.following.set()  # answered without following: let the test see it
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait_on)
+                    await backend.following.wait()
+                    assert two.active_runs == 1  # its own run; the follower holds no slot
+                    flag.touch()
+                assert not answers[0].is_error, answers  # it was "busy"
+                final = structured(answers[0])
+                assert final["session"] == theirs["session"] and final["status"] == "pass", final
+    finally:
+        store.close()

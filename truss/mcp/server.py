@@ -191,6 +191,8 @@ class _Run:
     progress: dict[str, Any] = field(default_factory=dict[str, Any])
     events: int = 0
     sinks: list[ProgressSink] = field(default_factory=list[ProgressSink])
+    counted: bool = True
+    """Whether it holds a run slot: a run this process drives does; following another replica's does not."""
 
     def on_progress(self, event: Mapping[str, Any]) -> None:
         self.events += 1
@@ -360,33 +362,39 @@ class ServeApp:
         start: Starter,
         *,
         wait: bool,
+        counted: bool = True,
     ) -> types.CallToolResult:
         # From here to the start of the task nothing awaits, so two requests with one key can never
         # both start a run, and the count of active runs can never pass the limit.
         run = self._runs.get(session_id)
         if run is not None and not run.done.is_set():
             return await self._wait(ctx, run) if wait else await self._answer_for(run)
-        run = self._launch(principal, session_id, contract, start)
+        run = self._launch(principal, session_id, contract, start, counted=counted)
         if not wait:
             return _ok(RunAnswer(session=session_id, status="running").to_json())
         return await self._wait(ctx, run)
 
-    def _launch(self, principal: Principal, session_id: str, contract: str | None, start: Starter) -> _Run:
-        """Start a run as a task of the server process now, or raise ``_Busy`` (nothing awaits here)."""
+    def _launch(
+        self, principal: Principal, session_id: str, contract: str | None, start: Starter, *, counted: bool = True
+    ) -> _Run:
+        """Start a run as a task of the server process now, or raise ``_Busy`` (nothing awaits here).
+
+        ``counted`` False: it follows a run another replica drives, and takes no run slot."""
         if self.stopping.is_set():
             raise _Busy("the server is stopping; nothing was started", remedy="Retry later", retryable=True)
         limit = self.config.limits.max_concurrent_runs
-        if self._active >= limit:
+        if counted and self._active >= limit:
             raise _Busy(
                 f"busy: {self._active} runs in progress (the limit is {limit}); nothing was started",
                 remedy="Retry later",
                 retryable=True,
                 limit="max_concurrent_runs",
             )
-        run = _Run(session=session_id, principal=principal, contract=contract)
+        run = _Run(session=session_id, principal=principal, contract=contract, counted=counted)
         self._runs.pop(session_id, None)  # a finished run being resumed: the new task replaces it
         self._runs[session_id] = run
-        self._active += 1
+        if counted:
+            self._active += 1
         self._tg.start_soon(self._drive, run, start)
         return run
 
@@ -414,13 +422,15 @@ class ServeApp:
 
             return await self._start(ctx, principal, session_id, view.contract, resume, wait=wait)
         if view.status == "running" and wait and run is None:
-            # Another replica on the same ledger drives it: wait for its end as for a run of ours.
+            # Another replica on the same ledger drives it: wait for its end as for a run of ours, but
+            # in no run slot. The limit bounds the runs this process drives; following one only reads
+            # the ledger, one follower per session, and the replicas driving them bound how many.
             backend = self.config.backend
 
             def follow(sink: ProgressSink, stop: anyio.Event) -> Awaitable[RunAnswer]:
                 return backend.follow(session_id, stop=stop)
 
-            return await self._start(ctx, principal, session_id, view.contract, follow, wait=wait)
+            return await self._start(ctx, principal, session_id, view.contract, follow, wait=wait, counted=False)
         answer = await anyio.to_thread.run_sync(self.config.backend.answer, session_id)
         return _answer_result(answer)
 
@@ -487,7 +497,8 @@ class ServeApp:
             _log.exception("run %s failed", run.session)
             run.error = _internal(run.session, exc)
         finally:
-            self._active -= 1
+            if run.counted:
+                self._active -= 1
             run.done.set()
             task = self._tasks.get(run.session)
             if task is not None:
