@@ -3,8 +3,8 @@
 Thin: parse, open the runtime (``Ctx.open_runtime``), call ``truss.session``, render. Progress goes
 to stderr (one line per call), the summary or ``--json`` document to stdout. Ctrl-C and SIGTERM
 stop the run cleanly: the session is recorded as interrupted, servers are shut down, exit 3
-(resumable); while ``resume`` first reads and verifies the session, before its servers start,
-both end the command with exit 130 and nothing written. The MCP SDK is imported only inside the
+(resumable); while ``resume`` reads and verifies the session, before it records anything, both
+end the command with exit 130 and nothing written. The MCP SDK is imported only inside the
 handlers that connect.
 """
 
@@ -30,6 +30,7 @@ from truss.ledger.keyhistory import is_log_session
 
 if TYPE_CHECKING:  # the session modules load only in the handlers: other commands stay fast
     from truss.events import Event
+    from truss.ledger.stores import LedgerStore
     from truss.runtime import Connector
     from truss.session import RunOutcome
     from truss.telemetry import ExportStats
@@ -127,17 +128,16 @@ def _run(args: argparse.Namespace, ctx: Ctx) -> int:
 
 
 def resume(args: argparse.Namespace, ctx: Ctx) -> int:
-    # The session is read and verified whole before the run's own watcher is installed (a long one
-    # takes seconds): SIGTERM in that stretch ends the command as Ctrl-C does (exit 130, nothing
-    # written), not as a silent kill.
+    # A session whose row says it ended is verified whole before the run's own watcher is installed
+    # (a long one takes seconds): SIGTERM in that stretch ends the command as Ctrl-C does (exit 130,
+    # nothing written), not as a silent kill. The watcher does the same for the resume's own read.
     with sigterm_interrupts():
         return _resume(args, ctx)
 
 
 def _resume(args: argparse.Namespace, ctx: Ctx) -> int:
     with ctx.open_runtime(connector=_connector(ctx, no_wait=args.no_wait)) as runtime:
-        info = None if is_log_session(args.session) else runtime.store.session(args.session)
-        if info is not None and info.ended:
+        if _ended(runtime.store, args.session):
             # Nothing to continue: the outcome comes from the session's last entries, with no
             # connector, telemetry or event loop started (and so no SDK imported).
             from truss.session import outcome_of
@@ -153,12 +153,38 @@ def _resume(args: argparse.Namespace, ctx: Ctx) -> int:
             live = dataclasses.replace(runtime, events=(*runtime.events, progress, *watching))
             return await resume_session(live, args.session, stop=stop)
 
+        stopped: list[str] = []
         try:
-            outcome = _drive(ctx, start)
+            outcome = _drive(ctx, start, stopped=stopped)
         finally:
             stats = close_telemetry(ctx, telemetry)
+        if stopped and outcome.status == "interrupted" and outcome.checkpoint is None:
+            # Stopped while the session was still read and verified: nothing was recorded (an
+            # interrupted run signs a checkpoint), so the command ends as Ctrl-C does (exit 130).
+            raise KeyboardInterrupt("SIGTERM") if stopped[0] == "SIGTERM" else KeyboardInterrupt()
     _render(ctx, outcome, telemetry=stats)
     return outcome.exit_code
+
+
+def _ended(store: LedgerStore, session: str) -> bool:
+    """Whether ``session`` ended, by its verified chain, asked only when the store's unverified row
+    says it is over, as ``resume_session`` asks it.
+
+    A row that says the session goes on decides nothing: ``resume_session`` then reads and verifies
+    the session once, whole, and returns the recorded outcome when that read says it ended, so
+    verifying it here as well would read a long session twice. A row that says it is over is
+    checked against the chain (R2), whose answer ``resume_session`` reuses rather than verifying
+    again."""
+    from truss.ledger.reader import unverified
+    from truss.session import TERMINAL
+
+    if is_log_session(session):  # the log's own session is no run
+        return False
+    listed = unverified(store).session(session)
+    if listed is None or not (listed.ended or listed.status in TERMINAL):
+        return False
+    info = store.session(session)
+    return info is not None and info.ended
 
 
 def approve(args: argparse.Namespace, ctx: Ctx) -> int:
@@ -285,9 +311,24 @@ def _connector(ctx: Ctx, *, no_wait: bool = False) -> Connector:
     return connector
 
 
-def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[Event], None]], Any]) -> RunOutcome:
-    """Run ``start`` with a stop event that Ctrl-C and SIGTERM set, printing progress lines."""
+def _drive(
+    ctx: Ctx, start: Callable[[anyio.Event, Callable[[Event], None]], Any], *, stopped: list[str] | None = None
+) -> RunOutcome:
+    """Run ``start`` with a stop event that Ctrl-C and SIGTERM set, printing progress lines.
+
+    With ``stopped``, the name of each signal received goes there too, and the line saying the run
+    stops is printed only once the run has shown an event: before that a resume is still reading
+    its session, and a stop there records nothing (its caller says so)."""
     printer = _Progress(ctx)
+    seen: list[Event] = []
+    stopping = "truss: {} received: stopping the run and recording it as interrupted"
+
+    def progress(event: Event) -> None:
+        if not seen:
+            seen.append(event)
+            for name in stopped or ():  # the stop came before the run's first event
+                ctx.progress(stopping.format(name))
+        printer(event)
 
     async def main() -> RunOutcome:
         stop = anyio.Event()
@@ -298,11 +339,14 @@ def _drive(ctx: Ctx, start: Callable[[anyio.Event, Callable[[Event], None]], Any
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for signum in signals:
                         name = signal.Signals(signum).name
-                        ctx.progress(f"truss: {name} received: stopping the run and recording it as interrupted")
+                        if stopped is not None:
+                            stopped.append(name)
+                        if stopped is None or seen:
+                            ctx.progress(stopping.format(name))
                         stop.set()
 
             group.start_soon(watch)
-            outcome = await start(stop, printer)
+            outcome = await start(stop, progress)
             group.cancel_scope.cancel()
         assert outcome is not None
         return outcome

@@ -106,6 +106,7 @@ __all__ = [
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 TERMINAL = frozenset({"pass", "fail", "error"})
 EXIT_CODES = {"pass": 0, "fail": 1, "error": 4, "suspended": 3, "interrupted": 3, "diverged": 4, "running": 3}
+_STOPPED_WHILE_READING = "stopped while the session was read and verified; nothing was recorded"
 RECORDED_SERVER_EVENTS = frozenset({"sandbox_egress"})
 """What launchers report that also becomes a signed entry of that kind (docs/ledger-format.md)."""
 
@@ -195,7 +196,9 @@ async def resume_session(runtime: Runtime, session: str, *, stop: anyio.Event | 
 
     The session is read (and verified) once, whole, before anything is replayed or recorded. Its
     servers start while that read goes on, once the batch holding ``session_started`` has proven
-    (``_EarlyServers``); a resume refused after the read stops them again with nothing said.
+    (``_EarlyServers``); a resume refused after the read stops them again with nothing said. A
+    ``stop`` set before the read is in ends the resume there, with nothing recorded: the outcome is
+    ``interrupted`` (exit 3) with no checkpoint, and the session is as resumable as it was.
     """
     with ReplayCollections() as held:  # the replay kept out of full collections (truss._collector)
         return await _resume(runtime, session, stop, held)
@@ -210,14 +213,20 @@ async def _resume(runtime: Runtime, session: str, stop: anyio.Event | None, held
         # its facts below come from that same read.
         if not _waits_for_a_person(store, listed):
             return await _resume_overlapped(runtime, session, stop, held)
-        return await _resume_read(runtime, session, list(store.read_session(session)), stop, held=held)
+        return await _resume_read(runtime, session, await _read_whole(store, session), stop, held=held)
     info = None if listed is None else store.session(session)
     if info is None:
         raise NotFoundError(f"no session {session!r} in this ledger", what="session", name=session,
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
     if info.status in TERMINAL or info.ended:
         return outcome_of(store, session)
-    return await _resume_read(runtime, session, list(store.read_session(session)), stop, held=held)
+    return await _resume_read(runtime, session, await _read_whole(store, session), stop, held=held)
+
+
+async def _read_whole(store: LedgerStore, session: str) -> list[StoredEntry]:
+    """The session's verified read (R1) in a worker thread: a stop request that comes while a long
+    session is read is seen once the read is in (``_resume_read``), not after the run has begun."""
+    return await anyio.to_thread.run_sync(lambda: list(store.read_session(session)))
 
 
 async def _resume_read(
@@ -240,6 +249,10 @@ async def _resume_read(
                             remedy="List sessions with 'truss sessions'")  # fmt: skip
     if info.status in TERMINAL or info.ended:
         return outcome_of(store, session)
+    if stop is not None and stop.is_set():
+        # Stopped while the session was read: the resume has recorded nothing and records nothing
+        # (no checkpoint either); the session stays as resumable as it was.
+        return RunOutcome(session, "interrupted", None, info.head, None, 3, _STOPPED_WHILE_READING, (), "interrupted")
     # Both refusals read only a few kinds of entry: one pass over the session finds those first.
     asks = [e for e in entries if e.entry["kind"] in _WAITING_KINDS]
     waiting = pending_approvals(asks)

@@ -116,3 +116,109 @@ def test_resuming_an_ended_session_prints_its_outcome_without_the_sdk_reading_it
     # only the tail needs a tail verified by inclusion proofs alone (docs/benchmarks.md, flat costs).
     session_reads = [start for session, start in result["reads"] if session == "s-ended"]
     assert 0 < len(session_reads) <= 2, result["reads"]
+
+
+def _whole_reads_of(home: Path, session: str) -> tuple[int, str, list[int]]:
+    """``truss resume SESSION`` in a process of its own, the SQLite store's reads counted: its exit
+    code, its stdout, and the first seq of each read of ``session`` (0: the whole session, which
+    every verified read of it starts with)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import io, contextlib, json, sys\n"
+        "from truss.ledger.stores.sqlite import SqliteStore\n"
+        "reads = []\n"
+        "original = SqliteStore.read_session\n"
+        "def read_session(self, session, *, from_seq=0):\n"
+        "    reads.append((session, from_seq))\n"
+        "    return original(self, session, from_seq=from_seq)\n"
+        "SqliteStore.read_session = read_session\n"
+        "from truss_cli.main import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    code = main(['--home', {str(home)!r}, 'resume', {session!r}])\n"
+        "print(json.dumps({'code': code, 'out': out.getvalue(), 'reads': reads}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    return result["code"], result["out"], [start for name, start in result["reads"] if name == session]
+
+
+def _set_row(home: Path, session: str, **columns: object) -> None:
+    """Write ``columns`` into the store's unsigned row of ``session`` (the entries stay as signed)."""
+    import sqlite3
+    from contextlib import closing
+
+    names = ", ".join(f"{name} = ?" for name in columns)
+    with closing(sqlite3.connect(home / "ledger.db")) as conn, conn:
+        conn.execute(f"UPDATE sessions SET {names} WHERE id = ?", (*columns.values(), session))
+
+
+def _interrupted(tmp_path: Path, calls: int, done: int) -> Path:
+    """A home whose session s1 of ``calls`` counted calls was killed after the result of call ``done``."""
+    contract = counting_contract(
+        tmp_path, steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(calls)], check_tool="mcp:cnt:count"
+    )
+    home = make_home(tmp_path / "home")
+    crashed = truss(home, "run", str(contract), "--session", "s1", env={"TRUSS_FAULT": f"after_result:{done}"})
+    assert crashed.returncode == -9
+    return home
+
+
+@pytest.mark.slow
+def test_resuming_an_interrupted_session_reads_and_verifies_it_once(tmp_path: Path) -> None:
+    # Regression: `truss resume` verified the whole session to learn whether it had ended, then
+    # resume_session read and verified it whole again: a long session's read paid twice.
+    home = _interrupted(tmp_path, 6, 3)
+    code, out, reads = _whole_reads_of(home, "s1")
+    assert code == 0 and "verdict     pass" in out, out
+    assert invocations(tmp_path) == {f"count k{i}": 1 for i in range(6)}
+    assert reads.count(0) == 1, reads
+
+
+@pytest.mark.slow
+def test_a_session_row_forged_to_a_verdict_does_not_end_the_resume_of_a_session_that_goes_on(tmp_path: Path) -> None:
+    home = _interrupted(tmp_path, 4, 2)
+    _set_row(home, "s1", status="pass")
+    resumed = truss(home, "resume", "s1")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "verdict     pass" in resumed.stdout
+    assert kinds(home, "s1")[-2:] == ["verdict", "session_ended"]
+    assert invocations(tmp_path) == {f"count k{i}": 1 for i in range(4)}
+
+
+@pytest.mark.slow
+def test_a_session_row_forged_to_say_ended_neither_ends_the_session_nor_resumes_it(tmp_path: Path) -> None:
+    # The verified chain says the session goes on, so no outcome is shown from it; the store
+    # refuses to append to a session its row says ended, so the resume stops there (exit 4) with
+    # nothing recorded and no call sent.
+    home = _interrupted(tmp_path, 4, 2)
+    before = kinds(home, "s1")
+    _set_row(home, "s1", ended=1, status="pass")
+    resumed = truss(home, "resume", "s1")
+    assert resumed.returncode == 4, resumed.stdout + resumed.stderr
+    assert "verdict" not in resumed.stdout and "Traceback" not in resumed.stderr
+    assert kinds(home, "s1") == before
+    assert invocations(tmp_path) == {"count k0": 1, "count k1": 1}
+
+
+@pytest.mark.slow
+def test_a_session_row_forged_to_say_running_does_not_resume_a_session_that_ended(tmp_path: Path) -> None:
+    contract = counting_contract(
+        tmp_path, steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(4)], check_tool="mcp:cnt:count"
+    )
+    home = make_home(tmp_path / "home")
+    ran = truss(home, "run", str(contract), "--session", "s1")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    before = kinds(home, "s1")
+    code, out, reads = _whole_reads_of(home, "s1")  # the row as the store wrote it
+    assert code == 0 and "verdict     pass" in out, out
+    _set_row(home, "s1", ended=0, status="running")
+    forged = _whole_reads_of(home, "s1")
+    assert forged[:2] == (code, out)  # the same outcome, printed the same
+    assert forged[2].count(0) == reads.count(0), (forged[2], reads)  # the session verified as often
+    assert kinds(home, "s1") == before  # nothing appended
+    assert invocations(tmp_path) == {f"count k{i}": 1 for i in range(4)}  # no call sent again
