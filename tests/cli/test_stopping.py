@@ -126,15 +126,25 @@ def _head(home: Path, session: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("command", ["resume", "run"])
+@pytest.mark.parametrize("record", ["killed", "waiting_for_approval"])
 def test_a_stop_while_resume_or_run_still_reads_the_session_exits_130_and_records_nothing(
-    tmp_path: Path, sig: int, command: str
+    tmp_path: Path, sig: int, command: str, record: str
 ) -> None:
 
     home = make_home(tmp_path / "home")
     steps = [("mcp:cnt:count", {"key": "first"}), ("mcp:cnt:count", {"key": "second"})]
-    contract = counting_contract(tmp_path, steps=steps, check_tool="mcp:cnt:count")
-    crashed = truss(home, "run", str(contract), "--session", "s1", env={"TRUSS_FAULT": "during_verdict"})
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr  # resumable: nothing sealed it
+    # A session killed before it was sealed is read while its servers start; one whose last entry
+    # says it waits for an approval is read first, in order (docs/durability.md).
+    ask = '[[policy.rules]]\ntool = "mcp:cnt:count"\neffect = "ask"\nargs = { key = { equals = "second" } }\n'
+    contract = counting_contract(
+        tmp_path, steps=steps, check_tool="mcp:cnt:count", contract=ask if record == "waiting_for_approval" else ""
+    )
+    if record == "killed":
+        crashed = truss(home, "run", str(contract), "--session", "s1", env={"TRUSS_FAULT": "during_verdict"})
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr  # resumable: nothing sealed it
+    else:
+        waiting = truss(home, "run", str(contract), "--session", "s1")
+        assert waiting.returncode == 3, waiting.stdout + waiting.stderr
     before = _head(home, "s1")
     args = ["resume", "s1"] if command == "resume" else ["run", str(contract), "--session", "s1"]
     env = dict(os.environ, TRUSS_HOME=str(home))
