@@ -134,7 +134,8 @@ class HostRule:
         """True when every (host, port) ``other`` matches is matched by this rule too, as safely.
 
         An address or ``localhost`` is covered only by the same rule: the proxy lets such a rule
-        reach an internal address (loopback, link-local), which a name or a wildcard never does.
+        reach this host or its local network (loopback, private addresses), which a name, a
+        wildcard or ``*`` never does.
         """
         if other.port != self.port:
             return False

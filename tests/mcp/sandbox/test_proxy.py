@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 from collections.abc import AsyncGenerator, Callable
 from contextlib import asynccontextmanager
@@ -142,6 +143,67 @@ async def test_a_wildcard_rule_never_reaches_an_internal_address_on_any_attempt(
     assert [e.reason for e in events if isinstance(e, EgressEvent)] == ["resolves_to_internal"] * 2
 
 
+def answers_from_dns(monkeypatch: pytest.MonkeyPatch, name: str, address: str) -> None:
+    """``name`` resolves to ``address`` (the DNS answer is the untrusted input here); other names as usual."""
+    real = socket.getaddrinfo
+
+    def fake(host: object, port: object, *args: object, **kwargs: object) -> object:
+        if host == name:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            return [(family, socket.SOCK_STREAM, 6, "", (address, int(str(port))))]
+        return real(host, port, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+
+
+def this_hosts_own_address() -> str:
+    """The address this host sends from on its default route: one of its own, not loopback
+    (a UDP socket's connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.99", 9))
+        except OSError as exc:
+            pytest.fail(f"this test needs a machine with a default route: {exc}")
+        address = str(probe.getsockname()[0])
+    assert not address.startswith("127."), address
+    return address
+
+
+async def test_a_star_rule_never_reaches_a_private_address(tmp_path: Path) -> None:
+    events: list[SandboxEvent] = []
+    async with running_proxy(tmp_path, ["*:8443"], events) as (p, _):
+        answer = await ask(p, b"CONNECT 10.255.255.1:8443 HTTP/1.1\r\n\r\n")
+        await settle(events, 1)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert isinstance(events[0], EgressEvent) and events[0].reason == "resolves_to_internal"
+
+
+@pytest.mark.parametrize("rule", ["*.corp.test:8443", "api.corp.test:8443", "*:8443"])
+async def test_a_name_never_reaches_a_private_address_its_dns_answer_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: str
+) -> None:
+    answers_from_dns(monkeypatch, "api.corp.test", "10.1.2.3")
+    events: list[SandboxEvent] = []
+    async with running_proxy(tmp_path, [rule], events) as (p, _):
+        answer = await ask(p, b"CONNECT api.corp.test:8443 HTTP/1.1\r\n\r\n")
+        await settle(events, 1)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert isinstance(events[0], EgressEvent) and events[0].reason == "resolves_to_internal"
+
+
+async def test_a_name_rule_never_reaches_an_address_of_this_host_other_than_loopback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A service listening on every interface answers on the host's own address as on loopback.
+    answers_from_dns(monkeypatch, "intranet.test", this_hosts_own_address())
+    events: list[SandboxEvent] = []
+    async with running_proxy(tmp_path, ["intranet.test:8443"], events) as (p, _):
+        answer = await ask(p, b"CONNECT intranet.test:8443 HTTP/1.1\r\n\r\n")
+        await settle(events, 1)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert isinstance(events[0], EgressEvent) and events[0].reason == "resolves_to_internal"
+
+
 @pytest.mark.parametrize(
     "request_head",
     [
@@ -152,6 +214,9 @@ async def test_a_wildcard_rule_never_reaches_an_internal_address_on_any_attempt(
         pytest.param(b"HELLO\r\n\r\n", id="not_http"),
         pytest.param(b"CONNECT evil\\host:443 HTTP/1.1\r\n\r\n", id="backslash_in_host"),
         pytest.param(b"CONNECT evil\thost:443 HTTP/1.1\r\n\r\n", id="tab_in_host"),
+        pytest.param("CONNECT bücher.example:443 HTTP/1.1\r\n\r\n".encode("latin-1"), id="non_ascii_host"),
+        pytest.param(b"CONNECT " + b"a" * 64 + b".example:443 HTTP/1.1\r\n\r\n", id="label_over_63"),
+        pytest.param(b"CONNECT a..example:443 HTTP/1.1\r\n\r\n", id="empty_label"),
         pytest.param(b"GET http://" + b"a" * 20000 + b"/ HTTP/1.1\r\n\r\n", id="oversized_head"),
     ],
 )

@@ -441,7 +441,7 @@ class EgressProxy:
         if rule is not None:
             address = _literal(host)
             # A literal under a rule for names (``*``) is checked as a DNS answer would be.
-            internal = address is not None and not rule.is_literal and _internal(address)
+            internal = address is not None and not rule.is_literal and _refused(address, _own_addresses())
             found = (rule, None if internal else address)
         if len(self._rules_seen) < MAX_SUMMARY_KEYS:
             self._rules_seen[key] = found
@@ -486,9 +486,9 @@ class EgressProxy:
         rule, address = found
         try:
             if address is None:
-                address = _resolve(host, port, literal=rule.is_literal)
+                address = _resolve(host, port, rule)
         except _Internal:
-            _answer(client, clock, 403, f"{host} resolves to an internal address")
+            _answer(client, clock, 403, f"{host} resolves to an address of this machine or its local network")
             self._finish(conn, "refused", "resolves_to_internal")
             return
         except OSError:
@@ -826,14 +826,57 @@ def _authority(text: str, default_port: int | None) -> tuple[str, int]:
     host = host.strip().lower().rstrip(".")
     if not host or len(host) > 253 or not _NOT_IN_HOST.isdisjoint(host):
         raise _BadRequest("bad host")
+    if not host.isascii():
+        raise _BadRequest("a host name must be ASCII (an internationalised name in its xn-- form)")
+    if ":" not in host:  # a name or an IPv4 address: what DNS (and its IDNA encoding) accepts
+        labels = host.split(".")
+        if "" in labels or max(map(len, labels)) > 63:
+            raise _BadRequest("bad host")
     return host, port
 
 
-def _internal(address: str) -> bool:
+def _refused(address: str, own: frozenset[str]) -> bool:
+    """Whether a rule for names (an exact name, a wildcard, ``*``) must not reach ``address``:
+    a DNS answer, or a literal under ``*``.
+
+    A name reaches only a global address that is not this host's: never loopback, link-local,
+    multicast, unspecified, private, shared (CGNAT), unique-local or reserved addresses (this
+    machine and its local network, where a DNS answer must not lead), nor any address of this
+    host's interfaces (a service listening on all of them answers there as on loopback). Only a
+    rule that names the address itself (or ``localhost``) reaches such an address.
+    """
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_unspecified
+    return not ip.is_global or ip.is_multicast or str(ip) in own
+
+
+def _own_addresses() -> frozenset[str]:
+    """Every address of this host's interfaces (its network namespace), read from ``/proc/net``:
+    IPv4 from the routing table's local entries, IPv6 from ``if_inet6``. Empty where those cannot
+    be read (loopback and the rest are still refused by kind)."""
+    found: set[str] = set()
+    try:
+        with open("/proc/net/fib_trie", encoding="ascii") as table:
+            last = ""
+            for line in table:
+                text = line.strip()
+                if text.startswith("|-- "):
+                    last = text[4:]
+                elif text == "/32 host LOCAL" and last:
+                    found.add(last)
+    except (OSError, UnicodeDecodeError):
+        pass
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as table:
+            for line in table:
+                digits = line.split(" ", 1)[0]
+                if len(digits) == 32:
+                    with contextlib.suppress(ValueError):
+                        found.add(str(ipaddress.IPv6Address(int(digits, 16))))
+    except (OSError, UnicodeDecodeError):
+        pass
+    return frozenset(found)
 
 
 def _literal(host: str) -> str | None:
@@ -844,8 +887,9 @@ def _literal(host: str) -> str | None:
         return None
 
 
-def _resolve(host: str, port: int, *, literal: bool) -> str:
-    """The address to connect to: the first one ``getaddrinfo`` gives, checked when it came from DNS."""
+def _resolve(host: str, port: int, rule: HostRule) -> str:
+    """The address to connect to: the first one ``getaddrinfo`` gives, each checked (``_refused``)
+    when the rule names no address."""
     address = _literal(host)  # an address needs no lookup (nor a worker thread)
     if address is not None:
         addresses = [address]
@@ -854,6 +898,8 @@ def _resolve(host: str, port: int, *, literal: bool) -> str:
         addresses = [str(info[4][0]) for info in infos]
     if not addresses:
         raise OSError("no address")
-    if not literal and any(_internal(a) for a in addresses):
-        raise _Internal(host)
+    if not rule.is_literal:
+        own = _own_addresses()
+        if any(_refused(a, own) for a in addresses):
+            raise _Internal(host)
     return addresses[0]
