@@ -284,7 +284,7 @@ class SandboxError(ServerStartError):
 
     Fields: ``server``, ``cause`` (a stable code: ``not_linux``, ``bwrap_missing``,
     ``bwrap_unusable``, ``bwrap_too_old``, ``userns_unavailable``, ``unresolvable``,
-    ``protected_path``, ``aliased_bind``, ``runtime_dir``, ``limit_unenforceable``), ``path`` where
+    ``protected_path``, ``exposes_ledger``, ``aliased_bind``, ``runtime_dir``, ``limit_unenforceable``), ``path`` where
     one is involved. Never a fallback: a profile that is ``required`` refuses to start the server
     instead of running it unconfined.
     """

@@ -21,6 +21,7 @@ from mcp.client.stdio import stdio_client
 
 from tests.mcp.sandbox._util import SERVERS, answering_listener, checked_bwrap, processes_with
 from truss._clock import SystemClock
+from truss._errors import SandboxError
 from truss.mcp.sandbox import EgressEvent, Limits, Profile, SandboxEvent, confined, parse_host_rule
 
 pytestmark = pytest.mark.anyio
@@ -224,3 +225,59 @@ def test_importing_the_hostile_server_runs_no_attack(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert callable(module.main) and capsys.readouterr() == ("", "")
+
+
+def _ledger_outside_home(tmp_path: Path) -> dict[str, Path]:
+    # [harness] db (or --db, TRUSS_DB) may keep the ledger anywhere: here in /srv/ledgers, not the home.
+    home, ledgers, work = tmp_path / "truss-home", tmp_path / "srv" / "ledgers", tmp_path / "srv" / "work"
+    for d in (home, ledgers, work):
+        d.mkdir(parents=True)
+    (home / "identity.key").write_text(CANARY)
+    (ledgers / "ledger.db").write_text(CANARY)
+    return {"home": home, "srv": tmp_path / "srv", "ledgers": ledgers, "work": work, "ledger": ledgers / "ledger.db"}
+
+
+def _guarded(paths: dict[str, Path]) -> list[str]:
+    db = str(paths["ledger"])  # what truss run protects: the home, the key, the ledger and its sidecars
+    return [str(paths["home"]), str(paths["home"] / "identity.key"), db, f"{db}-wal", f"{db}-shm", f"{db}-journal"]
+
+
+async def _plant(paths: dict[str, Path], write: str) -> dict[str, str]:
+    args = [str(SERVERS / "plant_journal.py"), str(paths["ledger"]), str(paths["work"])]
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent-home"}
+    async with confined(
+        Profile(write=(write,)), sys.executable, args, env, "/", server="plant", protected=_guarded(paths)
+    ) as spawn:
+        with anyio.fail_after(60):
+            done = await anyio.run_process([spawn.command, *spawn.args], env=spawn.env, cwd=spawn.cwd, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def _planted(paths: dict[str, Path]) -> list[str]:
+    return sorted(p.name for p in paths["ledgers"].iterdir() if p.name != "ledger.db")
+
+
+async def test_a_server_that_may_write_above_a_ledger_outside_the_home_cannot_plant_a_journal_next_to_it(
+    tmp_path: Path,
+) -> None:
+    # SQLite treats a hot LEDGER-journal as a rollback to apply at the next open: the ledger's
+    # directory is hidden whole, so no sidecar made after the plan can appear on the host.
+    await checked_bwrap()
+    paths = _ledger_outside_home(tmp_path)
+    report = await _plant(paths, str(paths["srv"]))
+    assert _planted(paths) == []
+    assert [report[s] for s in ("-journal", "-wal", "-shm")].count("created") == 0
+    assert report["sibling"] == "created" and (paths["work"] / "allowed.txt").read_text() == "planted by the server"
+
+
+async def test_a_server_whose_write_bind_is_the_ledgers_own_directory_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    await checked_bwrap()
+    paths = _ledger_outside_home(tmp_path)
+    with pytest.raises(SandboxError) as caught:
+        await _plant(paths, str(paths["ledgers"]))
+    assert caught.value.cause == "exposes_ledger"
+    assert caught.value.fields["path"] == str(paths["ledgers"])
+    assert _planted(paths) == []

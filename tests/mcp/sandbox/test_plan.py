@@ -123,10 +123,65 @@ def test_a_bind_that_reaches_truss_home_through_a_symlink_masks_its_real_path() 
     assert any(opts[i : i + 3] == ["--symlink", "/srv", "/data"] for i in range(len(opts)))
 
 
-def test_a_ledger_outside_the_home_is_masked_file_by_file_with_its_wal() -> None:
-    plan = _plan(Profile(read=("/var/lib",)), protected=(HOME, "/var/lib/ledger.db", "/var/lib/ledger.db-wal"))
-    assert set(plan.masked) == {"/var/lib/ledger.db", "/var/lib/ledger.db-wal"}
-    assert _pairs(plan.options, "--ro-bind").count("/dev/null") == 2
+LEDGER = ("/var/lib/ledger.db", "/var/lib/ledger.db-wal", "/var/lib/ledger.db-shm", "/var/lib/ledger.db-journal")
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_bind_above_a_ledger_outside_the_home_hides_the_ledgers_directory_whole(mode: str) -> None:
+    # A mask over ledger.db alone left /var/lib writable: a server could plant ledger.db-journal
+    # there after the plan, which SQLite applies as a rollback at the next open.
+    profile = Profile(read=("/var",)) if mode == "read" else Profile(write=("/var",))
+    plan = _plan(profile, protected=(HOME, *LEDGER))
+    assert plan.masked == ("/var/lib",)
+    opts = list(plan.options)
+    at = opts.index("/var/lib")
+    assert opts[at - 1] == "--tmpfs" and opts[at + 1 : at + 3] == ["--remount-ro", "/var/lib"]
+    assert at > opts.index("/var")
+    assert "/dev/null" not in _pairs(opts, "--ro-bind")
+    assert plan.description["masked"] == ["/var/lib"]
+
+
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_bind_of_the_directory_holding_a_ledger_outside_the_home_is_refused(mode: str) -> None:
+    # Hiding /var/lib whole would hide the whole bind; showing it shows the sidecars made later.
+    profile = Profile(read=("/var/lib",)) if mode == "read" else Profile(write=("/var/lib",))
+    with pytest.raises(SandboxError) as caught:
+        _plan(profile, protected=(HOME, *LEDGER))
+    assert caught.value.cause == "exposes_ledger"
+    assert caught.value.fields["path"] == "/var/lib"
+
+
+def test_a_bind_of_the_ledgers_directory_by_a_symlink_is_refused_at_its_real_path() -> None:
+    fs = _fs().link("/srv/ledgers", "/var/lib")
+    with pytest.raises(SandboxError) as caught:
+        _plan(Profile(write=("/srv/ledgers",)), fs=fs, protected=(HOME, *LEDGER))
+    assert caught.value.cause == "exposes_ledger"
+    assert caught.value.fields["path"] == "/var/lib"
+
+
+def test_a_write_bind_of_a_directory_beside_a_ledger_outside_the_home_stays_allowed() -> None:
+    fs = _fs().dir("/var/lib/work")
+    plan = _plan(Profile(write=("/var/lib/work",)), fs=fs, protected=(HOME, *LEDGER))
+    assert ("/var/lib/work", "rw") in [(b.path, b.mode) for b in plan.binds]
+    assert plan.masked == ()
+
+
+@pytest.mark.parametrize(
+    ("profile", "cwd", "inner"),
+    [
+        pytest.param(Profile(read=("/var",), write=("/var/lib/work",)), "/srv/work", "/var/lib/work", id="a_bind"),
+        pytest.param(Profile(read=("/var", "/var/lib/work")), "/srv/work", "/var/lib/work", id="a_nested_read_bind"),
+        pytest.param(Profile(write=("/var",)), "/var/lib/work", "/var/lib/work", id="the_working_directory"),
+    ],
+)
+def test_a_path_the_sandbox_must_show_inside_the_ledgers_hidden_directory_is_refused(
+    profile: Profile, cwd: str, inner: str
+) -> None:
+    fs = _fs().dir("/var/lib/work")
+    with pytest.raises(SandboxError) as caught:
+        _plan(profile, fs=fs, cwd=cwd, protected=(HOME, *LEDGER))
+    assert caught.value.cause == "exposes_ledger"
+    assert caught.value.fields["path"] == inner
 
 
 def test_truss_home_and_a_key_inside_a_system_tree_are_masked_although_no_bind_names_them() -> None:
@@ -135,12 +190,15 @@ def test_truss_home_and_a_key_inside_a_system_tree_are_masked_although_no_bind_n
     home, key = "/usr/local/var/truss", "/usr/local/etc/truss/identity.key"
     fs = _fs().file(f"{home}/ledger.db", b"db", executable=False).file(key, b"key", executable=False)
     plan = _plan(Profile(), fs=fs, protected=(home, key, f"{home}/ledger.db"))
-    assert plan.masked == (key, home)
+    # The key's directory is hidden whole, as a ledger's is: nothing written beside it later shows.
+    key_dir = "/usr/local/etc/truss"
+    assert plan.masked == (key_dir, home)
     opts = list(plan.options)
-    at = opts.index(home, opts.index("/usr") + 2)
-    assert opts[at - 1] == "--tmpfs" and opts[at + 1 : at + 3] == ["--remount-ro", home]
-    assert opts[opts.index(key) - 2 : opts.index(key)] == ["--ro-bind", "/dev/null"]
-    assert plan.description["masked"] == [key, home]
+    for hidden in (home, key_dir):
+        at = opts.index(hidden, opts.index("/usr") + 2)
+        assert opts[at - 1] == "--tmpfs" and opts[at + 1 : at + 3] == ["--remount-ro", hidden]
+    assert key not in opts
+    assert plan.description["masked"] == [key_dir, home]
 
 
 def test_a_relative_truss_home_is_masked_as_surely_as_an_absolute_one(

@@ -15,7 +15,10 @@ Order of the mounts (bwrap applies them in order, later ones on top): fresh ``/p
 Truss's home, the identity key, the ledger and the sandbox's own runtime directory are never
 visible inside: a bind inside one of them is refused (``SandboxError``, cause ``protected_path``),
 and a bind or a system tree containing one has it masked (an empty read-only tmpfs over a
-directory, ``/dev/null`` over a file). Paths are compared after resolving symlinks; hard links are not detected.
+directory). A protected file (the key, a ledger kept outside the home) is hidden with its whole
+directory, where SQLite makes the ledger's ``-journal``, ``-wal`` and ``-shm`` files after the
+plan: a bind that is that directory, or that must show something inside it, is refused (cause
+``exposes_ledger``). Paths are compared after resolving symlinks; hard links are not detected.
 """
 
 from __future__ import annotations
@@ -128,7 +131,7 @@ def plan_sandbox(
         opts += ["--size", str(tmp_bytes), "--tmpfs", home]
         fresh.append(home)
 
-    binds, links = _binds(profile, resolution, helper, fs, server)
+    binds, links, wanted = _binds(profile, resolution, helper, fs, server)
     protected_real = _protected(fs, [*protected, *([runtime_dir] if runtime_dir else [])])
     for bind in binds:
         for secret in protected_real:
@@ -163,7 +166,10 @@ def plan_sandbox(
     # Everything the sandbox shows of the host: the binds and the system trees, which are bound
     # whole (a system-wide install may keep Truss's home or key under /usr/local).
     shown = [*visible, *system.dirs, *system.etc]
-    for secret, kind in sorted(protected_real.items()):
+    hidden = dict(protected_real)
+    for folder in _sidecar_dirs(protected_real, shown, [*wanted, cwd], server):
+        hidden[folder] = "dir"
+    for secret, kind in sorted(hidden.items()):
         if not any(_inside(secret, root) for root in shown) or any(_inside(secret, m) for m in masked):
             continue  # not visible anyway, or inside a directory already masked
         masked.append(secret)
@@ -228,9 +234,55 @@ def plan_sandbox(
     )
 
 
+def _sidecar_dirs(protected: Mapping[str, str], shown: Sequence[str], wanted: Sequence[str], server: str) -> list[str]:
+    """The directories of visible protected files, each to be hidden whole. Raises ``SandboxError``.
+
+    A mask over the file alone leaves its directory as the bind shows it: SQLite makes
+    ``LEDGER-journal``, ``-wal`` and ``-shm`` there after the plan (and deletes and remakes them,
+    which drops a mask over one), and applies a hot journal or a WAL it finds at the next open.
+    A server that may write that directory could rewrite the ledger without reading it; one
+    that may read it reads the pages in the WAL. A tmpfs over the existing directory hides what
+    appears there later and creates nothing on the host. Where the directory is itself a bind
+    or a system tree, hiding it would hide the whole bind: the start is refused instead, and
+    so it is when the directory holds something else the sandbox must show (a bind, a path the
+    command needs, the working directory).
+    """
+    folders: list[str] = []
+    for secret, kind in sorted(protected.items()):
+        folder = posixpath.dirname(secret)
+        if kind == "dir" or any(_inside(folder, d) for d, k in protected.items() if k == "dir"):
+            continue  # a directory is hidden whole; so is a file in one (the ledger in Truss's home)
+        roots = [root for root in shown if _inside(secret, root)]
+        if not roots or any(_inside(folder, f) for f in folders):
+            continue
+        exposing = next((root for root in roots if _inside(root, folder)), None)
+        inner = next(
+            (p for p in wanted if _inside(p, folder) and not any(_inside(p, other) for other in protected)), None
+        )
+        if exposing is not None or inner is not None:
+            what = (
+                f"binds {exposing}, the directory holding {secret}"
+                if exposing is not None
+                else f"needs {inner}, inside {folder}, the directory holding {secret}, which must be hidden whole"
+            )
+            raise SandboxError(
+                f"cannot confine MCP server {server!r}: the sandbox {what}; SQLite creates the ledger's "
+                "-journal, -wal and -shm files there, and a server that could write or read them "
+                "could rewrite or read the ledger",
+                remedy="Keep the ledger (and the key) in a directory no sandbox binds, such as Truss's home, "
+                "or bind a directory beside it instead",
+                server=server,
+                cause="exposes_ledger",
+                path=exposing if exposing is not None else inner,
+            )
+        folders.append(folder)
+    return folders
+
+
 def _binds(
     profile: Profile, resolution: Resolution, helper: Resolution, fs: FsView, server: str
-) -> tuple[list[Bind], list[tuple[str, str]]]:
+) -> tuple[list[Bind], list[tuple[str, str]], list[str]]:
+    """The binds to make, the symlinks met on the way, and every path wanted visible (kept or not)."""
     links: dict[str, str] = dict(resolution.symlinks)
     links.update(helper.symlinks)
     chosen: dict[str, Bind] = {}
@@ -277,7 +329,7 @@ def _binds(
         if bind.mode == "ro" and any(k.mode == "ro" and _inside(bind.path, k.path) for k in kept):
             continue
         kept.append(bind)
-    return kept, sorted(links.items())
+    return kept, sorted(links.items()), [b.path for b in (*ordered, *resolution.binds, *helper.binds)]
 
 
 def _check_aliases(write: Sequence[tuple[str, str]], read: Sequence[tuple[str, str]], server: str) -> None:

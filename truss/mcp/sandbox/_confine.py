@@ -272,7 +272,7 @@ async def confined(
     ``env`` is exactly the environment the server gets inside (plus the proxy variables with
     network ``allow``); ``Spawn.env`` holds it for the launcher outside, each name prefixed with
     ``ENV_PREFIX`` (Truss's spawn marker excepted); ``protected`` are paths never shown inside
-    (Truss's home, the identity key, the ledger database and its ``-wal``/``-shm`` files);
+    (Truss's home, the identity key, the ledger database and its ``-wal``/``-shm``/``-journal`` files);
     ``on_event`` receives each
     ``EgressEvent`` and, at the end, the ``EgressSummary`` values (sync or async callable).
     """

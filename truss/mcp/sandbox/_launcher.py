@@ -67,7 +67,7 @@ class SandboxLauncher:
 
     Build it with ``await SandboxLauncher.create(servers, protected=...)``, which checks bwrap once
     when some server needs it. ``protected``: paths never shown inside (Truss's home, the identity
-    key, the ledger database and its ``-wal``/``-shm`` files, the run's logs).
+    key, the ledger database and its ``-wal``/``-shm``/``-journal`` files, the run's logs).
     """
 
     def __init__(
