@@ -242,12 +242,11 @@ def _guarded(paths: dict[str, Path]) -> list[str]:
     return [str(paths["home"]), str(paths["home"] / "identity.key"), db, f"{db}-wal", f"{db}-shm", f"{db}-journal"]
 
 
-async def _plant(paths: dict[str, Path], write: str) -> dict[str, str]:
-    args = [str(SERVERS / "plant_journal.py"), str(paths["ledger"]), str(paths["work"])]
+async def _plant(paths: dict[str, Path], *write: Path, sibling: Path | None = None) -> dict[str, str]:
+    args = [str(SERVERS / "plant_journal.py"), str(paths["ledger"]), str(sibling or paths["work"])]
     env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent-home"}
-    async with confined(
-        Profile(write=(write,)), sys.executable, args, env, "/", server="plant", protected=_guarded(paths)
-    ) as spawn:
+    profile = Profile(write=tuple(map(str, write)))
+    async with confined(profile, sys.executable, args, env, "/", server="plant", protected=_guarded(paths)) as spawn:
         with anyio.fail_after(60):
             done = await anyio.run_process([spawn.command, *spawn.args], env=spawn.env, cwd=spawn.cwd, check=False)
     assert done.returncode == 0, done.stderr.decode()
@@ -255,7 +254,7 @@ async def _plant(paths: dict[str, Path], write: str) -> dict[str, str]:
 
 
 def _planted(paths: dict[str, Path]) -> list[str]:
-    return sorted(p.name for p in paths["ledgers"].iterdir() if p.name != "ledger.db")
+    return sorted(p.name for p in paths["ledgers"].iterdir() if p.name not in ("ledger.db", "notes"))
 
 
 async def test_a_server_that_may_write_above_a_ledger_outside_the_home_cannot_plant_a_journal_next_to_it(
@@ -265,7 +264,7 @@ async def test_a_server_that_may_write_above_a_ledger_outside_the_home_cannot_pl
     # directory is hidden whole, so no sidecar made after the plan can appear on the host.
     await checked_bwrap()
     paths = _ledger_outside_home(tmp_path)
-    report = await _plant(paths, str(paths["srv"]))
+    report = await _plant(paths, paths["srv"])
     assert _planted(paths) == []
     assert [report[s] for s in ("-journal", "-wal", "-shm")].count("created") == 0
     assert report["sibling"] == "created" and (paths["work"] / "allowed.txt").read_text() == "planted by the server"
@@ -277,7 +276,20 @@ async def test_a_server_whose_write_bind_is_the_ledgers_own_directory_is_refused
     await checked_bwrap()
     paths = _ledger_outside_home(tmp_path)
     with pytest.raises(SandboxError) as caught:
-        await _plant(paths, str(paths["ledgers"]))
+        await _plant(paths, paths["ledgers"])
     assert caught.value.cause == "exposes_ledger"
     assert caught.value.fields["path"] == str(paths["ledgers"])
     assert _planted(paths) == []
+
+
+async def test_a_write_bind_inside_the_ledgers_hidden_directory_stays_writable_and_the_journal_still_cannot_be_planted(
+    tmp_path: Path,
+) -> None:
+    await checked_bwrap()
+    paths = _ledger_outside_home(tmp_path)
+    notes = paths["ledgers"] / "notes"
+    notes.mkdir()
+    report = await _plant(paths, paths["srv"], notes, sibling=notes)
+    assert _planted(paths) == []
+    assert [report[s] for s in ("-journal", "-wal", "-shm")].count("created") == 0
+    assert report["sibling"] == "created" and (notes / "allowed.txt").read_text() == "planted by the server"

@@ -167,21 +167,37 @@ def test_a_write_bind_of_a_directory_beside_a_ledger_outside_the_home_stays_allo
 
 
 @pytest.mark.parametrize(
-    ("profile", "cwd", "inner"),
+    "profile",
     [
-        pytest.param(Profile(read=("/var",), write=("/var/lib/work",)), "/srv/work", "/var/lib/work", id="a_bind"),
-        pytest.param(Profile(read=("/var", "/var/lib/work")), "/srv/work", "/var/lib/work", id="a_nested_read_bind"),
-        pytest.param(Profile(write=("/var",)), "/var/lib/work", "/var/lib/work", id="the_working_directory"),
+        pytest.param(Profile(read=("/var",), write=("/var/lib/work",)), id="a_write_bind"),
+        pytest.param(Profile(read=("/var", "/var/lib/work")), id="a_read_bind_inside_a_read_bind"),
     ],
 )
-def test_a_path_the_sandbox_must_show_inside_the_ledgers_hidden_directory_is_refused(
-    profile: Profile, cwd: str, inner: str
-) -> None:
+def test_a_bind_inside_the_ledgers_hidden_directory_is_mounted_on_top_of_the_mask(profile: Profile) -> None:
+    fs = _fs().dir("/var/lib/work")
+    plan = _plan(profile, fs=fs, protected=(HOME, *LEDGER))
+    assert plan.masked == ("/var/lib",)
+    opts = list(plan.options)
+    tmpfs, inner = opts.index("/var/lib"), opts.index("/var/lib/work")
+    assert opts[tmpfs - 1] == "--tmpfs" and opts.index("/var") < tmpfs < inner
+    assert opts[inner - 1] in ("--bind", "--ro-bind") and opts[inner + 1] == "/var/lib/work"
+    assert opts.index("--remount-ro") > inner + 1 and opts[opts.index("--remount-ro") + 1] == "/var/lib"
+
+
+def test_a_path_the_command_needs_inside_the_ledgers_hidden_directory_is_bound_on_top_of_the_mask() -> None:
+    fs = _fs().file("/var/lib/tool/bin/server")
+    plan = _plan(Profile(read=("/var",)), fs=fs, command="/var/lib/tool/bin/server", protected=(HOME, *LEDGER))
+    assert ("/var/lib/tool/bin/server", "ro") in [(b.path, b.mode) for b in plan.binds]
+    opts = list(plan.options)
+    assert opts.index("/var/lib") < opts.index("/var/lib/tool/bin/server")
+
+
+def test_a_working_directory_inside_the_ledgers_hidden_directory_is_refused() -> None:
     fs = _fs().dir("/var/lib/work")
     with pytest.raises(SandboxError) as caught:
-        _plan(profile, fs=fs, cwd=cwd, protected=(HOME, *LEDGER))
+        _plan(Profile(write=("/var",)), fs=fs, cwd="/var/lib/work", protected=(HOME, *LEDGER))
     assert caught.value.cause == "exposes_ledger"
-    assert caught.value.fields["path"] == inner
+    assert caught.value.fields["path"] == "/var/lib/work"
 
 
 def test_truss_home_and_a_key_inside_a_system_tree_are_masked_although_no_bind_names_them() -> None:

@@ -8,17 +8,19 @@ environment variable names the server gets, and ``description``: the JSON record
 session and hashed into each tool's identity.
 
 Order of the mounts (bwrap applies them in order, later ones on top): fresh ``/proc``, ``/dev``,
-``/dev/shm`` and ``/tmp``; the system trees; a fresh, empty home; every bind at its real path
-(parents before children; symlinks met on the way recreated); Truss's own files under
-``/run/truss``; masks over Truss's protected paths; the root and ``/dev`` remounted read-only.
+``/dev/shm`` and ``/tmp``; the system trees; a fresh, empty home; every bind at its real path,
+with the tmpfs over each protected file's directory among them (parents before children;
+symlinks met on the way recreated; then those tmpfs remounted read-only); Truss's own files
+under ``/run/truss``; masks over Truss's protected paths; the root and ``/dev`` remounted read-only.
 
 Truss's home, the identity key, the ledger and the sandbox's own runtime directory are never
 visible inside: a bind inside one of them is refused (``SandboxError``, cause ``protected_path``),
 and a bind or a system tree containing one has it masked (an empty read-only tmpfs over a
 directory). A protected file (the key, a ledger kept outside the home) is hidden with its whole
 directory, where SQLite makes the ledger's ``-journal``, ``-wal`` and ``-shm`` files after the
-plan: a bind that is that directory, or that must show something inside it, is refused (cause
-``exposes_ledger``). Paths are compared after resolving symlinks; hard links are not detected.
+plan, with binds inside it mounted on top; a bind that is that directory, or a working
+directory hidden by it, is refused (cause ``exposes_ledger``). Paths are compared after
+resolving symlinks; hard links are not detected.
 """
 
 from __future__ import annotations
@@ -131,8 +133,13 @@ def plan_sandbox(
         opts += ["--size", str(tmp_bytes), "--tmpfs", home]
         fresh.append(home)
 
-    binds, links, wanted = _binds(profile, resolution, helper, fs, server)
+    chosen, needed, links = _binds(profile, resolution, helper, fs, server)
     protected_real = _protected(fs, [*protected, *([runtime_dir] if runtime_dir else [])])
+    # Everything the sandbox shows of the host: the binds and the system trees, which are bound
+    # whole (a system-wide install may keep Truss's home or key under /usr/local).
+    system_shown = [*system.dirs, *system.etc]
+    folders = _sidecar_dirs(protected_real, [b.path for b in (*chosen, *needed)] + system_shown, server)
+    binds = _layered(chosen, needed, folders, protected_real)
     for bind in binds:
         for secret in protected_real:
             if _inside(bind.path, secret):
@@ -144,32 +151,38 @@ def plan_sandbox(
                     cause="protected_path",
                     path=bind.path,
                 )
-    for bind in binds:
-        if bind.mode == "rw":
+    visible = [b.path for b in binds]
+    hiding = _hidden_by(cwd, [*visible, *SYSTEM_ROOTS], folders)
+    if hiding is not None:  # an empty directory there would not be the working directory asked for
+        raise _exposes(server, cwd, f"runs in {cwd}, inside {hiding}, which is hidden")
+    # Parents before children: the tmpfs over a ledger's directory goes on top of the bind that
+    # shows it, and a bind inside that directory on top of the tmpfs.
+    for path, bind in sorted([*((b.path, b) for b in binds), *((f, None) for f in folders)], key=lambda i: i[0]):
+        if bind is None:
+            opts += ["--size", "4096", "--tmpfs", path]
+        elif bind.mode == "rw":
             opts += ["--bind", bind.path, bind.path]
         elif bind.mode == "overlay":
             opts += ["--overlay-src", bind.path, "--tmp-overlay", bind.path]
         else:
             opts += ["--ro-bind", bind.path, bind.path]
-    visible = [b.path for b in binds]
     for link, target in links:
         # Inside a bind or a system tree the link is already there; anywhere else (the fresh
-        # home and /tmp included, which start empty) it is made again.
-        if not any(_inside(link, root) for root in (*visible, *SYSTEM_ROOTS)):
+        # home and /tmp included, which start empty, and a ledger's hidden directory) it is made again.
+        if not any(_inside(link, root) for root in (*visible, *SYSTEM_ROOTS)) or _hidden_by(
+            link, [*visible, *SYSTEM_ROOTS], folders
+        ):
             opts += ["--symlink", target, link]
+    for folder in folders:
+        opts += ["--remount-ro", folder]
 
     opts += ["--ro-bind", inner_script, INNER_PATH]
     if proxy_socket is not None:
         opts += ["--ro-bind", proxy_socket, PROXY_SOCKET]
 
-    masked: list[str] = []
-    # Everything the sandbox shows of the host: the binds and the system trees, which are bound
-    # whole (a system-wide install may keep Truss's home or key under /usr/local).
-    shown = [*visible, *system.dirs, *system.etc]
-    hidden = dict(protected_real)
-    for folder in _sidecar_dirs(protected_real, shown, [*wanted, cwd], server):
-        hidden[folder] = "dir"
-    for secret, kind in sorted(hidden.items()):
+    masked: list[str] = list(folders)
+    shown = [*visible, *system_shown]
+    for secret, kind in sorted(protected_real.items()):
         if not any(_inside(secret, root) for root in shown) or any(_inside(secret, m) for m in masked):
             continue  # not visible anyway, or inside a directory already masked
         masked.append(secret)
@@ -234,7 +247,7 @@ def plan_sandbox(
     )
 
 
-def _sidecar_dirs(protected: Mapping[str, str], shown: Sequence[str], wanted: Sequence[str], server: str) -> list[str]:
+def _sidecar_dirs(protected: Mapping[str, str], shown: Sequence[str], server: str) -> list[str]:
     """The directories of visible protected files, each to be hidden whole. Raises ``SandboxError``.
 
     A mask over the file alone leaves its directory as the bind shows it: SQLite makes
@@ -242,47 +255,82 @@ def _sidecar_dirs(protected: Mapping[str, str], shown: Sequence[str], wanted: Se
     which drops a mask over one), and applies a hot journal or a WAL it finds at the next open.
     A server that may write that directory could rewrite the ledger without reading it; one
     that may read it reads the pages in the WAL. A tmpfs over the existing directory hides what
-    appears there later and creates nothing on the host. Where the directory is itself a bind
-    or a system tree, hiding it would hide the whole bind: the start is refused instead, and
-    so it is when the directory holds something else the sandbox must show (a bind, a path the
-    command needs, the working directory).
+    appears there later and creates nothing on the host. Where the directory is itself a bind,
+    a path the command needs or a system tree, hiding it would hide all of that: the start is
+    refused instead.
     """
     folders: list[str] = []
     for secret, kind in sorted(protected.items()):
         folder = posixpath.dirname(secret)
         if kind == "dir" or any(_inside(folder, d) for d, k in protected.items() if k == "dir"):
             continue  # a directory is hidden whole; so is a file in one (the ledger in Truss's home)
-        roots = [root for root in shown if _inside(secret, root)]
+        # A bind of a protected path itself is refused, or dropped, as such: it exposes nothing here.
+        roots = [r for r in shown if _inside(secret, r) and not any(_inside(r, p) for p in protected)]
         if not roots or any(_inside(folder, f) for f in folders):
             continue
         exposing = next((root for root in roots if _inside(root, folder)), None)
-        inner = next(
-            (p for p in wanted if _inside(p, folder) and not any(_inside(p, other) for other in protected)), None
-        )
-        if exposing is not None or inner is not None:
-            what = (
-                f"binds {exposing}, the directory holding {secret}"
-                if exposing is not None
-                else f"needs {inner}, inside {folder}, the directory holding {secret}, which must be hidden whole"
-            )
-            raise SandboxError(
-                f"cannot confine MCP server {server!r}: the sandbox {what}; SQLite creates the ledger's "
-                "-journal, -wal and -shm files there, and a server that could write or read them "
-                "could rewrite or read the ledger",
-                remedy="Keep the ledger (and the key) in a directory no sandbox binds, such as Truss's home, "
-                "or bind a directory beside it instead",
-                server=server,
-                cause="exposes_ledger",
-                path=exposing if exposing is not None else inner,
-            )
+        if exposing is not None:
+            raise _exposes(server, exposing, f"binds {exposing}, the directory holding {secret}")
         folders.append(folder)
     return folders
 
 
+def _exposes(server: str, path: str, what: str) -> SandboxError:
+    return SandboxError(
+        f"cannot confine MCP server {server!r}: the sandbox {what}; SQLite creates the ledger's -journal, "
+        "-wal and -shm files there, and a server that could write or read them could rewrite or read the ledger",
+        remedy="Keep the ledger (and the key) in a directory no sandbox binds, such as Truss's home, "
+        "or bind a directory beside it instead",
+        server=server,
+        cause="exposes_ledger",
+        path=path,
+    )
+
+
+def _hidden_by(path: str, roots: Sequence[str], folders: Sequence[str]) -> str | None:
+    """The hidden directory ``path`` lies in, when that hides it: no bind inside the directory shows it."""
+    for folder in folders:
+        if _inside(path, folder) and not any(_inside(path, r) and _inside(r, folder) for r in roots):
+            return folder
+    return None
+
+
+def _layered(
+    chosen: Sequence[Bind], needed: Sequence[Bind], folders: Sequence[str], protected: Mapping[str, str]
+) -> list[Bind]:
+    """The profile's binds, then what the command needs that they do not show, fewest mounts first.
+
+    A bind inside another shows nothing new, unless a hidden directory lies between the two.
+    """
+
+    def shows(outer: Bind, path: str) -> bool:
+        return _inside(path, outer.path) and not any(
+            _inside(path, f) and _inside(f, outer.path) and f != outer.path for f in folders
+        )
+
+    out = {b.path: b for b in chosen}
+    profile = list(chosen)
+    for bind in needed:
+        if bind.path in out or any(shows(root, bind.path) for root in profile):
+            continue  # the operator's own bind already shows it, with the operator's mode
+        if any(_inside(bind.path, secret) for secret in protected) and any(
+            _inside(bind.path, root.path) for root in profile
+        ):
+            continue  # hidden on purpose; the operator's bind shows the rest
+        out[bind.path] = bind
+    kept: list[Bind] = []
+    for bind in sorted(out.values(), key=lambda b: b.path):
+        # A read-only bind inside another read-only bind shows nothing new: one mount fewer.
+        if bind.mode == "ro" and any(k.mode == "ro" and shows(k, bind.path) for k in kept):
+            continue
+        kept.append(bind)
+    return kept
+
+
 def _binds(
     profile: Profile, resolution: Resolution, helper: Resolution, fs: FsView, server: str
-) -> tuple[list[Bind], list[tuple[str, str]], list[str]]:
-    """The binds to make, the symlinks met on the way, and every path wanted visible (kept or not)."""
+) -> tuple[list[Bind], list[Bind], list[tuple[str, str]]]:
+    """The profile's binds, those the command needs, and the symlinks met on the way."""
     links: dict[str, str] = dict(resolution.symlinks)
     links.update(helper.symlinks)
     chosen: dict[str, Bind] = {}
@@ -317,19 +365,7 @@ def _binds(
             resolved[mode].append((path, real))
             chosen.setdefault(real, Bind(real, "rw" if mode == "rw" else "ro", "profile"))
     _check_aliases(resolved["rw"], resolved["ro"], server)
-    profile_roots = list(chosen)
-    for bind in (*resolution.binds, *helper.binds):
-        if bind.path in chosen or any(_inside(bind.path, root) for root in profile_roots):
-            continue  # the operator's own bind already shows it, with the operator's mode
-        chosen[bind.path] = bind
-    ordered = sorted(chosen.values(), key=lambda b: b.path)
-    kept: list[Bind] = []
-    for bind in ordered:
-        # A read-only bind inside another read-only bind shows nothing new: one mount fewer.
-        if bind.mode == "ro" and any(k.mode == "ro" and _inside(bind.path, k.path) for k in kept):
-            continue
-        kept.append(bind)
-    return kept, sorted(links.items()), [b.path for b in (*ordered, *resolution.binds, *helper.binds)]
+    return list(chosen.values()), [*resolution.binds, *helper.binds], sorted(links.items())
 
 
 def _check_aliases(write: Sequence[tuple[str, str]], read: Sequence[tuple[str, str]], server: str) -> None:
