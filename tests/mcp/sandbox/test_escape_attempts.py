@@ -266,6 +266,7 @@ async def test_a_server_that_may_write_above_a_ledger_outside_the_home_cannot_pl
     paths = _ledger_outside_home(tmp_path)
     report = await _plant(paths, paths["srv"])
     assert _planted(paths) == []
+    assert report["move_directory"] != "moved" and paths["ledger"].read_text() == CANARY
     assert [report[s] for s in ("-journal", "-wal", "-shm")].count("created") == 0
     assert report["sibling"] == "created" and (paths["work"] / "allowed.txt").read_text() == "planted by the server"
 
@@ -291,5 +292,6 @@ async def test_a_write_bind_inside_the_ledgers_hidden_directory_stays_writable_a
     notes.mkdir()
     report = await _plant(paths, paths["srv"], notes, sibling=notes)
     assert _planted(paths) == []
+    assert report["move_directory"] != "moved" and paths["ledger"].read_text() == CANARY
     assert [report[s] for s in ("-journal", "-wal", "-shm")].count("created") == 0
     assert report["sibling"] == "created" and (notes / "allowed.txt").read_text() == "planted by the server"
