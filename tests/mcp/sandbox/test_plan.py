@@ -159,6 +159,28 @@ def test_a_bind_of_the_ledgers_directory_by_a_symlink_is_refused_at_its_real_pat
     assert caught.value.fields["path"] == "/var/lib"
 
 
+def _ledger_behind_a_link() -> tuple[FakeFs, tuple[str, ...]]:
+    # --db /srv/work/ledgers/ledger.db, where /srv/work/ledgers -> /var/lib.
+    fs = _fs().link("/srv/work/ledgers", "/var/lib")
+    return fs, (HOME, *(p.replace("/var/lib", "/srv/work/ledgers") for p in LEDGER))
+
+
+def test_a_write_bind_holding_a_symlink_on_the_way_to_the_ledger_is_refused() -> None:
+    # A server that may write /srv/work could point the link at a ledger (and a journal) of its
+    # own, which Truss opens by that name at the next run.
+    fs, protected = _ledger_behind_a_link()
+    with pytest.raises(SandboxError) as caught:
+        _plan(Profile(write=("/srv/work",)), fs=fs, protected=protected)
+    assert caught.value.cause == "exposes_ledger"
+    assert caught.value.fields["path"] == "/srv/work/ledgers"
+
+
+def test_a_read_bind_holding_a_symlink_on_the_way_to_the_ledger_stays_allowed() -> None:
+    fs, protected = _ledger_behind_a_link()
+    plan = _plan(Profile(read=("/srv/work",)), fs=fs, protected=protected)
+    assert ("/srv/work", "ro") in [(b.path, b.mode) for b in plan.binds]
+
+
 def test_a_write_bind_of_a_directory_beside_a_ledger_outside_the_home_stays_allowed() -> None:
     fs = _fs().dir("/var/lib/work")
     plan = _plan(Profile(write=("/var/lib/work",)), fs=fs, protected=(HOME, *LEDGER))

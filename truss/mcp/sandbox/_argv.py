@@ -18,9 +18,10 @@ visible inside: a bind inside one of them is refused (``SandboxError``, cause ``
 and a bind or a system tree containing one has it masked (an empty read-only tmpfs over a
 directory). A protected file (the key, a ledger kept outside the home) is hidden with its whole
 directory, where SQLite makes the ledger's ``-journal``, ``-wal`` and ``-shm`` files after the
-plan, with binds inside it mounted on top; a bind that is that directory, or a working
-directory hidden by it, is refused (cause ``exposes_ledger``). Paths are compared after
-resolving symlinks; hard links are not detected.
+plan, with binds inside it mounted on top; a bind that is that directory, a working
+directory hidden by it, or a write bind holding a symlink on the way to a protected path (the
+server could point it elsewhere before Truss next opens the ledger by that name) is refused
+(cause ``exposes_ledger``). Paths are compared after resolving symlinks; hard links are not detected.
 """
 
 from __future__ import annotations
@@ -151,6 +152,11 @@ def plan_sandbox(
                     cause="protected_path",
                     path=bind.path,
                 )
+    for link, secret in _links_to(fs, protected):
+        writable = next((b.path for b in binds if b.mode == "rw" and _inside(link, b.path)), None)
+        if writable is not None:
+            # Truss opens the ledger, its sidecars and the key by these names, again at every run.
+            raise _exposes(server, link, f"may write {writable}, which holds {link}, a symlink on the way to {secret}")
     visible = [b.path for b in binds]
     hiding = _hidden_by(cwd, [*visible, *SYSTEM_ROOTS], folders)
     if hiding is not None:  # an empty directory there would not be the working directory asked for
@@ -388,6 +394,20 @@ def _check_aliases(write: Sequence[tuple[str, str]], read: Sequence[tuple[str, s
                     cause="aliased_bind",
                     path=path,
                 )
+
+
+def _links_to(fs: FsView, paths: Sequence[str]) -> list[tuple[str, str]]:
+    """Each symlink met on the way to a protected path (missing ones included), with that path."""
+    out: list[tuple[str, str]] = []
+    for path in paths:
+        if not path.startswith("/"):
+            continue
+        try:
+            _, met = walk(fs, posixpath.normpath(path))
+        except ValueError:
+            continue
+        out += [(link, path) for link, _ in met]
+    return out
 
 
 def _protected(fs: FsView, paths: Sequence[str]) -> dict[str, str]:
