@@ -36,10 +36,11 @@ from truss._errors import BundleFormatError, KeyFileError, NotFoundError, UsageE
 from truss.keyring import trust_root
 from truss.ledger import audit
 from truss.ledger.entry import StoredEntry
-from truss.ledger.envelope import open_verdict, parse_envelope
+from truss.ledger.envelope import VerdictStatement, parse_envelope
 from truss.ledger.keyhistory import is_log_session
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.note import MAX_NOTE_BYTES
+from truss.ledger.reader import unverified
 from truss.ledger.stores import LedgerStore, SessionInfo
 from truss.ledger.verification import VerifyReport
 from truss.ledger.workers import end_checkpoint
@@ -807,8 +808,13 @@ def show_verdict(args: argparse.Namespace, ctx: Ctx) -> int:
         history = store_history(store, trusted)
         if isinstance(history, VerifyReport):
             return _render_report(ctx, history, scope=args.session)
-        trusted = history.trusted
-    if raw is None:
+        verdict: VerdictStatement | None = None
+        if raw is not None:
+            # The trusted keys given here, not only the runtime's (R4); after a rotation, a key
+            # that signs at the session's last entry (B7).
+            at = functools.partial(audit.head_index, unverified(store), args.session, int(info.entries), info.head)
+            verdict = history.open_verdict(raw, session=args.session, head=info.head, head_index=at)
+    if raw is None or verdict is None:
         raise NotFoundError(
             f"session {args.session} has no verdict envelope",
             remedy="a verdict is issued when a run ends; see `truss ledger show` for where it stopped",
@@ -816,7 +822,6 @@ def show_verdict(args: argparse.Namespace, ctx: Ctx) -> int:
             name=args.session,
         )
     envelope = parse_envelope(raw).to_json()
-    verdict = open_verdict(raw, trusted, session=args.session, head=info.head)
     ctx.emit(
         {"session": args.session, "verified": True, "envelope": envelope, "statement": verdict.statement},
         json.dumps(envelope, indent=2)

@@ -12,6 +12,7 @@ import pytest
 
 from truss._errors import KeyFileError, StoreError, VerificationError
 from truss.keyring import read_history, rotate_identity_key, trust_root
+from truss.ledger import verify
 from truss.ledger.bundle import export_bundle, verify_bundle
 from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record, StoredEntry
@@ -28,6 +29,7 @@ from truss.ledger.keyhistory import (
 )
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
 from truss.ledger.note import parse_checkpoint, parse_note, sign_checkpoint_note
+from truss.ledger.reader import VerifiedStore
 from truss.ledger.stores import open_store
 from truss.ledger.stores.sqlite import open_sqlite
 from truss.ledger.verification import verify_ledger
@@ -273,3 +275,40 @@ def test_a_verdict_envelope_the_retired_key_signed_for_a_session_after_the_rotat
     doc["envelope"] = _verdict(doc, first, contract_hash="sha256:other", checkpoint=None)
     report = verify_bundle(canonical(doc), trusted)
     assert (report.ok, report.step, report.reason) == (False, "B7", "retired_key")
+
+
+def _envelope_for(db: Path, session: str, key: IdentityKey) -> bytes:
+    """A verdict envelope for the stored ``session`` (its head and status), signed by ``key``."""
+    with closing(open_store(db, key=None, clock=ManualClock(), create=False)) as store:
+        info = store.session(session)
+        assert info is not None
+        statement = verdict_statement(
+            session=session, head=info.head, status="pass", checks=[], contract_hash="sha256:other", checkpoint=None
+        )
+        envelope = canonical(sign_verdict(statement, key).to_json())
+        store.set_envelope(session, envelope)
+        return envelope
+
+
+def test_a_stored_verdict_envelope_the_retired_key_signed_after_the_rotation_fails_verify_all_and_the_read(
+    tmp_path: Path,
+) -> None:
+    # L7 and R4 apply B7's rule: the old key's holder can re-sign the verdict of a session that
+    # ended after the rotation (another contract), and the store would keep it.
+    first, current, _ = _rotated_bundle(tmp_path)
+    db = tmp_path / "home" / "ledger.db"
+    trusted = TrustedKeys([first.verifier])
+    _envelope_for(db, "s_before", first)  # signed by the key of that time: it stays good
+    kept = _envelope_for(db, "s_after", current)
+    with closing(open_store(db, key=None, clock=ManualClock(), create=False)) as store:
+        assert verify(store, trusted).ok, "the key of each session's time may sign its verdict"
+        assert VerifiedStore(store, trusted).envelope("s_after") == kept
+    _envelope_for(db, "s_after", first)
+    with closing(open_store(db, key=None, clock=ManualClock(), create=False)) as store:
+        report = verify(store, trusted)
+        assert (report.ok, report.reason) == (False, "retired_key")
+        reader = VerifiedStore(store, trusted)
+        assert reader.envelope("s_before") is not None
+        with pytest.raises(VerificationError) as info:
+            reader.envelope("s_after")
+        assert (info.value.reason, info.value.session) == ("retired_key", "s_after")

@@ -18,13 +18,15 @@ keys count; nothing a store or bundle says about its own keys is taken on trust.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from truss._errors import InputError, StoreError, TrussError, UsageError, VerificationError
-from truss.ledger.entry import StoredEntry
-from truss.ledger.envelope import open_verdict
+from truss.ledger.canonical import CanonicalError
+from truss.ledger.entry import StoredEntry, entry_bytes
 from truss.ledger.keyhistory import LOG_SESSION, KeyHistory, follow_rotations, log_entries
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
@@ -58,6 +60,7 @@ __all__ = [
     "SessionInLog",
     "SinceReport",
     "SinceSource",
+    "head_index",
     "session_in_log",
     "store_key_history",
     "stored_checkpoint_signers",
@@ -162,7 +165,7 @@ def verify_store(
     except StoreError as exc:
         finding = ("tree_mismatch", exc.message)
     if finding is None:
-        finding = _envelopes_match(store, trusted)  # L7
+        finding = _envelopes_match(store, history)  # L7
     if finding is None:
         return stored_checkpoint_signers(store, history, report)
     return failed_report(report, *finding)
@@ -175,9 +178,10 @@ def _stored_head(store: AuditSource) -> tuple[int, bytes]:
     return head()
 
 
-def _envelopes_match(store: AuditSource, trusted: TrustedKeys) -> tuple[str, str] | None:
-    """L7: every stored verdict envelope is signed by a trusted key, names its session and that
-    session's head, and gives the status its ``session_ended`` entry records."""
+def _envelopes_match(store: AuditSource, history: KeyHistory) -> tuple[str, str] | None:
+    """L7: every stored verdict envelope is signed by a trusted key (after a rotation, one that signs
+    at its session's last entry, as B7), names its session and that session's head, and gives the
+    status its ``session_ended`` entry records."""
     read: Callable[[str], bytes | None] | None = getattr(store, "envelope", None)
     if read is None:
         return None
@@ -186,15 +190,37 @@ def _envelopes_match(store: AuditSource, trusted: TrustedKeys) -> tuple[str, str
         if data is None:
             continue
         try:
-            verdict = open_verdict(data, trusted, session=row.id, head=row.head)
+            at = functools.partial(head_index, store, row.id, int(row.entries), row.head)
+            verdict = history.open_verdict(data, session=row.id, head=row.head, head_index=at)
         except (VerificationError, InputError) as exc:
-            return "bad_envelope", f"session {row.id!r}: its stored verdict envelope does not verify ({exc.message})"
+            reason = "retired_key" if exc.fields.get("reason") == "retired_key" else "bad_envelope"
+            return reason, f"session {row.id!r}: its stored verdict envelope does not verify ({exc.message})"
         if verdict.status != row.status:
             return (
                 "bad_envelope",
                 f"session {row.id!r}: its verdict envelope says {verdict.status}, its end {row.status}",
             )
     return None
+
+
+def head_index(store: LedgerReader, session: str, entries: int, head: str) -> int:
+    """The log index of ``session``'s last entry (its seq ``entries - 1``), whose hash is ``head`` (a
+    verified head): the entry stored there is read and its bytes hashed, so the index is the one
+    that head signs. ``VerificationError`` (``head_mismatch``) when the store holds another entry there."""
+    item = next(iter(store.read_session(session, from_seq=max(0, entries - 1))), None) if entries else None
+    if item is not None:
+        try:
+            bound = entry_bytes(item.entry) == item.raw and hashlib.sha256(item.raw).hexdigest() == head
+        except CanonicalError:
+            bound = False
+        if bound and isinstance(item.entry.get("index"), int):
+            return item.index
+    raise VerificationError(
+        f"session {session!r}: the entry its verified head {head[:12]}... names is not stored as its last entry",
+        remedy="run `truss ledger verify --all`; the store changed under the read",
+        reason="head_mismatch",
+        session=session,
+    )
 
 
 def store_key_history(store: LedgerReader, trusted: TrustedKeys) -> KeyHistory | VerifyReport:

@@ -34,7 +34,7 @@ from truss._errors import BundleFormatError, InputError, NotFoundError, TrussErr
 from truss._json import as_dict, as_list
 from truss.ledger.cosignature import witnessed_checkpoint
 from truss.ledger.entry import StoredEntry, entry_bytes, iter_refs
-from truss.ledger.envelope import VerdictStatement, open_verdict, parse_envelope
+from truss.ledger.envelope import VerdictStatement, parse_envelope
 from truss.ledger.keyhistory import KeyHistory, bundle_key_history, follow_rotations, rotation_proofs
 from truss.ledger.keys import TrustedKeys, VerifierKey
 from truss.ledger.merkle import (
@@ -491,7 +491,10 @@ def _verify(data: bytes, trusted: TrustedKeys, facts: dict[str, Any]) -> BundleR
     # B7: the verdict envelope is signed by a trusted key, about this session and this head.
     statement: VerdictStatement | None = None
     if doc["envelope"] is not None:
-        opened = _step("B7", lambda: _open_verdict(doc["envelope"], history, session=session, head=head))
+        opened = _step(
+            "B7",
+            lambda: history.open_verdict(doc["envelope"], session=session, head=head.hash, head_index=head.index),
+        )
         _step("B7", lambda: _verdict_agrees(opened, entries))
         facts["verdict"] = opened.status
         statement = opened
@@ -584,23 +587,6 @@ def _vkey_trusted(vkey: str, trusted: TrustedKeys) -> bool:
     except InputError:
         return False
     return key in trusted.get(key.key_id)
-
-
-def _open_verdict(envelope: Any, history: KeyHistory, *, session: str, head: StoredEntry) -> VerdictStatement:
-    """B7's envelope check: after a rotation, only a key that signs at the session's last entry
-    signed its verdict (the one that signed that entry did it right after): a key rotated away
-    before it is ``retired_key``, whatever its envelope says."""
-    if not history.rotations:
-        return open_verdict(envelope, history.trusted, session=session, head=head.hash)
-    try:
-        return open_verdict(envelope, TrustedKeys(history.valid_at(head.index)), session=session, head=head.hash)
-    except VerificationError:
-        open_verdict(envelope, history.trusted, session=session, head=head.hash)  # a key of the log at all?
-        raise _fail(
-            f"the verdict envelope is signed by a key of the log that no longer signed at log index {head.index} "
-            "(the session's last entry): it was rotated away before",
-            "retired_key",
-        ) from None
 
 
 def _verdict_agrees(statement: VerdictStatement, entries: Sequence[StoredEntry]) -> None:

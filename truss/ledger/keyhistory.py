@@ -48,13 +48,14 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from truss._errors import BundleFormatError, InputError, StoreConflictError, VerificationError
 from truss.ledger.canonical import CanonicalError, canonical
 from truss.ledger.entry import Record, StoredEntry, entry_bytes, entry_signing_payload, pae
+from truss.ledger.envelope import VerdictStatement, open_verdict
 from truss.ledger.keys import IdentityKey, TrustedKeys, VerifierKey
 from truss.ledger.merkle import fetched, inclusion_nodes, inclusion_proof
 
@@ -265,6 +266,27 @@ class KeyHistory:
             if p.from_index <= size and (p.until_index is None or size <= p.until_index):
                 keys.append(p.key)
         return keys
+
+    def open_verdict(
+        self, envelope: Any, *, session: str, head: str, head_index: int | Callable[[], int]
+    ) -> VerdictStatement:
+        """The verdict envelope of ``session`` (whose last entry is ``head``, at ``head_index``) opened
+        under the keys that sign at that entry: the key that signed it signed the verdict right
+        after, so a key rotated away before is ``retired_key`` whatever its envelope says (B7, L7,
+        R4). ``head_index`` may be a callable, asked only after a rotation (it may cost a read)."""
+        if not self.rotations:
+            return open_verdict(envelope, self.trusted, session=session, head=head)
+        index = head_index if isinstance(head_index, int) else head_index()
+        try:
+            return open_verdict(envelope, TrustedKeys(self.valid_at(index)), session=session, head=head)
+        except VerificationError:
+            open_verdict(envelope, self.trusted, session=session, head=head)  # a key of the log at all?
+            raise VerificationError(
+                f"the verdict envelope of session {session!r} is signed by a key of the log that no longer "
+                f"signed at log index {index} (the session's last entry): it was rotated away before",
+                remedy="do not trust this verdict; the holder of a retired key may have signed it",
+                reason="retired_key",
+            ) from None
 
     def to_json(self) -> list[dict[str, Any]]:
         return [p.to_json() for p in self.periods]

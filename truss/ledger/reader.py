@@ -19,7 +19,8 @@ R3 ``sessions`` (a listing) verifies each row it returns at its ends: the first 
    be what those entries say. Every row is marked ``verified="ends"``: the chain between was not
    verified (``truss ledger verify --all`` does that).
 R4 ``envelope`` returns a verdict envelope only when it opens under the trusted keys for this
-   session and its verified head, with the status its end records.
+   session and its verified head (after a rotation, under a key that signs at that head's log
+   index, as bundle step B7), with the status its end records.
 R5 ``blob`` and ``blobs_for`` return payload bytes only when they hash to their ref.
 R6 ``read_range`` returns entries that are well-formed, signed by a trusted key, at the index
    asked for, and inside the log's size.
@@ -30,16 +31,16 @@ a wrong answer, never an internal error. Sans-IO beyond the store it is given.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 from truss._errors import InputError, TrussError, VerificationError
-from truss.ledger.audit import SessionInLog, session_in_log, store_key_history
+from truss.ledger.audit import SessionInLog, head_index, session_in_log, store_key_history
 from truss.ledger.canonical import canonical, sha256_ref
 from truss.ledger.entry import Record, StoredEntry, refs_in
-from truss.ledger.envelope import open_verdict
 from truss.ledger.keyhistory import KeyHistory
 from truss.ledger.keys import TrustedKeys
 from truss.ledger.stores.base import DEFAULT_LEASE_MS, Lease, LeaseOwner, LedgerStore, SessionInfo, StoredCheckpoint
@@ -373,10 +374,12 @@ class VerifiedStore:
         info = self.session(session)
         if info is None:
             raise _refused(session, ("bad_envelope", "a verdict envelope for a session the store does not hold"))
+        at = functools.partial(head_index, self.raw, session, int(info.entries), info.head)
         try:
-            verdict = open_verdict(data, self.history().trusted, session=session, head=info.head)
+            verdict = self.history().open_verdict(data, session=session, head=info.head, head_index=at)
         except (VerificationError, InputError) as exc:
-            raise _refused(session, ("bad_envelope", f"its verdict envelope does not verify ({exc.message})")) from exc
+            reason = "retired_key" if exc.fields.get("reason") == "retired_key" else "bad_envelope"
+            raise _refused(session, (reason, f"its verdict envelope does not verify ({exc.message})")) from exc
         if verdict.status != info.status:
             raise _refused(
                 session, ("bad_envelope", f"its verdict envelope says {verdict.status}, its end {info.status}")
