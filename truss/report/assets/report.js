@@ -674,7 +674,11 @@
   // ---------------------------------------------------------------------------- key history (truss/ledger/keyhistory.py)
 
   const ROTATION_TYPE = "application/vnd.truss.key-rotation.v1+json";
+  const ADMISSION_TYPE = "application/vnd.truss.key-admission.v1+json";
   const ROTATION_FIELDS = ["from_index", "key", "proof", "replaces"];
+  const ADMISSION_FIELDS = ["key", "proof"];
+  const REMOVAL_FIELDS = ["key"];
+  const STATEMENT_KINDS = ["key_rotated", "key_admitted", "key_removed"];
   const MAX_STATEMENTS = 1000;
 
   function sameKey(a, b) { return a.name === b.name && sameBytes(a.publicKey, b.publicKey); }
@@ -688,7 +692,7 @@
     return raw.map((item) => {
       if (!isObj(item) || Object.keys(item).sort().join() !== "entry,inclusion") throw bad("a key_history item is an object with entry and inclusion");
       const entry = entryFromJson(item.entry);
-      if (own(entry.entry, "kind") !== "key_rotated" || own(entry.entry, "log") !== origin) throw bad("a key_history item is a key_rotated entry of the bundle's log");
+      if (!STATEMENT_KINDS.includes(own(entry.entry, "kind")) || own(entry.entry, "log") !== origin) throw bad("a key_history item is a key statement (key_rotated, key_admitted, key_removed) of the bundle's log");
       const hashes = item.inclusion;
       if (!Array.isArray(hashes) || hashes.length > 64) throw bad("a key_history inclusion proof is a list of at most 64 hashes");
       const proof = hashes.map((h) => {
@@ -701,9 +705,51 @@
     });
   }
 
-  // keyhistory.follow_rotations (K1-K6): the periods of every key, followed from the trusted ones.
+  // keyhistory._admit_or_remove: a key_admitted or key_removed statement (of this log, its hash checked) applied to `periods`.
+  async function admitOrRemove(item, periods, origin, index) {
+    const entry = item.entry;
+    const at = `${entry.kind} statement at log index ${index}`;
+    const where = { session: "@log", seq: own(entry, "seq"), index };
+    const forged = (m) => notVerified("forged_admission", `${at}: ${m}`, where);
+    const bad = (m) => notVerified("bad_admission", `${at}: ${m}`, where);
+    const body = isObj(own(entry, "body")) ? entry.body : {};
+    const payload = pae(PAYLOAD_TYPE, item.raw);
+    let signer = null;
+    for (const p of periods) {
+      if (p.key.keyId === item.keyid && (await ed25519(p.key, payload, item.sig))) { signer = p; break; }
+    }
+    if (signer === null) return; // signed by a key the verifier does not start from: the key it names stays unknown
+    if (signer.role !== "log") throw forged(`it is signed by the worker key ${signer.key.keyId}; only a log key changes the key set`);
+    if (!covers(signer, index)) throw forged(`it is signed by key ${signer.key.keyId}, which was retired before index ${index}`);
+    const fields = entry.kind === "key_admitted" ? ADMISSION_FIELDS : REMOVAL_FIELDS;
+    if (Object.keys(body).sort().join() !== fields.join()) throw bad(`its body has the fields ${JSON.stringify(fields)}`);
+    let named;
+    try {
+      named = await parseVkey(String(body.key));
+    } catch (e) {
+      if (e instanceof KeyError) throw bad("its key cannot be parsed");
+      throw e;
+    }
+    if (named.name !== origin) throw bad(`the key is named ${JSON.stringify(named.name)}; every key of the log is named ${JSON.stringify(origin)}`);
+    const known = periods.map((p, i) => (sameKey(p.key, named) ? i : -1)).filter((i) => i >= 0);
+    if (entry.kind === "key_removed") {
+      const open = known.find((i) => periods[i].role === "worker" && periods[i].until === null);
+      if (open === undefined) throw bad(`it removes key ${named.keyId}, which is not an admitted worker key`);
+      periods[open] = { ...periods[open], until: index + 1 };
+      return;
+    }
+    const proof = pyB64decode(String(body.proof));
+    if (proof === null) throw bad("its proof is not base64");
+    const statement = utf8(canonicalText({ log: origin, key: named.vkey }));
+    if (!(await ed25519(named, pae(ADMISSION_TYPE, statement), proof))) throw bad("the worker key's proof does not verify (its holder did not ask to join)");
+    if (known.some((i) => periods[i].statement !== null)) throw bad(`key ${named.keyId} was already admitted to, rotated in or removed from the log`);
+    if (!known.length) periods.push({ key: named, from: index + 1, until: null, statement: item, role: "worker" }); // a key trusted from the start keeps that trust
+  }
+
+  // keyhistory.follow_rotations (K1-K6): the periods of every key, followed from the trusted ones:
+  // rotations, and admissions and removals of worker keys (which sign entries, never checkpoints).
   async function followRotations(statements, trusted, origin) {
-    const periods = trusted.keys.map((key) => ({ key, from: 0, until: null, statement: null }));
+    const periods = trusted.keys.map((key) => ({ key, from: 0, until: null, statement: null, role: "log" }));
     for (const { item } of statements) {
       const entry = item.entry;
       const at = `rotation statement at log index ${own(entry, "index")}`;
@@ -713,6 +759,10 @@
       if (!isIntAt(entry, "index") || entry.log !== origin) throw bad("it is not an entry of this log");
       const index = entry.index;
       if (hex(await sha256(item.raw)) !== item.hash) throw bad("its bytes or hash do not match the entry"); // K1
+      if (entry.kind !== "key_rotated") {
+        await admitOrRemove(item, periods, origin, index);
+        continue;
+      }
       const payload = pae(PAYLOAD_TYPE, item.raw);
       const body = isObj(own(entry, "body")) ? entry.body : {};
       let signer = -1;
@@ -745,7 +795,7 @@
       const known = periods.filter((p) => sameKey(p.key, key));
       if (sameKey(key, old.key) || known.some((p) => p.statement !== null)) throw bad("the new key is a key the log already rotated to or from");
       periods[signer] = { ...old, until: index + 1 }; // K6
-      if (!known.length) periods.push({ key, from: index + 1, until: null, statement: item });
+      if (!known.length) periods.push({ key, from: index + 1, until: null, statement: item, role: old.role }); // a worker's successor is a worker
     }
     const rotations = periods.filter((p) => p.statement !== null).length;
     const ids = periods.map((p) => p.key.keyId);
@@ -762,7 +812,7 @@
     const spans = history.periods.filter((p) => p.key.keyId === item.keyid).map((p) => `[${p.from}, ${p.until === null ? "..." : p.until})`).join(", ");
     return ["retired_key", `entry ${item.entry.seq} of session ${JSON.stringify(item.entry.session)} (log index ${index}) is signed by key ${item.keyid}, which signs only log indexes ${spans || "none"}`];
   }
-  // bundle._open_verdict: after a rotation, only a key that signs at the session's last entry signed its verdict.
+  // KeyHistory.open_verdict: after a rotation, only a key that signs at the session's last entry signed its verdict.
   async function openVerdictAt(envelope, history, trusted, session, head) {
     if (!history.rotations) return openVerdict(envelope, trusted, session, head.hash);
     const atHead = new Trusted(history.periods.filter((p) => covers(p, head.entry.index)).map((p) => p.key));
@@ -774,9 +824,9 @@
       throw notVerified("retired_key", `the verdict envelope is signed by a key of the log that no longer signed at log index ${head.entry.index} (the session's last entry): it was rotated away before`);
     }
   }
-  // KeyHistory.checkpoint_keys: the keys that may sign a checkpoint of `size`.
+  // KeyHistory.checkpoint_keys: the log keys that may sign a checkpoint of `size` (a worker key never signs one).
   function checkpointKeys(history, size) {
-    return new Trusted(history.periods.filter((p) => BigInt(p.from) <= size && (p.until === null || size <= BigInt(p.until))).map((p) => p.key));
+    return new Trusted(history.periods.filter((p) => p.role === "log" && BigInt(p.from) <= size && (p.until === null || size <= BigInt(p.until))).map((p) => p.key));
   }
 
   // ---------------------------------------------------------------------------- the bundle, B1-B8
@@ -855,8 +905,8 @@
 
   const STEPS = [
     ["B1", "parse", "one JSON object in the bundle format, every field of its type, base64 where promised"],
-    ["B2", "trust", "only the keys in the trusted field count, and the key rotations the bundle carries followed from them; the key the bundle names is only reported"],
-    ["B3", "checkpoint", "the checkpoint is a signed note by a trusted key named after the log's origin (after a rotation, one allowed at its size)"],
+    ["B2", "trust", "only the keys in the trusted field count, and the key rotations and worker keys the bundle carries followed from them; the key the bundle names is only reported"],
+    ["B3", "checkpoint", "the checkpoint is a signed note by a trusted key named after the log's origin (after a rotation, a log key allowed at its size)"],
     ["B4", "entries", "each entry: signature, hash, seq and prev chain, start and end, payload hashes, inclusion proof in the checkpoint"],
     ["B5", "head proof", "the tlog-proof proves the session's last entry in the same checkpoint"],
     ["B6", "payloads", "every payload included is named by an entry"],
