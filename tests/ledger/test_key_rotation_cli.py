@@ -15,7 +15,9 @@ import pytest
 
 from tests.conftest import truss_cmd
 from truss._clock import SystemClock
+from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record
+from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import LOG_SESSION, rotation_statement
 from truss.ledger.keys import IdentityKey
 from truss.ledger.note import sign_checkpoint_note
@@ -138,3 +140,33 @@ def test_an_old_checkpoint_signed_by_the_retired_key_past_its_period_is_refused_
     proc = truss(home, "ledger", "verify", "--since", str(held), "--trusted-key", first, "--json")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _json(proc)["reason"] == "retired_key"
+
+
+def _set_verdict(home: Path, session: str, key: IdentityKey) -> None:
+    with closing(open_store(home / "ledger.db", key=None, clock=SystemClock(), create=False)) as store:
+        info = store.session(session)
+        assert info is not None
+        statement = verdict_statement(
+            session=session, head=info.head, status="pass", checks=[], contract_hash="sha256:other", checkpoint=None
+        )
+        store.set_envelope(session, canonical(sign_verdict(statement, key).to_json()))
+
+
+def test_a_verdict_the_retired_key_signed_for_a_session_after_the_rotation_is_refused_by_ledger_verdict_and_verify(
+    home: Path,
+) -> None:
+    first = truss(home, "key", "show").stdout.strip()
+    retired = IdentityKey.load(home / "identity.key")
+    assert truss(home, "key", "rotate").returncode == 0
+    _record(home, "s_after")
+    _set_verdict(home, "s_before", retired)  # signed by the key of that session's time
+    _set_verdict(home, "s_after", IdentityKey.load(home / "identity.key"))
+    for args in (("ledger", "verdict", "s_before"), ("ledger", "verdict", "s_after"), ("ledger", "verify", "--all")):
+        proc = truss(home, *args, "--trusted-key", first)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    _set_verdict(home, "s_after", retired)
+    verdict = truss(home, "ledger", "verdict", "s_after", "--trusted-key", first, "--json")
+    assert verdict.returncode == 1 and "Traceback" not in verdict.stderr, verdict.stdout + verdict.stderr
+    verified = truss(home, "ledger", "verify", "--all", "--trusted-key", first, "--json")
+    assert (verified.returncode, _json(verified)["reason"]) == (1, "retired_key")
+    assert truss(home, "ledger", "verdict", "s_before", "--trusted-key", first).returncode == 0
