@@ -169,13 +169,18 @@ def this_hosts_own_address() -> str:
     return address
 
 
-async def test_a_star_rule_never_reaches_a_private_address(tmp_path: Path) -> None:
+async def assert_refused_as_internal(tmp_path: Path, rule: str, target: str) -> None:
+    """``CONNECT target`` under ``rule`` gets 403 and is reported as ``resolves_to_internal``."""
     events: list[SandboxEvent] = []
-    async with running_proxy(tmp_path, ["*:8443"], events) as (p, _):
-        answer = await ask(p, b"CONNECT 10.255.255.1:8443 HTTP/1.1\r\n\r\n")
+    async with running_proxy(tmp_path, [rule], events) as (p, _):
+        answer = await ask(p, f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
         await settle(events, 1)
     assert answer.startswith(b"HTTP/1.1 403 ")
     assert isinstance(events[0], EgressEvent) and events[0].reason == "resolves_to_internal"
+
+
+async def test_a_star_rule_never_reaches_a_private_address(tmp_path: Path) -> None:
+    await assert_refused_as_internal(tmp_path, "*:8443", "10.255.255.1:8443")
 
 
 @pytest.mark.parametrize("rule", ["*.corp.test:8443", "api.corp.test:8443", "*:8443"])
@@ -183,12 +188,7 @@ async def test_a_name_never_reaches_a_private_address_its_dns_answer_gives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: str
 ) -> None:
     answers_from_dns(monkeypatch, "api.corp.test", "10.1.2.3")
-    events: list[SandboxEvent] = []
-    async with running_proxy(tmp_path, [rule], events) as (p, _):
-        answer = await ask(p, b"CONNECT api.corp.test:8443 HTTP/1.1\r\n\r\n")
-        await settle(events, 1)
-    assert answer.startswith(b"HTTP/1.1 403 ")
-    assert isinstance(events[0], EgressEvent) and events[0].reason == "resolves_to_internal"
+    await assert_refused_as_internal(tmp_path, rule, "api.corp.test:8443")
 
 
 async def test_a_name_rule_never_reaches_an_address_of_this_host_other_than_loopback(
@@ -196,12 +196,7 @@ async def test_a_name_rule_never_reaches_an_address_of_this_host_other_than_loop
 ) -> None:
     # A service listening on every interface answers on the host's own address as on loopback.
     answers_from_dns(monkeypatch, "intranet.test", this_hosts_own_address())
-    events: list[SandboxEvent] = []
-    async with running_proxy(tmp_path, ["intranet.test:8443"], events) as (p, _):
-        answer = await ask(p, b"CONNECT intranet.test:8443 HTTP/1.1\r\n\r\n")
-        await settle(events, 1)
-    assert answer.startswith(b"HTTP/1.1 403 ")
-    assert isinstance(events[0], EgressEvent) and events[0].reason == "resolves_to_internal"
+    await assert_refused_as_internal(tmp_path, "intranet.test:8443", "intranet.test:8443")
 
 
 @pytest.mark.parametrize(
