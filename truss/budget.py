@@ -1,7 +1,8 @@
 """Budgets: pure accounting of what a run has spent and whether the next step still fits.
 
 Every function here takes the current ``BudgetState``, the effective contract and, where time
-matters, ``now_ms`` (Unix milliseconds, passed in: this module never reads a clock), and returns
+matters, ``now_ms`` (Unix milliseconds, passed in: this module never reads a clock; the gate passes
+``Gate.budget_now_ms``, which a wall clock set back or ahead does not move), and returns
 a new state (``Charged``) or the limit that refused it (``Exceeded``). Nothing is mutated and
 nothing is recorded: the gate holds the one state of a run under a lock, charges *before* it
 calls a tool and swaps in the new state, so concurrent calls can never spend more than the

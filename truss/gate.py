@@ -94,13 +94,20 @@ class Gate:
         budget: BudgetState,
         redactor: Redactor,
         events: RunEvents | None = None,
+        started_monotonic: float | None = None,
     ) -> None:
+        """``started_monotonic``: ``clock.monotonic()`` read when ``budget`` was started (with its
+        ``started_ms``); without it the gate takes both clocks when it is made."""
         self.contract = contract
         self.journal = journal
         self.transport = transport
         self.tools = tools
         self.clock = clock
         self._budget = _Budget(budget)
+        if started_monotonic is None:
+            self._wall0, self._mono0 = clock.now_ms(), clock.monotonic()
+        else:
+            self._wall0, self._mono0 = budget.started_ms, started_monotonic
         self.redactor = redactor
         self._events = events
         self._intent_durable = contract.ledger.durability == "power"
@@ -115,6 +122,12 @@ class Gate:
     def budget(self) -> BudgetState:
         return self._budget.state
 
+    def budget_now_ms(self) -> int:
+        """The ``now_ms`` budget functions are given: the wall time the budget was started at plus the
+        monotonic time since, so a wall clock set back (by an operator, by NTP) never adds time
+        before the deadline and one set ahead never takes any."""
+        return self._wall0 + round((self.clock.monotonic() - self._mono0) * 1000)
+
     async def charge(self, charge: Callable[[BudgetState], _T]) -> _T:
         """Apply a budget function to the shared state; swap it in when charged (atomically: no await)."""
         result = charge(self._budget.state)
@@ -125,11 +138,11 @@ class Gate:
         return result
 
     async def _charge_call(self, tool: str) -> Charged | Exceeded:
-        return await self.charge(lambda state: budget_mod.charge_call(state, self.contract, tool, self.clock.now_ms()))
+        return await self.charge(lambda state: budget_mod.charge_call(state, self.contract, tool, self.budget_now_ms()))
 
     def remaining(self) -> dict[str, Any]:
         """What is left of the budget now (``budget.remaining``), a fresh copy for each caller."""
-        state, now = self._budget.state, self.clock.now_ms()
+        state, now = self._budget.state, self.budget_now_ms()
         held = self._remaining
         if held is None or held[0] is not state or held[1] != now:
             # A call's end event and the note the loop adds to its result ask in the same millisecond
@@ -143,7 +156,7 @@ class Gate:
         configured = self._timeouts.get(tool)
         if configured is None:
             configured = self._timeouts[tool] = budget_mod.configured_timeout_s(self.contract, tool)
-        return min(configured, budget_mod.time_left_s(self.contract, self._budget.state, self.clock.now_ms()))
+        return min(configured, budget_mod.time_left_s(self.contract, self._budget.state, self.budget_now_ms()))
 
     # -- the call --
 

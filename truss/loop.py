@@ -197,7 +197,7 @@ async def run_loop(
     turn = 0
     while True:
         turn += 1
-        charged = await gate.charge(lambda state: budget_mod.charge_turn(state, contract, clock.now_ms()))
+        charged = await gate.charge(lambda state: budget_mod.charge_turn(state, contract, gate.budget_now_ms()))
         if isinstance(charged, Exceeded):
             stop: StopReason = "deadline" if charged.limit == "deadline" else "budget"
             return LoopResult(stop, turn - 1, reason=charged.detail, limit=charged.limit, calls=run.calls)
@@ -261,7 +261,7 @@ class _Loop:
                 # deadline can pass inside it, and the turn's charge just checked the deadline.
                 response = await answer
             else:
-                with anyio.move_on_after(budget_mod.time_left_s(contract, gate.budget, self.clock.now_ms())):
+                with anyio.move_on_after(budget_mod.time_left_s(contract, gate.budget, gate.budget_now_ms())):
                     response = await answer
         except ProviderError as exc:
             return LoopResult("provider_error", turn, reason=exc.message, calls=calls)

@@ -361,7 +361,7 @@ class _Panel:
             raise errors[0]
 
     def _time_s(self) -> float:
-        run_left = budget_mod.time_left_s(self.contract, self.gate.budget, self.clock.now_ms())
+        run_left = budget_mod.time_left_s(self.contract, self.gate.budget, self.gate.budget_now_ms())
         own = duration_ms(self.check.deadline) / 1000.0 if self.check.deadline else math.inf
         return min(run_left, own)
 

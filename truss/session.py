@@ -560,7 +560,8 @@ class _Run:
             self.events.session_ended(status, reason, self.journal.head)
 
     async def _drive(self, *, principal: Any, resumed_from: Mapping[str, Any] | None) -> RunOutcome:
-        budget = BudgetState.start(self.clock.now_ms())
+        # Both clocks at once: the gate measures the deadline on the monotonic one from here.
+        budget, started_monotonic = BudgetState.start(self.clock.now_ms()), self.clock.monotonic()
         log_dir = self.home / "logs" / self.session
         log_dir.mkdir(parents=True, exist_ok=True)
         intent = render_intent(self.contract, self.environ)
@@ -603,6 +604,7 @@ class _Run:
                         budget=budget,
                         redactor=self.redactor,
                         events=self.events,
+                        started_monotonic=started_monotonic,
                     )
                     result = await run_loop(
                         contract=self.contract,

@@ -325,6 +325,32 @@ async def test_call_timeout_is_the_smallest_setting(tmp_path: Path) -> None:
     assert fake.calls[0].timeout_s == 7.0
 
 
+async def test_a_wall_clock_set_back_gives_the_run_no_more_time_before_its_deadline(tmp_path: Path) -> None:
+    # Regression: the deadline was measured on the wall clock, so an operator or NTP setting it
+    # back an hour after the deadline had passed let calls run for that hour more.
+    store, _ = new_store(tmp_path)
+    clock = ManualClock()
+    fake = transport()
+    gate = make_gate(contract_from(contract_text(budget='deadline = "10s"')), store, fake, clock=clock)
+    clock.advance(11)
+    clock.set_wall_ms(clock.now_ms() - 3_600_000)
+    outcome = await gate.call(req("c1.0"))
+    assert outcome.outcome == "denied" and outcome.limit == "deadline"
+    assert fake.calls == [] and gate.remaining()["seconds"] == 0
+
+
+async def test_a_wall_clock_set_ahead_takes_no_time_from_the_run(tmp_path: Path) -> None:
+    store, _ = new_store(tmp_path)
+    clock = ManualClock()
+    fake = transport()
+    gate = make_gate(contract_from(contract_text(budget='deadline = "10s"')), store, fake, clock=clock)
+    clock.advance(4)
+    clock.set_wall_ms(clock.now_ms() + 3_600_000)
+    outcome = await gate.call(req("c1.0"))
+    assert outcome.outcome == "ok" and fake.calls[0].timeout_s == 6.0
+    assert gate.remaining()["seconds"] == 6
+
+
 async def test_what_is_left_follows_each_charge_and_the_clock_and_each_caller_gets_its_own_copy(tmp_path: Path) -> None:
     text = contract_text(server='budget_calls = 5\n[[mcp.servers.tools]]\nname = "echo"\nbudget_calls = 3',
                          budget='deadline = "10m"')  # fmt: skip
