@@ -173,6 +173,12 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
     "stdio_server_without_command": ("stdio_server_without_command.toml", "mcp.servers[0]", 5),
     "step_reference_to_later_step": ("step_reference_to_later_step.toml", "agent.steps[0].arguments.timezone", 7),
     "step_tool_not_namespaced": ("step_tool_not_namespaced.toml", "agent.steps[0].tool", 6),
+    "policy_rule_naming_an_undeclared_server": (
+        "policy_rule_naming_an_undeclared_server.toml",
+        "policy.rules[0].tool",
+        6,
+    ),
+    "policy_rule_tool_not_namespaced": ("policy_rule_tool_not_namespaced.toml", "policy.rules[0].tool", 6),
     "toml_datetime_value": ("toml_datetime_value.toml", "agent.steps[0].arguments.when", 7),
     "toml_duplicate_key": ("toml_duplicate_key.toml", None, 7),
     "toml_syntax_error_missing_value": ("toml_syntax_error_missing_value.toml", None, 6),
@@ -420,6 +426,7 @@ def test_a_file_the_os_refuses_to_open_is_a_contract_error(tmp_path: Path, monke
         ("step_naming_an_undeclared_server", "mcp:time:get_current_time"),
         ("step_naming_a_tool_not_allowlisted", "mcp:time:get_current_time"),
         ("done_check_naming_an_undeclared_server", "mcp:time:get_current_time"),
+        ("policy_rule_naming_an_undeclared_server", "mcp:files:write_file"),
     ],
 )
 def test_a_tool_reference_that_can_never_be_mounted_suggests_the_closest_declared_one(

@@ -119,6 +119,53 @@ def _check_tool_refs(contract: Contract, layers: list[Layer], effective: dict[st
         )
 
 
+_GLOB_META = re.compile(r"[*?\[]")
+_LITERAL_SERVER = re.compile(r"mcp:([^*?\[:]+):")
+
+
+def _check_rule_tools(contract: Contract, layers: list[Layer], effective: dict[str, Any]) -> None:
+    """Refuse a policy rule whose tool glob can match no tool this contract could ever mount.
+
+    Tools are named ``mcp:<server>:<tool>`` and only declared servers are mounted (no overlay adds
+    one), so a glob whose literal start cannot begin such a name (``write_file``), or that names a
+    server literally (``mcp:file:*``) that is not declared, never applies: a deny or ask rule the
+    author meant as a guard would silently guard nothing. A glob naming an allowlisted server's
+    tool that is not allowlisted stays a ``contract check`` finding (an overlay may widen the list).
+    """
+    servers = {server.name for server in contract.mcp.servers}
+    for i, rule in enumerate(contract.policy.rules):
+        path: KeyPath = ("policy", "rules", i, "tool")
+        meta = _GLOB_META.search(rule.tool)
+        literal = rule.tool if meta is None else rule.tool[: meta.start()]
+        if not (literal.startswith("mcp:") or "mcp:".startswith(literal)):
+            raise error_in(
+                layers,
+                effective,
+                path,
+                f"policy rule {i}'s tool {rule.tool!r} matches no tool: tool names are namespaced "
+                "'mcp:<server>:<tool>'",
+                remedy=f"Write the namespaced name, e.g. 'mcp:<server>:{rule.tool}'",
+                tool=rule.tool,
+            )
+        named = _LITERAL_SERVER.match(rule.tool)
+        if named is None or named.group(1) in servers:
+            continue
+        server_name = named.group(1)
+        close = closest(server_name, servers)
+        hint = f"Did you mean {'mcp:' + close + rule.tool[named.end(1) :]!r}? " if close else ""
+        declared = ", ".join(sorted(servers)) or "none"
+        raise error_in(
+            layers,
+            effective,
+            path,
+            f"policy rule {i} names {rule.tool!r}, but no server {server_name!r} is declared in [[mcp.servers]], "
+            "so the rule never applies",
+            remedy=f"{hint}Name a declared server (declared: {declared}), or remove the rule",
+            tool=rule.tool,
+            server=server_name,
+        )
+
+
 def _operator_sandboxes(config: Layer | None) -> dict[str, Sandbox]:
     """The operator config's per-server ``sandbox`` tables, validated on their own and located there."""
     if config is None:
@@ -245,6 +292,7 @@ def load_contract_text(
     check_templates(layers, effective, contract.contract.params)
     _check_harness(contract, layers, effective)
     _check_tool_refs(contract, layers, effective)
+    _check_rule_tools(contract, layers, effective)
     contract = _apply_sandboxes(contract, layers, effective, config_layer)
 
     given: dict[str, Any] = dict(params or {})
