@@ -178,6 +178,8 @@ EXPECTED: dict[str, tuple[str, str | None, int | None]] = {
         "policy.rules[0].tool",
         6,
     ),
+    "arg_condition_min_above_max": ("arg_condition_min_above_max.toml", "policy.rules[0].args.amount.min", 9),
+    "arg_condition_in_empty_list": ("arg_condition_in_empty_list.toml", "policy.rules[0].args.currency.in", 9),
     "policy_rule_tool_not_namespaced": ("policy_rule_tool_not_namespaced.toml", "policy.rules[0].tool", 6),
     "toml_datetime_value": ("toml_datetime_value.toml", "agent.steps[0].arguments.when", 7),
     "toml_duplicate_key": ("toml_duplicate_key.toml", None, 7),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 from hypothesis import given, settings
@@ -40,7 +41,7 @@ condition = st.fixed_dictionaries(
     {},
     optional={
         "equals": pool,
-        "in": st.lists(pool, max_size=3),
+        "in": st.lists(pool, min_size=1, max_size=3),  # an empty list is refused at load
         "glob": st.sampled_from(["*", "/srv/*", "/srv/work/**", "a*", "*.txt", "[ab]*"]),
         "not_glob": st.sampled_from(["*", "/srv/work/**", "*.txt"]),
         "regex": st.sampled_from(["a.*", "(a+)+b", "[a-z]+", "main|dev", r"\d+", ".*a.*a.*b"]),
@@ -48,7 +49,14 @@ condition = st.fixed_dictionaries(
         "min": st.integers(min_value=-5, max_value=5) | st.floats(min_value=-5, max_value=5),
         "max": st.integers(min_value=-5, max_value=5),
     },
-).filter(bool)
+).filter(lambda c: bool(c) and _bounds_in_order(c))
+
+
+def _bounds_in_order(condition: Mapping[str, Any]) -> bool:
+    """A min above the max is refused at load, so such a condition never reaches ``decide``."""
+    low, high = condition.get("min"), condition.get("max")
+    return not (isinstance(low, int | float) and isinstance(high, int | float) and low > high)
+
 
 rule = st.fixed_dictionaries(
     {

@@ -249,6 +249,20 @@ class ArgCondition(Model):
                 "an argument condition needs at least one of equals, in, glob, not_glob, regex, under, max_len, "
                 "min, max, each"
             )
+        # Conditions no value can meet: the rule never matches, so a deny meant as a guard guards nothing.
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise KeyValueError(
+                f"min {self.min} is greater than max {self.max}, so no value meets this condition and the rule "
+                "never applies",
+                remedy="Swap min and max (both bounds are inclusive), or remove one",
+                at=("min",),
+            )
+        if self.in_ is not None and not self.in_:
+            raise KeyValueError(
+                "in is an empty list, so no value is in it and the rule never applies",
+                remedy="List the allowed values, or remove in",
+                at=("in",),
+            )
         return self
 
 
