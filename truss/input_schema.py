@@ -28,7 +28,9 @@ def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> 
     """Why ``arguments`` do not fit the tool's input schema at the top level, or None."""
     required: Any = schema.get("required") or []
     if isinstance(required, list):
-        missing = [str(n) for n in cast(list[Any], required) if n not in arguments]
+        # The schema is the server's: an entry that is not a string names no argument (and an array
+        # or object in it would not even hash), so it is skipped; the server validates the rest.
+        missing = [n for n in cast(list[Any], required) if isinstance(n, str) and n not in arguments]
         if missing:
             return "missing required argument(s): " + ", ".join(missing)
     properties: Any = schema.get("properties")

@@ -111,6 +111,21 @@ async def test_arguments_of_the_wrong_type_are_refused_before_the_server(tmp_pat
     assert fake.calls == []
 
 
+async def test_a_server_schema_whose_required_list_holds_arrays_or_objects_does_not_break_the_gate(
+    tmp_path: Path,
+) -> None:
+    # Regression: the input schema comes from the server; 'required: [["text"], {}]' made the gate
+    # raise TypeError (unhashable) on every call of the tool, with nothing recorded.
+    store, _ = new_store(tmp_path)
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": [["text"], {"a": 1}, "n"]}
+    fake = FakeTransport(echo, tools=[mounted_tool("srv", "echo", input_schema=schema)])
+    gate = make_gate(contract_from(contract_text()), store, fake)
+    outcome = await gate.call(req("c1.0"))
+    assert outcome.outcome == "denied" and outcome.code == "bad_arguments"
+    assert step_kinds(store) == ["mcp_tool_denied"] and fake.calls == []
+    assert (await gate.call(req("c2.0", arguments={"text": "hi", "n": 1}))).outcome == "ok"
+
+
 def test_argument_check_reports_missing_required_and_accepts_union_types() -> None:
     schema = {"type": "object", "properties": {"a": {"type": ["string", "null"]}}, "required": ["a", "b"]}
     assert check_arguments(schema, {"a": None}) == "missing required argument(s): b"
