@@ -141,6 +141,27 @@ async def test_allowlisted_tool_the_server_does_not_advertise_is_an_error_at_sta
     assert "echo" in info.value.advertised
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"tools": [{"name": "ecoh", "pin": "sha256:" + "0" * 64}]},
+        {"tools": [{"name": "echo"}, {"name": "Work", "budget_calls": 1}]},
+        {"retry_in_doubt": ["wrk"]},
+    ],
+)
+async def test_under_a_wildcard_settings_for_a_tool_the_server_does_not_advertise_are_an_error_at_start(
+    tmp_path: Path, entry: dict[str, Any]
+) -> None:
+    # Regression: with allow_tools = ["*"] a misspelt tool's pin or budget_calls applied to nothing
+    # and the run went on without the pin checked or the calls limited.
+    contract = contract_of(server_entry(["*"], **entry))
+    with anyio.fail_after(10), pytest.raises(ToolNotAdvertisedError) as info:
+        async with connect(contract, log_dir=tmp_path, clock=ManualClock(), inprocess={"srv": build_server()}):
+            pytest.fail("connect must not yield with settings for a tool that does not exist")
+    assert info.value.server == "srv" and len(info.value.missing) == 1
+    assert info.value.missing[0] in ("ecoh", "Work", "wrk") and "echo" in info.value.advertised
+
+
 async def test_wildcard_mounts_every_advertised_tool(tmp_path: Path) -> None:
     contract = contract_of(server_entry(["*"]))
     async with connect(contract, log_dir=tmp_path, clock=ManualClock(), inprocess={"srv": build_server()}) as m:

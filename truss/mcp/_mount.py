@@ -192,17 +192,24 @@ def mount(
         statuses.append(ToolStatus(name, False, refused_pin, {}))
     if not wildcard:
         missing = [name for name in server.allow_tools if name not in by_name]
-        if missing:
-            advertised = sorted(by_name)
-            raise ToolNotAdvertisedError(
-                f"MCP server {server.name!r} does not advertise allowlisted tool(s) {', '.join(map(repr, missing))}; "
-                f"it advertises {', '.join(map(repr, advertised[:_MAX_NAMES_IN_ERROR])) or 'no tools'}",
-                remedy=did_you_mean(missing, advertised) + "Fix allow_tools in the contract (names are case-sensitive)",
-                server=server.name,
-                tool=missing[0],
-                missing=missing,
-                advertised=advertised[:_MAX_NAMES_IN_ERROR],
-            )
+        what, fix = "allowlisted tool(s)", "Fix allow_tools in the contract"
+    else:
+        # Under "*" the contract loaded without a list to check these names against: a misspelt one
+        # would leave its pin unchecked or its budget_calls unenforced, so it stops the start here.
+        named = [t.name for t in server.tools] + list(server.retry_in_doubt) + [a.tool for a in server.async_]
+        missing = list(dict.fromkeys(name for name in named if name not in by_name))
+        what, fix = "tool(s) its settings name", "Fix the tool names in [[mcp.servers.tools]], retry_in_doubt or async"
+    if missing:
+        advertised = sorted(by_name)
+        raise ToolNotAdvertisedError(
+            f"MCP server {server.name!r} does not advertise {what} {', '.join(map(repr, missing))}; "
+            f"it advertises {', '.join(map(repr, advertised[:_MAX_NAMES_IN_ERROR])) or 'no tools'}",
+            remedy=did_you_mean(missing, advertised) + fix + " (names are case-sensitive)",
+            server=server.name,
+            tool=missing[0],
+            missing=missing,
+            advertised=advertised[:_MAX_NAMES_IN_ERROR],
+        )
     info = client.server_info
     status = ServerStatus(
         name=server.name,
