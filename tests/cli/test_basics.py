@@ -207,14 +207,20 @@ def test_python_dash_m_truss_is_the_same_cli() -> None:
     assert json.loads(done.stdout)["ok"] is True
 
 
-def test_contract_check_warns_about_a_rule_that_matches_no_allowlisted_tool(tmp_path: Path) -> None:
-    text = (REPO / "contracts" / "hello.toml").read_text().replace('tool = "mcp:time:*"', 'tool = "mcp:tiem:*"')
-    (tmp_path / "typo.toml").write_text(text)
+def test_contract_check_warns_about_a_rule_that_matches_no_allowlisted_tool_and_refuses_one_naming_no_server(
+    tmp_path: Path,
+) -> None:
+    hello = (REPO / "contracts" / "hello.toml").read_text()
+    (tmp_path / "typo.toml").write_text(hello.replace('tool = "mcp:time:*"', 'tool = "mcp:time:get_time_*"'))
     done = _truss("contract", "check", "typo.toml", cwd=tmp_path)
     assert done.returncode == 0
     assert "warning: typo.toml at policy.rules[0].tool" in done.stderr
     as_json = _truss("--json", "contract", "check", "typo.toml", cwd=tmp_path)
     assert json.loads(as_json.stdout)["warnings"][0]["path"] == "policy.rules[0].tool"
+    # A server that is not declared can never be mounted (an overlay adds none): an error, not a warning.
+    (tmp_path / "server.toml").write_text(hello.replace('tool = "mcp:time:*"', 'tool = "mcp:tiem:*"'))
+    refused = _truss("contract", "check", "server.toml", cwd=tmp_path)
+    assert refused.returncode == 2 and "policy.rules[0].tool" in refused.stderr
 
 
 def test_init_with_a_non_ascii_log_name_writes_a_utf8_key_that_every_later_command_reads(tmp_path: Path) -> None:
