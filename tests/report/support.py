@@ -18,11 +18,11 @@ def open_report(page: Page, path: Path) -> dict[str, Any]:
     return summary
 
 
-def choose_bundle_file(page: Page, path: Path) -> dict[str, Any]:
+def choose_bundle_file(page: Page, path: Path, *, timeout: float = VERIFY_TIMEOUT) -> dict[str, Any]:
     """Open another bundle through the page's file field, as a person would; its verification's summary."""
     runs = page.evaluate("window.trussReport.runs")
     page.set_file("#bundle-file", path)
-    summary: dict[str, Any] = page.evaluate(f"window.trussReport.after({runs})", timeout=VERIFY_TIMEOUT)
+    summary: dict[str, Any] = page.evaluate(f"window.trussReport.after({runs})", timeout=timeout)
     return summary
 
 

@@ -29,6 +29,7 @@ from truss.report.page import build_report
 from truss.testing import ManualClock, MemoryStore
 
 TIMEOUT = 120
+REPORT_TAMPERED = Path(__file__).resolve().parent / "tampered"
 
 
 def _truss(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -241,6 +242,27 @@ def test_a_bundle_pasted_into_the_page_is_checked_there(sessions: Path, page: Pa
     bad = press(page, "#verify-pasted", fill={"#bundle-text": json.dumps(doc)})
     assert (bad["ok"], bad["reason"], bad["seq"]) == (False, "hash_mismatch", 2)
     assert page.requests() == [report.resolve().as_uri()]
+
+
+@pytest.mark.parametrize("attack", ["bundle_key_with_a_million_spaces_inside", "bundle_key_behind_a_byte_order_mark"])
+def test_the_key_a_bundle_names_is_read_as_python_reads_it_and_in_linear_time(
+    attack: str, page: Page, tmp_path: Path
+) -> None:
+    trusted = log_key().verifier.vkey
+    out = tmp_path / "original.html"
+    made = _truss(tmp_path, "ledger", "report", "--bundle", str(TAMPERED_BUNDLES / "original.json"),
+                  "--trusted-key", trusted, "-o", str(out))  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert open_report(page, out)["ok"] is True
+    bundle = REPORT_TAMPERED / f"{attack}.json"
+    cli = _truss(tmp_path, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", trusted, "--json")
+    expected = json.loads(cli.stdout)
+    assert (expected["ok"], expected["vkey_trusted"]) == (True, False)
+    # Python strips the key in linear time and keeps a byte-order mark: the page must do both.
+    summary = choose_bundle_file(page, bundle, timeout=20)
+    assert summary["ok"] is True
+    shown = text_of(page, "#steps tr[data-step=B2] td:last-child")
+    assert shown == "the bundle's key is not trusted (it adds no trust)"
 
 
 # -- the network check itself --------------------------------------------------------------------------

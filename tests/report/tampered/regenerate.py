@@ -150,6 +150,19 @@ def main() -> None:
     # A UTF-8 byte-order mark before the bundle: both readers skip it.
     files["byte_order_mark_before_the_bundle"] = "\ufeff" + _text(original)
 
+    # The bundle's own key (reported, never trusted) with a million spaces inside it: Python's strip
+    # is linear, a strip written as /\s+$/ is quadratic and holds the page for hours.
+    doc = copy.deepcopy(original)
+    name, rest = doc["vkey"].split("+", 1)
+    doc["vkey"] = name + " " * 1_000_000 + "+" + rest
+    files["bundle_key_with_a_million_spaces_inside"] = _text(doc)
+
+    # The bundle's own key behind a byte-order mark: str.strip() keeps U+FEFF (not white space to
+    # Python), so the key is not the trusted one, though it is once the mark is dropped.
+    doc = copy.deepcopy(original)
+    doc["vkey"] = "\ufeff" + doc["vkey"]
+    files["bundle_key_behind_a_byte_order_mark"] = _text(doc)
+
     for name, content in files.items():
         (HERE / f"{name}.json").write_text(content, encoding="utf-8")
 

@@ -250,7 +250,14 @@
     return (await sha256(concat(utf8(name), Uint8Array.of(10, 1), publicKey))).slice(0, 4);
   }
   class KeyError extends Error {}
-  function pyStrip(text) { return text.replace(/^[\s\x85\x1c-\x1f]+|[\s\x85\x1c-\x1f]+$/g, ""); }
+  // str.strip(): Python's white space only (not U+FEFF, which JavaScript's \s holds), and by a scan
+  // from each end, since /\s+$/ is quadratic in a run of spaces (the bundle's own vkey is untrusted).
+  function pyStrip(text) {
+    let start = 0, end = text.length;
+    while (start < end && PY_SPACE.test(text[start])) start++;
+    while (end > start && PY_SPACE.test(text[end - 1])) end--;
+    return text.slice(start, end);
+  }
 
   // VerifierKey.parse: <name>+<hex key id>+<base64(0x01 || 32-byte key)>, the id must match.
   async function parseVkey(text) {
