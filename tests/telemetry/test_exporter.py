@@ -6,6 +6,7 @@ first span is in flight while the others are offered.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 
@@ -14,7 +15,7 @@ import pytest
 from tests.telemetry.conftest import require_otel_extra
 from truss._clock import SystemClock
 from truss.telemetry.exporter import BatchExporter, ExportFailed, OtlpHttpSender
-from truss.telemetry.spans import KIND_INTERNAL, SpanRecord, span_id, trace_id
+from truss.telemetry.spans import KIND_INTERNAL, SpanEvent, SpanRecord, span_id, trace_id
 
 require_otel_extra()
 from tests.telemetry.receiver import Receiver  # noqa: E402 - after the check that the extra is here
@@ -133,3 +134,18 @@ def test_a_remembered_secret_is_scrubbed_from_every_attribute_before_it_is_sent(
     assert received["attributes"]["note"] == "a reason quoting [redacted] and [redacted]"
     body = b"".join(r.body for r in otlp.requests)
     assert b"hunter2-secret" not in body and b"another-secret-value" not in body
+
+
+def test_a_remembered_secret_is_scrubbed_from_span_names_and_span_events_too(otlp: Receiver) -> None:
+    # A sandboxed server writes its egress method, a server names its tools: a secret it holds can
+    # reach a span's name or a span event's attributes, which the live leg copies from the report.
+    exporter = BatchExporter(sender(otlp), clock=SystemClock(), schedule_delay_s=60, secrets=["hunter2-secret"])
+    egress = SpanEvent(
+        "truss.server.sandbox_egress", 1_000_000, {"truss.method": "GEThunter2-secret", "truss.port": 80}
+    )
+    leaking = dataclasses.replace(span(0), name="execute_tool hunter2-secret", events=(egress,))
+    exporter.offer(leaking)
+    assert exporter.close(WAIT_S).exported == 1
+    body = b"".join(r.body for r in otlp.requests)
+    assert b"hunter2-secret" not in body
+    assert b"execute_tool [redacted]" in body and b"GET[redacted]" in body

@@ -15,9 +15,10 @@ never raised: an unreachable collector cannot change a run's outcome.
 every span: exported, dropped (queue full), failed (the collector refused or was unreachable),
 rejected (the collector's partial success), unsent (still queued at close).
 
-Before a batch is encoded, every string attribute is scrubbed of the known secret values (the
-telemetry headers' values and any the caller adds with ``remember``): spans hold no secrets by
-construction, and this keeps it so if a secret ever reached a reason or a payload.
+Before a batch is encoded, every string attribute, span name and span event (name and attributes)
+is scrubbed of the known secret values (the telemetry headers' values and any the caller adds with
+``remember``): spans hold no secrets by construction, and this keeps it so if a secret ever reached
+a reason, a payload, a tool's name or a server's report.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from truss._clock import Clock
-from truss.telemetry.spans import AttrValue, SpanRecord, with_attributes
+from truss.telemetry.spans import AttrValue, SpanEvent, SpanRecord, with_attributes
 
 __all__ = ["REDACTED", "BatchExporter", "ExportStats", "OtlpHttpSender", "Sender"]
 
@@ -106,13 +107,32 @@ class _Secrets:
             ordered = sorted(self.values, key=len, reverse=True)
             self.pattern = re.compile("|".join(re.escape(v) for v in ordered))
         pattern = self.pattern
-        changed: dict[str, AttrValue] = {}
-        for key, value in span.attributes.items():
-            if isinstance(value, str) and pattern.search(value):
-                changed[key] = pattern.sub(REDACTED, value)
-            elif isinstance(value, tuple) and any(pattern.search(v) for v in value):
-                changed[key] = tuple(pattern.sub(REDACTED, v) for v in value)
-        return with_attributes(span, changed) if changed else span
+        changed = _scrubbed(span.attributes, pattern)
+        # The name holds a server's tool name; a span event's attributes are a server's report,
+        # copied as it came (a sandbox's egress method, say): both are scrubbed as attributes are.
+        name = pattern.sub(REDACTED, span.name)
+        events: list[SpanEvent] = []
+        for event in span.events:
+            found = _scrubbed(event.attributes, pattern)
+            event_name = pattern.sub(REDACTED, event.name)
+            if found or event_name != event.name:
+                events.append(dataclasses.replace(event, name=event_name, attributes={**event.attributes, **found}))
+            else:
+                events.append(event)
+        if not changed and name == span.name and events == list(span.events):
+            return span
+        return dataclasses.replace(with_attributes(span, changed), name=name, events=tuple(events))
+
+
+def _scrubbed(attributes: Mapping[str, AttrValue], pattern: re.Pattern[str]) -> dict[str, AttrValue]:
+    """The attributes of ``attributes`` that hold a secret, with each secret replaced."""
+    changed: dict[str, AttrValue] = {}
+    for key, value in attributes.items():
+        if isinstance(value, str) and pattern.search(value):
+            changed[key] = pattern.sub(REDACTED, value)
+        elif isinstance(value, tuple) and any(pattern.search(v) for v in value):
+            changed[key] = tuple(pattern.sub(REDACTED, v) for v in value)
+    return changed
 
 
 class BatchExporter:
