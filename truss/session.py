@@ -689,11 +689,13 @@ class _Run:
         right after it; later ones are appended by ``_pump_server_events`` as they come, and the
         last ones (a sandbox's flood summaries at its end) before the verdict or the suspension.
         """
-        self.events.server_event(server, name, attributes)
+        # Scrubbed before any subscriber sees it, as before it is recorded: a server writes what it
+        # reports (the host and method it asked a sandbox's proxy for), and telemetry sends it on.
+        body = cast(dict[str, Any], self.redactor.scrub(dict(attributes)))
+        if isinstance(body.get("host"), str):
+            body["host"] = self.redactor.scrub_text(body["host"], ignore_case=True)
+        self.events.server_event(server, name, body)
         if name in RECORDED_SERVER_EVENTS:
-            body = cast(dict[str, Any], self.redactor.scrub(dict(attributes)))
-            if isinstance(body.get("host"), str):
-                body["host"] = self.redactor.scrub_text(body["host"], ignore_case=True)
             self.server_records.append(Record(name, {**body, "server": server}))
             self.server_records_wake.set()
 
