@@ -265,6 +265,36 @@ def test_the_key_a_bundle_names_is_read_as_python_reads_it_and_in_linear_time(
     assert shown == "the bundle's key is not trusted (it adds no trust)"
 
 
+@pytest.mark.slow
+def test_a_bundle_of_a_hundred_thousand_resumptions_is_shown_in_linear_time_and_its_budget_drawn(
+    page: Page, tmp_path: Path
+) -> None:
+    # Too large for a data file, so written here: an attack on the view, which the page builds for
+    # every bundle that parses, signed or not. Each resumption looked back over every row before it
+    # for its suspension (quadratic), and the budget chart spread every point into Math.max (which
+    # overflows the stack past ~100,000 arguments, so the page failed instead of saying why not).
+    trusted = log_key().verifier.vkey
+    out = tmp_path / "original.html"
+    made = _truss(tmp_path, "ledger", "report", "--bundle", str(TAMPERED_BUNDLES / "original.json"),
+                  "--trusted-key", trusted, "-o", str(out))  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert open_report(page, out)["ok"] is True
+    doc = json.loads((TAMPERED_BUNDLES / "original.json").read_text(encoding="utf-8"))
+    budget = {"max_tool_calls": 10, "max_model_turns": 10, "max_tokens": 10, "deadline": "1h"}
+    first = {"kind": "session_started", "seq": 0, "ts": 0, "body": {"effective": {"budget": budget}}}
+    rows: list[dict[str, Any]] = [first]
+    rows += ({"kind": "session_resumed", "seq": n, "ts": n, "body": {}} for n in range(1, 100_000))
+    doc["entries"] = [{"entry": e, "hash": "0" * 64, "sig": "", "keyid": "00000000"} for e in rows]
+    bundle = tmp_path / "a_hundred_thousand_resumptions.json"
+    bundle.write_text(json.dumps(doc), encoding="utf-8")
+    cli = json.loads(_truss(tmp_path, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", trusted,
+                            "--json").stdout)  # fmt: skip
+    summary = choose_bundle_file(page, bundle, timeout=60)  # about 6 s with the fix, minutes without
+    assert (summary["ok"], summary["step"], summary["reason"]) == (False, cli["step"], cli["reason"])
+    assert page.evaluate("document.querySelectorAll('#timeline tbody tr').length") == 100_000
+    assert page.evaluate("document.querySelectorAll('#budget svg polyline').length") == 4
+
+
 # -- the network check itself --------------------------------------------------------------------------
 
 

@@ -1137,7 +1137,10 @@
       try { return { state, value: JSON.parse(decodeUtf8(bytes)), bytes: bytes.length }; }
       catch (e) { return { state, value: undefined, bytes: bytes.length }; }
     };
-    return { doc, rows, started, effective, payload, bySeq: new Map(rows.map((r) => [r.seq, r])) };
+    // The last suspension before each row, in one pass (a row looking back for it is quadratic).
+    let suspended = null;
+    const suspendedBefore = rows.map((r) => { const before = suspended; if (r.kind === "session_suspended") suspended = r; return before; });
+    return { doc, rows, started, effective, payload, suspendedBefore, bySeq: new Map(rows.map((r) => [r.seq, r])) };
   }
 
   function outcomeOf(row, view) {
@@ -1239,7 +1242,7 @@
       case "in_doubt_resolved": return [duration(since(own(b, "in_doubt"))), "in doubt for"];
       case "signal_received": return [duration(since(own(b, "pending"))), "pending for"];
       case "session_resumed": {
-        const before = rows.slice(0, row.position).reverse().find((r) => r.kind === "session_suspended");
+        const before = view.suspendedBefore[row.position];
         return before ? [duration(ts - before.ts), "suspended for"] : ["", ""];
       }
       case "model_turn": {
@@ -1484,7 +1487,9 @@
     const shown = series.filter((s) => typeof s.limit === "number" && s.limit > 0);
     const W = 860, H = 260, L = 48, R = 34, T = 14, B = 34;
     const n = Math.max(view.rows.length - 1, 1);
-    const top = Math.max(100, ...shown.flatMap((s) => s.points.map(([, u]) => (100 * u) / s.limit)));
+    // A loop, not Math.max(...points): spreading a long session's points overflows the stack.
+    let top = 100;
+    for (const s of shown) for (const [, u] of s.points) top = Math.max(top, (100 * u) / s.limit);
     const x = (p) => L + ((W - L - R) * p) / n;
     const y = (pct) => T + (H - T - B) * (1 - pct / top);
     const chart = svg("svg", { class: "chart", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "budget used over the run, as a share of each limit" });
