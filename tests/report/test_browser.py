@@ -295,6 +295,32 @@ def test_a_bundle_of_a_hundred_thousand_resumptions_is_shown_in_linear_time_and_
     assert page.evaluate("document.querySelectorAll('#budget svg polyline').length") == 4
 
 
+@pytest.mark.slow
+def test_the_page_shows_the_last_bundle_chosen_even_when_an_earlier_one_is_still_being_checked(
+    page: Page, tmp_path: Path
+) -> None:
+    trusted = log_key().verifier.vkey
+    out = tmp_path / "original.html"
+    made = _truss(tmp_path, "ledger", "report", "--bundle", str(TAMPERED_BUNDLES / "original.json"),
+                  "--trusted-key", trusted, "-o", str(out))  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert open_report(page, out)["ok"] is True
+    # A bundle slow to check and show (20,000 unsigned entries), then at once one that verifies:
+    # were the two checks to overlap, the slow one would be drawn last, over the one chosen last.
+    doc = json.loads((TAMPERED_BUNDLES / "original.json").read_text(encoding="utf-8"))
+    rows: list[dict[str, Any]] = [{"kind": "session_resumed", "seq": n, "ts": n, "body": {}} for n in range(20_000)]
+    doc["entries"] = [{"entry": e, "hash": "0" * 64, "sig": "", "keyid": "00000000"} for e in rows]
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps(doc), encoding="utf-8")
+    runs = page.evaluate("window.trussReport.runs")
+    page.set_file("#bundle-file", slow)
+    page.set_file("#bundle-file", TAMPERED_BUNDLES / "original.json")
+    page.evaluate(f"window.trussReport.after({runs + 1})", timeout=60)
+    assert page.evaluate("window.trussReport.last.ok") is True
+    assert text_of(page, "#overall").startswith("Verified")
+    assert page.evaluate("document.querySelectorAll('#timeline tbody tr').length") == 9
+
+
 # -- the network check itself --------------------------------------------------------------------------
 
 

@@ -1654,7 +1654,16 @@
   let runs = 0;
   const waiters = [];
 
-  async function run(bytes, keyText, derived) {
+  // One check at a time, in the order they were asked for (a file is queued when it is chosen, not
+  // when it has been read): a slow check never draws its result over the one of a bundle chosen after it.
+  let queue = Promise.resolve();
+  function run(bytes, keyText, derived) {
+    const next = queue.then(() => check(bytes, keyText, derived));
+    queue = next.catch(() => {});
+    return next;
+  }
+
+  async function check(bytes, keyText, derived) {
     const note = document.getElementById("keys-note");
     let keys;
     try {
@@ -1676,7 +1685,7 @@
       if (!(await ed25519Supported())) {
         throw new Error("this browser's WebCrypto has no Ed25519, so no signature can be checked here (current Chromium, Firefox and Safari have it)");
       }
-      const result = await verifyBundle(bytes, keys, KINDS);
+      const result = await verifyBundle(await bytes, keys, KINDS);
       await render(result, keys, derived);
       summary = {
         ok: result.ok, step: result.step, reason: result.reason, message: result.message, exit: result.exit,
@@ -1716,10 +1725,10 @@
     current = { bytes: utf8(document.getElementById("bundle-text").value), derived: null };
     run(current.bytes, keyField.value, null);
   });
-  document.getElementById("bundle-file").addEventListener("change", async (event) => {
+  document.getElementById("bundle-file").addEventListener("change", (event) => {
     const file = event.target.files && event.target.files[0];
     if (!file) return;
-    current = { bytes: new Uint8Array(await file.arrayBuffer()), derived: null };
+    current = { bytes: file.arrayBuffer().then((buffer) => new Uint8Array(buffer)), derived: null };
     run(current.bytes, keyField.value, null);
   });
   run(current.bytes, keyField.value, current.derived);
