@@ -36,7 +36,17 @@ from truss._credentials import display_url
 from truss._errors import ProviderError
 from truss.ledger.canonical import CanonicalError, canonical
 
-__all__ = ["HttpSettings", "JsonPoster", "Sleep", "as_list", "as_object", "retry_after_s", "token_count"]
+__all__ = [
+    "MAX_TOOL_CALLS_PER_TURN",
+    "HttpSettings",
+    "JsonPoster",
+    "Sleep",
+    "as_list",
+    "as_object",
+    "retry_after_s",
+    "token_count",
+    "tool_call_count",
+]
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -148,6 +158,19 @@ MAX_TOKEN_COUNT = 2**32
 context window). A larger one is a bad answer: summed over turns and recorded, it would pass the
 2**53 the ledger's canonical JSON can hold and end the run with an internal error. A turn's few
 counts added together (Anthropic's input and cache counts) stay far below 2**53 under this bound."""
+
+
+MAX_TOOL_CALLS_PER_TURN = 512
+"""The most tool calls one answer may ask for (real models ask for a few, rarely dozens). A larger
+answer is a bad answer: each call goes through the gate and leaves committed ledger entries, denied
+ones too, so an answer of 16,000 calls (1.6 MB of the 8 MiB bound) wrote for a minute (a call
+past the deadline is a denial written too) and grew the ledger by two entries a call."""
+
+
+def tool_call_count(count: int, poster: JsonPoster) -> None:
+    """Refuse an answer asking for more than ``MAX_TOOL_CALLS_PER_TURN`` tool calls as a bad answer."""
+    if count > MAX_TOOL_CALLS_PER_TURN:
+        raise poster.invalid(f"it asks for {count} tool calls, more than the {MAX_TOOL_CALLS_PER_TURN} one turn may")
 
 
 def token_count(value: Any, what: str, poster: JsonPoster) -> int:

@@ -25,7 +25,16 @@ import httpx2
 from truss._clock import Clock
 from truss._errors import ProviderError
 from truss.contract.providers import ANTHROPIC
-from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_arguments, as_list, as_object, token_count
+from truss.providers._http import (
+    HttpSettings,
+    JsonPoster,
+    Sleep,
+    as_arguments,
+    as_list,
+    as_object,
+    token_count,
+    tool_call_count,
+)
 from truss.providers.base import StopReason, ToolCall, TurnRequest, TurnResponse, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "AnthropicProvider", "to_wire"]
@@ -117,6 +126,7 @@ class AnthropicProvider:
             elif kind == "tool_use":
                 calls.append(self._tool_call(block, position))
             # Other blocks (thinking, server tool results, ...) carry nothing the loop acts on.
+        tool_call_count(len(calls), self._http)
         stop = answer.get("stop_reason")
         stop_reason: StopReason = _STOP_REASONS.get(stop, "other") if isinstance(stop, str) else "other"
         if calls and stop_reason == "end_turn":

@@ -33,7 +33,16 @@ import httpx2
 from truss._clock import Clock
 from truss._errors import ProviderError
 from truss.contract.providers import OPENAI
-from truss.providers._http import HttpSettings, JsonPoster, Sleep, as_arguments, as_list, as_object, token_count
+from truss.providers._http import (
+    HttpSettings,
+    JsonPoster,
+    Sleep,
+    as_arguments,
+    as_list,
+    as_object,
+    token_count,
+    tool_call_count,
+)
 from truss.providers.base import StopReason, ToolCall, TurnRequest, TurnResponse, Usage
 
 __all__ = ["DEFAULT_BASE_URL", "OpenAIProvider", "to_wire"]
@@ -128,6 +137,7 @@ class OpenAIProvider:
         calls_list = as_list(raw_calls) if raw_calls is not None else []
         if calls_list is None:
             raise self._http.invalid("choices[0].message.tool_calls is not a list")
+        tool_call_count(len(calls_list), self._http)
         calls = [self._tool_call(raw, turn, n) for n, raw in enumerate(calls_list)]
         finish = choice.get("finish_reason")
         stop_reason: StopReason = _FINISH_REASONS.get(finish, "other") if isinstance(finish, str) else "other"
