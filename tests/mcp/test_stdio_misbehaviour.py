@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -197,6 +198,24 @@ async def test_explicit_relist_reports_a_changed_pin(tmp_path: Path) -> None:
             await mounts.call(mounts.tools["mcp:shifty:mutate"], {}, timeout_s=5)
             changed = await mounts.relist("shifty")
     assert list(changed) == ["mcp:shifty:echo"]
+
+
+async def test_relisting_a_server_whose_pages_hold_new_names_each_time_keeps_state_for_the_latest_listing_only(
+    tmp_path: Path,
+) -> None:
+    # Regression: the SDK's session keeps per-tool state (output schemas, validators, header maps)
+    # for every tool of a paginated listing and prunes it only after a one-page listing, so a
+    # server that says its tools changed and lists new names each time grew it for the whole run.
+    contract = contract_of(raw_server("fresh", "fresh_pages", allow=["echo"]))
+    with anyio.fail_after(20):
+        async with connect(contract, log_dir=tmp_path, clock=CLOCK) as mounts:
+            for _ in range(5):
+                await mounts.relist("fresh")
+            session: Any = mounts._lives["fresh"].client.session  # pyright: ignore[reportPrivateUsage, reportOptionalMemberAccess]
+            held = set(session._tool_output_schemas)
+            assert (await mounts.call(mounts.tools["mcp:fresh:echo"], {"text": "a"}, timeout_s=5)).text == "a"
+    assert "echo" in held and "gen6_0" in held
+    assert len(held) == 5 + 200, sorted(held)[:5]  # the last listing's tools, not six listings' 1,200
 
 
 async def test_odd_tool_names_are_filtered_under_wildcard_and_mapped_safely(tmp_path: Path) -> None:

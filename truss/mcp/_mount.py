@@ -1,6 +1,7 @@
 """Listing, pinning and mounting one server's tools (DESIGN 3.2-3.4).
 
-``list_all`` follows ``tools/list`` pagination (bounded). ``mount`` keeps the allowlisted tools:
+``list_all`` follows ``tools/list`` pagination (bounded), and leaves the SDK session's per-tool
+state holding the tools of the whole listing only. ``mount`` keeps the allowlisted tools:
 each one's pin is the hash of its definition; a contract ``pin`` that differs is refused before any
 call; an allowlisted name the server does not advertise, a name advertised twice, an invalid or
 unpinnable allowlisted tool are start errors; under ``allow_tools = ["*"]`` the invalid and
@@ -41,11 +42,17 @@ _MAX_NAMES_IN_ERROR = 30
 async def list_all(client: Client) -> list[types.Tool]:
     tools: list[types.Tool] = []
     cursor: str | None = None
-    for _ in range(_MAX_LIST_PAGES):
+    for pages in range(1, _MAX_LIST_PAGES + 1):
         page = await client.list_tools(cursor=cursor)
         tools.extend(page.tools)
         cursor = page.next_cursor
         if cursor is None:
+            if pages > 1:
+                # The session keeps per-tool state (output schemas, header maps) from every page and
+                # prunes it to a listing only after a one-page one: a server listing new names in
+                # pages on every change would grow it for the whole run. The pages make one listing.
+                whole = types.ListToolsResult(tools=list(tools))
+                client.session._absorb_tool_listing(whole, complete=True)  # pyright: ignore[reportPrivateUsage]
             return tools
     raise ServerStartError(
         f"tools/list did not end after {_MAX_LIST_PAGES} pages",

@@ -17,6 +17,8 @@ back) and misbehaves as told by its first argument:
     env           ``env`` returns the server's environment as structured content
     grandchild    starts a grandchild that sleeps, and ignores stdin EOF and SIGTERM
     escapes       terminal escape sequences in its server info, instructions and a tool name
+    fresh_pages   lists its tools in two pages, the second of 200 tools with an outputSchema and
+                  names never listed before (``gen<listing>_<n>``): every listing is all new
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import time
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "ok"
+LISTINGS = [0]
 ECHO_DESCRIPTION = ["Echo the text back."]
 
 
@@ -143,6 +146,20 @@ def main() -> None:
                     "instructions": "A test server." + ("\x1b[31m red" if MODE == "escapes" else ""),
                 },
             )
+        elif method == "tools/list" and MODE == "fresh_pages":
+            if (message.get("params") or {}).get("cursor") is None:
+                result(request_id, {"tools": tools(), "nextCursor": "second"})
+            else:
+                LISTINGS[0] += 1
+                fresh = [
+                    {
+                        "name": f"gen{LISTINGS[0]}_{n}",
+                        "inputSchema": {"type": "object"},
+                        "outputSchema": {"type": "object"},
+                    }
+                    for n in range(200)
+                ]
+                result(request_id, {"tools": fresh})
         elif method == "tools/list":
             result(request_id, {"tools": tools()})
         elif method == "tools/call":
