@@ -60,6 +60,13 @@ async def test_bad_command_is_a_start_error_naming_the_command(tmp_path: Path) -
     assert error.cause == "transport"
 
 
+async def test_a_tool_list_larger_than_one_message_may_be_over_its_pages_is_a_start_error(tmp_path: Path) -> None:
+    # Regression: pages were bounded one by one (16 MiB) and counted (1,000), so one listing could
+    # hold 16 GB of tool definitions in memory before the run began.
+    error = await _start_error(tmp_path, raw_server("bad", "huge_listing", allow=["echo"]))
+    assert (error.server, error.cause) == ("bad", "protocol_error")
+
+
 async def test_silent_server_fails_at_its_connect_timeout(tmp_path: Path) -> None:
     server = raw_server("mute", "silent", connect_timeout="1s")
     error = await _start_error(tmp_path, server)

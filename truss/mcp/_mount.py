@@ -1,15 +1,17 @@
 """Listing, pinning and mounting one server's tools (DESIGN 3.2-3.4).
 
-``list_all`` follows ``tools/list`` pagination (bounded), and leaves the SDK session's per-tool
-state holding the tools of the whole listing only. ``mount`` keeps the allowlisted tools:
-each one's pin is the hash of its definition; a contract ``pin`` that differs is refused before any
-call; an allowlisted name the server does not advertise, a name advertised twice, an invalid or
-unpinnable allowlisted tool are start errors; under ``allow_tools = ["*"]`` the invalid and
-unpinnable ones are filtered instead (with the reason). A tool the SDK dropped from a 2026-07-28
-listing for an invalid ``x-mcp-header`` (``refused``: name -> (reason, pin)) is filtered as
-``invalid_x_mcp_header`` under ``"*"``, and a start error when ``allow_tools`` names it. It also
-notes which mounted tools declare ``execution.taskSupport`` (``truss.mcp._tasks`` decides which of
-them run as tasks) and fills in the server's ``ServerStatus``.
+``list_all`` follows ``tools/list`` pagination (at most 1,000 pages and ``MAX_MESSAGE_BYTES`` in
+all), and leaves the SDK session's per-tool state holding the tools of the whole listing only.
+
+``mount`` keeps the allowlisted tools: each one's pin is the hash of its definition; a contract
+``pin`` that differs is refused before any call; an allowlisted name the server does not advertise,
+a name advertised twice, an invalid or unpinnable allowlisted tool are start errors; under
+``allow_tools = ["*"]`` the invalid and unpinnable ones are filtered instead (with the reason). A
+tool the SDK dropped from a 2026-07-28 listing for an invalid ``x-mcp-header`` (``refused``: name
+-> (reason, pin)) is filtered as ``invalid_x_mcp_header`` under ``"*"``, and a start error when
+``allow_tools`` names it. It also notes which mounted tools declare ``execution.taskSupport``
+(``truss.mcp._tasks`` decides which of them run as tasks) and fills in the server's
+``ServerStatus``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from truss._suggest import did_you_mean
 from truss.contract import Server
 from truss.ledger.canonical import CanonicalError
 from truss.mcp._status import ServerStatus, ToolStatus, tool_definition
+from truss.mcp._wire import MAX_MESSAGE_BYTES
 from truss.pins import changes, summary
 from truss.tools import MountedTool, pin_of
 
@@ -42,8 +45,16 @@ _MAX_NAMES_IN_ERROR = 30
 async def list_all(client: Client) -> list[types.Tool]:
     tools: list[types.Tool] = []
     cursor: str | None = None
+    size = 0
     for pages in range(1, _MAX_LIST_PAGES + 1):
         page = await client.list_tools(cursor=cursor)
+        size += len(page.model_dump_json(by_alias=True, exclude_none=True))
+        if size > MAX_MESSAGE_BYTES:
+            raise ServerStartError(
+                f"tools/list was over {MAX_MESSAGE_BYTES} bytes after {pages} pages",
+                remedy="The server lists more than one message may hold; report it upstream",
+                cause="protocol_error",
+            )
         tools.extend(page.tools)
         cursor = page.next_cursor
         if cursor is None:

@@ -19,6 +19,7 @@ back) and misbehaves as told by its first argument:
     escapes       terminal escape sequences in its server info, instructions and a tool name
     fresh_pages   lists its tools in two pages, the second of 200 tools with an outputSchema and
                   names never listed before (``gen<listing>_<n>``): every listing is all new
+    huge_listing  lists its tools in 21 pages, each after the first one tool of 1 MiB (21 MiB in all)
 """
 
 from __future__ import annotations
@@ -160,6 +161,11 @@ def main() -> None:
                     for n in range(200)
                 ]
                 result(request_id, {"tools": fresh})
+        elif method == "tools/list" and MODE == "huge_listing":
+            page = int((message.get("params") or {}).get("cursor") or 0)
+            big = {"name": f"big{page}", "description": "d" * 2**20, "inputSchema": {"type": "object"}}
+            listed = tools() if page == 0 else [big]
+            result(request_id, {"tools": listed, **({"nextCursor": str(page + 1)} if page < 20 else {})})
         elif method == "tools/list":
             result(request_id, {"tools": tools()})
         elif method == "tools/call":
