@@ -88,3 +88,33 @@ async def test_a_2026_result_without_result_type_is_read_as_complete(tmp_path: P
             assert m.servers["web"].protocol_version == "2026-07-28"
             result = await m.call(m.tools["mcp:web:echo"], {}, timeout_s=5)
     assert (result.text, result.is_error) == ("no resultType here", False)
+
+
+async def test_relisting_a_server_that_refuses_new_tool_names_each_time_keeps_the_latest_refusals_only(
+    tmp_path: Path,
+) -> None:
+    # Regression: each listing's refused tools (an invalid x-mcp-header) were added to the
+    # connection's refusals and never dropped, so a server listing new refused names on every
+    # change grew them for the whole run.
+    listings = [0]
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        listings[0] += 1
+        bad = {"type": "object", "properties": {"data": {"type": "object", "x-mcp-header": "Data"}}}
+        fresh = [types.Tool(name=f"bad{listings[0]}_{n}", input_schema=bad) for n in range(50)]
+        return types.ListToolsResult(tools=[TOOLS[0], *fresh])
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(type="text", text=f"called {params.name}")])
+
+    server = Server("fresh-refusals", on_list_tools=list_tools, on_call_tool=call_tool)
+    with anyio.fail_after(20):
+        async with connect(_contract(["lookup"]), log_dir=tmp_path, clock=CLOCK, inprocess={"srv": server}) as m:
+            for _ in range(5):
+                await m.relist("srv")
+            refused = set(m._lives["srv"].refused)  # pyright: ignore[reportPrivateUsage]
+            result = await m.call(m.tools["mcp:srv:lookup"], {"region": "eu"}, timeout_s=5)
+    assert result.text == "called lookup"
+    assert refused == {f"bad{listings[0]}_{n}" for n in range(50)}, len(refused)

@@ -362,6 +362,7 @@ class Live:
         client = self.client
         if client is None or self.dead is not None:
             return
+        self.refused = {}  # the refusals of this listing only: a server may name new tools every time
         tools = await list_all(client)
         self.absorb_full(tools)
         self.relists += 1
