@@ -60,3 +60,14 @@ def chain_cases(directory: Path) -> list[Case]:
         path.write_bytes(canonical(doc))
         cases.append(Case(f"tampered/{fixture_path.stem}", path, fixture["trusted"][0]))
     return cases
+
+
+def written_cases(directory: Path, group: str, variants: dict[str, dict[str, Any]], vkey: str) -> list[Case]:
+    """Each bundle of ``variants`` written into ``directory`` as canonical JSON, in name order, all
+    to be checked against ``vkey``."""
+    cases: list[Case] = []
+    for name, doc in sorted(variants.items()):
+        path = directory / f"{name}.json"
+        path.write_bytes(canonical(doc))
+        cases.append(Case(f"{group}/{name}", path, vkey))
+    return cases

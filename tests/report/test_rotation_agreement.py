@@ -13,10 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.report.bundles import Case
+from tests.report.agreement import page_against_cli
+from tests.report.bundles import Case, written_cases
 from tests.report.cdp import Page
-from tests.report.support import open_report
-from tests.report.test_agreement import _compare, _report_page  # pyright: ignore[reportPrivateUsage]
 from truss.keyring import rotate_identity_key
 from truss.ledger.bundle import export_bundle
 from truss.ledger.canonical import canonical
@@ -36,7 +35,7 @@ def _record(db: Path, key: IdentityKey, session: str, clock: ManualClock) -> Non
         store.append(session, records)
 
 
-def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
+def _bundles(tmp_path: Path) -> list[Case]:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     first = IdentityKey.create(home / "identity.key", name=ORIGIN)
@@ -82,21 +81,13 @@ def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
                                   checks=[], contract_hash="sha256:other", checkpoint=None)  # fmt: skip
     resigned_verdict["envelope"] = sign_verdict(statement, first).to_json()
     variants["verdict_resigned_by_the_retired_key"] = resigned_verdict
-    paths: dict[str, Path] = {}
-    for name, doc in variants.items():
-        path = tmp_path / f"{name}.json"
-        path.write_bytes(canonical(doc))
-        paths[name] = path
-    return first.verifier.vkey, paths
+    return written_cases(tmp_path, "rotation", variants, first.verifier.vkey)
 
 
 @pytest.mark.slow
 def test_the_page_follows_a_key_rotation_and_refuses_what_truss_ledger_verify_refuses(
     page: Page, tmp_path: Path
 ) -> None:
-    vkey, paths = _bundles(tmp_path)
-    cases = [Case(f"rotation/{name}", path, vkey) for name, path in sorted(paths.items())]
-    valid = next(c for c in cases if c.name.endswith("rotated_valid"))
-    report = _report_page(valid, valid.path, tmp_path, tmp_path / "page.html")
-    assert open_report(page, report)["ok"] is True, "the page follows the rotation from the first key"
-    assert _compare(page, cases, tmp_path) == []
+    opened, differences = page_against_cli(page, _bundles(tmp_path), "rotated_valid", tmp_path)
+    assert opened, "the page follows the rotation from the first key"
+    assert differences == []

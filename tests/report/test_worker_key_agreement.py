@@ -12,12 +12,10 @@ from typing import Any
 
 import pytest
 
-from tests.report.bundles import Case
+from tests.report.agreement import page_against_cli
+from tests.report.bundles import Case, written_cases
 from tests.report.cdp import Page
-from tests.report.support import open_report
-from tests.report.test_agreement import _compare, _report_page  # pyright: ignore[reportPrivateUsage]
 from truss.ledger.bundle import export_bundle
-from truss.ledger.canonical import canonical
 from truss.ledger.entry import Record
 from truss.ledger.envelope import sign_verdict, verdict_statement
 from truss.ledger.keyhistory import admission_record, append_to_log, join_request, removal_record
@@ -36,7 +34,7 @@ def _verdict(doc: dict[str, Any], key: IdentityKey, checkpoint: str | None) -> d
     return sign_verdict(statement, key).to_json()
 
 
-def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
+def _bundles(tmp_path: Path) -> list[Case]:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     log = IdentityKey.create(home / "identity.key", name=ORIGIN)
@@ -82,21 +80,13 @@ def _bundles(tmp_path: Path) -> tuple[str, dict[str, Path]]:
     resigned = json.loads(json.dumps(doc))
     resigned["envelope"] = _verdict(resigned, gone, None)
     variants["verdict_signed_by_a_removed_worker_key"] = resigned
-    paths: dict[str, Path] = {}
-    for name, bundle in variants.items():
-        path = tmp_path / f"{name}.json"
-        path.write_bytes(canonical(bundle))
-        paths[name] = path
-    return log.verifier.vkey, paths
+    return written_cases(tmp_path, "workers", variants, log.verifier.vkey)
 
 
 @pytest.mark.slow
 def test_the_page_follows_worker_key_admissions_and_removals_and_refuses_what_truss_ledger_verify_refuses(
     page: Page, tmp_path: Path
 ) -> None:
-    vkey, paths = _bundles(tmp_path)
-    cases = [Case(f"workers/{name}", path, vkey) for name, path in sorted(paths.items())]
-    valid = next(c for c in cases if c.name.endswith("worker_session_with_its_verdict"))
-    report = _report_page(valid, valid.path, tmp_path, tmp_path / "page.html")
-    assert open_report(page, report)["ok"] is True, "the page follows the admissions from the log key"
-    assert _compare(page, cases, tmp_path) == []
+    opened, differences = page_against_cli(page, _bundles(tmp_path), "worker_session_with_its_verdict", tmp_path)
+    assert opened, "the page follows the admissions from the log key"
+    assert differences == []
