@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
-from tests.durability.support import COUNTING, cli, counting_contract, entries, invocations, kinds, make_home, truss
+from tests.durability.support import (
+    COUNTING,
+    TIMEOUT,
+    cli,
+    counting_contract,
+    entries,
+    invocations,
+    kinds,
+    make_home,
+    truss,
+)
 
 
 @pytest.mark.slow
@@ -80,52 +94,32 @@ def test_resolve_refuses_a_call_that_is_not_in_doubt_and_records_nothing(tmp_pat
 
 
 def test_resuming_an_ended_session_prints_its_outcome_without_the_sdk_reading_it_at_most_twice(tmp_path: Path) -> None:
-    import json
-    import subprocess
-    import sys
-
     contract = counting_contract(
         tmp_path, steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(12)], check_tool="mcp:cnt:count"
     )
     home = make_home(tmp_path / "home")
     ran = truss(home, "run", str(contract), "--session", "s-ended")
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    code = (
-        "import io, contextlib, json, sys\n"
-        "from truss.ledger.stores.sqlite import SqliteStore\n"
-        "reads = []\n"
-        "original = SqliteStore.read_session\n"
-        "def read_session(self, session, *, from_seq=0):\n"
-        "    reads.append((session, from_seq))\n"
-        "    return original(self, session, from_seq=from_seq)\n"
-        "SqliteStore.read_session = read_session\n"
-        "from truss_cli.main import main\n"
-        "out = io.StringIO()\n"
-        "with contextlib.redirect_stdout(out):\n"
-        f"    code = main(['--home', {str(home)!r}, 'resume', 's-ended'])\n"
-        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types'})\n"
-        "print(json.dumps({'code': code, 'out': out.getvalue(), 'heavy': heavy, 'reads': reads}))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result["code"] == 0 and "verdict     pass" in result["out"]
-    assert result["heavy"] == []
+    resumed = _resume_counting_reads(home, "s-ended")
+    assert resumed.code == 0 and "verdict     pass" in resumed.out, resumed.out
+    assert resumed.heavy == []
     # Every read goes through the verified reader, which checks the chain from its first entry
     # (issue 13): the session is read twice (its facts, then its last entries), never more. Reading
     # only the tail needs a tail verified by inclusion proofs alone (docs/benchmarks.md, flat costs).
-    session_reads = [start for session, start in result["reads"] if session == "s-ended"]
-    assert 0 < len(session_reads) <= 2, result["reads"]
+    assert 0 < len(resumed.reads) <= 2, resumed.reads
 
 
-def _whole_reads_of(home: Path, session: str) -> tuple[int, str, list[int]]:
+class _Resumed(NamedTuple):
+    code: int
+    out: str
+    reads: list[int]  # the first seq of each read of the session (0: the whole session)
+    heavy: list[str]  # the MCP SDK packages the process imported
+
+
+def _resume_counting_reads(home: Path, session: str) -> _Resumed:
     """``truss resume SESSION`` in a process of its own, the SQLite store's reads counted: its exit
-    code, its stdout, and the first seq of each read of ``session`` (0: the whole session, which
-    every verified read of it starts with)."""
-    import json
-    import subprocess
-    import sys
-
+    code, its stdout, the first seq of each read of ``session`` (every verified read of it starts
+    with 0, the whole session) and which of the MCP SDK's packages it imported."""
     code = (
         "import io, contextlib, json, sys\n"
         "from truss.ledger.stores.sqlite import SqliteStore\n"
@@ -139,12 +133,14 @@ def _whole_reads_of(home: Path, session: str) -> tuple[int, str, list[int]]:
         "out = io.StringIO()\n"
         "with contextlib.redirect_stdout(out):\n"
         f"    code = main(['--home', {str(home)!r}, 'resume', {session!r}])\n"
-        "print(json.dumps({'code': code, 'out': out.getvalue(), 'reads': reads}))\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'mcp', 'mcp_types'})\n"
+        "print(json.dumps({'code': code, 'out': out.getvalue(), 'reads': reads, 'heavy': heavy}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    return result["code"], result["out"], [start for name, start in result["reads"] if name == session]
+    reads = [start for name, start in result["reads"] if name == session]
+    return _Resumed(result["code"], result["out"], reads, result["heavy"])
 
 
 def _set_row(home: Path, session: str, **columns: object) -> None:
@@ -173,10 +169,10 @@ def test_resuming_an_interrupted_session_reads_and_verifies_it_once(tmp_path: Pa
     # Regression: `truss resume` verified the whole session to learn whether it had ended, then
     # resume_session read and verified it whole again: a long session's read paid twice.
     home = _interrupted(tmp_path, 6, 3)
-    code, out, reads = _whole_reads_of(home, "s1")
-    assert code == 0 and "verdict     pass" in out, out
+    resumed = _resume_counting_reads(home, "s1")
+    assert resumed.code == 0 and "verdict     pass" in resumed.out, resumed.out
     assert invocations(tmp_path) == {f"count k{i}": 1 for i in range(6)}
-    assert reads.count(0) == 1, reads
+    assert resumed.reads.count(0) == 1, resumed.reads
 
 
 @pytest.mark.slow
@@ -214,11 +210,11 @@ def test_a_session_row_forged_to_say_running_does_not_resume_a_session_that_ende
     ran = truss(home, "run", str(contract), "--session", "s1")
     assert ran.returncode == 0, ran.stdout + ran.stderr
     before = kinds(home, "s1")
-    code, out, reads = _whole_reads_of(home, "s1")  # the row as the store wrote it
-    assert code == 0 and "verdict     pass" in out, out
+    stored = _resume_counting_reads(home, "s1")  # the row as the store wrote it
+    assert stored.code == 0 and "verdict     pass" in stored.out, stored.out
     _set_row(home, "s1", ended=0, status="running")
-    forged = _whole_reads_of(home, "s1")
-    assert forged[:2] == (code, out)  # the same outcome, printed the same
-    assert forged[2].count(0) == reads.count(0), (forged[2], reads)  # the session verified as often
+    forged = _resume_counting_reads(home, "s1")
+    assert (forged.code, forged.out) == (stored.code, stored.out)  # the same outcome, printed the same
+    assert forged.reads.count(0) == stored.reads.count(0), (forged.reads, stored.reads)  # verified as often
     assert kinds(home, "s1") == before  # nothing appended
     assert invocations(tmp_path) == {f"count k{i}": 1 for i in range(4)}  # no call sent again
