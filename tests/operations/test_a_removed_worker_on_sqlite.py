@@ -7,34 +7,26 @@ log key had removed (``ledger keys remove-worker``) went on recording entries th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from tests.durability.support import counting_contract, truss
-
-
-def _json(done: Any) -> dict[str, Any]:
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)
+from tests.operations.support import init_log, join_and_admit, ok_json
 
 
 def test_a_worker_removed_from_a_shared_sqlite_ledger_cannot_record_and_the_ledger_still_verifies(
     tmp_path: Path,
 ) -> None:
     log_home, worker_home = tmp_path / "log", tmp_path / "worker"
-    log_vkey = _json(truss(log_home, "--json", "init", "--name", "example.com/log"))["vkey"]
-    url = f"sqlite:///{log_home / 'ledger.db'}"
-    worker = _json(truss(worker_home, "--json", "init", "--join", url, "--log-key", log_vkey))
-    assert truss(log_home, "ledger", "keys", "add-worker", worker["vkey"], worker["proof"]).returncode == 0
-    removed = _json(truss(log_home, "--json", "ledger", "keys", "remove-worker", worker["vkey"]))
+    log_vkey, url = init_log(log_home, "example.com/log")
+    worker = join_and_admit(log_home, worker_home, url, log_vkey)
+    removed = ok_json(truss(log_home, "--json", "ledger", "keys", "remove-worker", worker["vkey"]))
     assert removed["changed"] is True
-    size = _json(truss(log_home, "--json", "ledger", "verify", "--all"))["entries"]
+    size = ok_json(truss(log_home, "--json", "ledger", "verify", "--all"))["entries"]
 
     contract = counting_contract(tmp_path, steps=[("mcp:cnt:count", {"key": "a"})], check_tool="mcp:cnt:count")
     late = truss(worker_home, "run", str(contract), "--session", "s-late")
     assert late.returncode == 2, late.stdout + late.stderr
     assert "removed from the key set" in late.stderr and "Traceback" not in late.stderr
-    report = _json(truss(log_home, "--json", "ledger", "verify", "--all"))
+    report = ok_json(truss(log_home, "--json", "ledger", "verify", "--all"))
     assert report["ok"] and report["entries"] == size, "the removed key signed nothing"
-    assert _json(truss(log_home, "--json", "sessions"))["sessions"] == []
+    assert ok_json(truss(log_home, "--json", "sessions"))["sessions"] == []

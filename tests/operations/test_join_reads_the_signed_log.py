@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 from tests.durability.support import truss
+from tests.operations.support import init_log, join_and_admit, ok_json
 from truss._clock import SystemClock
 from truss.ledger.entry import Record
 from truss.ledger.keys import IdentityKey
@@ -15,24 +14,19 @@ from truss.ledger.stores import open_store
 ORIGIN = "example.com/log"
 
 
-def _json(done: Any) -> dict[str, Any]:
-    assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads(done.stdout)
-
-
 def test_an_admission_written_into_the_shared_log_by_another_key_is_refused_not_shown_as_admitted(
     tmp_path: Path,
 ) -> None:
     log_home, stranger_home = tmp_path / "log", tmp_path / "stranger"
-    log_vkey = _json(truss(log_home, "--json", "init", "--name", ORIGIN))["vkey"]
-    _json(truss(stranger_home, "--json", "init", "--name", ORIGIN))  # a key claiming the same log's name
-    url = f"sqlite:///{log_home / 'ledger.db'}"
+    log_vkey, url = init_log(log_home, ORIGIN)
+    ok_json(truss(stranger_home, "--json", "init", "--name", ORIGIN))  # a key claiming the same log's name
 
-    worker = _json(truss(tmp_path / "worker", "--json", "init", "--join", url, "--log-key", log_vkey))
-    assert truss(log_home, "ledger", "keys", "add-worker", worker["vkey"], worker["proof"]).returncode == 0
-    assert _json(truss(tmp_path / "worker", "--json", "init", "--join", url, "--log-key", log_vkey))["admitted"] is True
+    join_and_admit(log_home, tmp_path / "worker", url, log_vkey)
+    assert (
+        ok_json(truss(tmp_path / "worker", "--json", "init", "--join", url, "--log-key", log_vkey))["admitted"] is True
+    )
 
-    other = _json(truss(tmp_path / "other", "--json", "init", "--join", url, "--log-key", log_vkey))
+    other = ok_json(truss(tmp_path / "other", "--json", "init", "--join", url, "--log-key", log_vkey))
     assert other["admitted"] is False
     forger = IdentityKey.load(stranger_home / "identity.key")
     store = open_store(str(log_home / "ledger.db"), key=forger, clock=SystemClock(), create=False)
