@@ -24,14 +24,15 @@ from tests.durability.support import cli, counting_contract, make_home, truss
 WAIT_S = 60
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_the_checkpoint_publisher_stops_on_sigterm_or_ctrl_c_with_exit_0(truss_home: Path, sig: int) -> None:
-    env = dict(os.environ, TRUSS_HOME=str(truss_home))
-    subprocess.run([*truss_cmd(), "init"], env=env, cwd=REPO, capture_output=True, timeout=WAIT_S, check=True)
+def _signal_once_started(command: list[str], env: dict[str, str], started: str, sig: int) -> tuple[int, str, str]:
+    """Start ``command`` with a stdin nothing is written to, wait for its first line on stderr (it
+    must start with ``started``), send it ``sig`` and wait for its end: its exit code, its stdout
+    and the rest of its stderr. Every wait is bounded; a process still running is killed."""
     proc = subprocess.Popen(
-        [*truss_cmd(), "--json", "ledger", "checkpoint", "--every", "50ms"],
+        command,
         env=env,
         cwd=REPO,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -41,14 +42,24 @@ def test_the_checkpoint_publisher_stops_on_sigterm_or_ctrl_c_with_exit_0(truss_h
         err = proc.stderr
         assert err is not None
         threading.Thread(target=lambda: lines.put(err.readline()), daemon=True).start()
-        assert lines.get(timeout=WAIT_S).startswith("publishing checkpoints of ")
+        first = lines.get(timeout=WAIT_S)
+        assert first.startswith(started), first
         proc.send_signal(sig)
         out, rest = proc.communicate(timeout=WAIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=WAIT_S)
-    assert proc.returncode == 0 and "Traceback" not in rest
+    return proc.returncode, out, rest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_checkpoint_publisher_stops_on_sigterm_or_ctrl_c_with_exit_0(truss_home: Path, sig: int) -> None:
+    env = dict(os.environ, TRUSS_HOME=str(truss_home))
+    subprocess.run([*truss_cmd(), "init"], env=env, cwd=REPO, capture_output=True, timeout=WAIT_S, check=True)
+    command = [*truss_cmd(), "--json", "ledger", "checkpoint", "--every", "50ms"]
+    code, out, rest = _signal_once_started(command, env, "publishing checkpoints of ", sig)
+    assert code == 0 and "Traceback" not in rest
     assert json.loads(out) == {"published": 0}
 
 
@@ -149,28 +160,8 @@ def test_a_stop_while_resume_or_run_still_reads_the_session_exits_130_and_record
     args = ["resume", "s1"] if command == "resume" else ["run", str(contract), "--session", "s1"]
     env = dict(os.environ, TRUSS_HOME=str(home))
     env.pop("TRUSS_FAULT", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PAUSED_READ, *args],
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        lines: queue.Queue[str] = queue.Queue()
-        err = proc.stderr
-        assert err is not None
-        threading.Thread(target=lambda: lines.put(err.readline()), daemon=True).start()
-        assert lines.get(timeout=WAIT_S) == "reading s1\n"
-        proc.send_signal(sig)
-        _, rest = proc.communicate(timeout=WAIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=WAIT_S)
-    assert proc.returncode == 130, rest
+    code, _, rest = _signal_once_started([sys.executable, "-c", PAUSED_READ, *args], env, "reading s1\n", sig)
+    assert code == 130, rest
     assert len(rest.splitlines()) == 1 and "interrupted" in rest  # one line, no traceback
     assert _head(home, "s1") == before
     assert cli(home, "ledger", "verify", "s1").returncode == 0
