@@ -34,7 +34,7 @@ from truss.ledger.tlog_policy import parse_policy
 from truss.ledger.witness import AddCheckpoint, Submission, check_submission, format_add_checkpoint
 from truss.testing import ManualClock
 from truss.witness.config import WitnessSettings
-from truss.witness.server import WitnessService
+from truss.witness.server import Answer, WitnessService
 from truss.witness.state import WitnessState, load_dir_config
 from truss.witness.submit import witness_checkpoint
 
@@ -53,6 +53,24 @@ def _witness_dir(tmp_path: Path, name: str, *, per_minute: int = 600) -> tuple[P
 
 def _service(directory: Path, clock: ManualClock) -> WitnessService:
     return WitnessService(load_dir_config(directory), WitnessState(directory / "state.db"), clock)
+
+
+def _witness(tmp_path: Path) -> tuple[WitnessService, CosignerKey]:
+    """A witness ``w1`` of the log, with its cosigning key, on a manual clock."""
+    directory, key = _witness_dir(tmp_path, "w1")
+    return _service(directory, ManualClock()), key
+
+
+def _add_first(service: WitnessService, note: bytes) -> Answer:
+    """Submit ``note`` as the first checkpoint of the log the witness sees (old size 0, no proof)."""
+    return service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(0, (), note)))
+
+
+def _served_checkpoint(service: WitnessService) -> bytes:
+    """The checkpoint the witness serves for the log, with its cosignature."""
+    held = service.handle("GET", f"/{hashlib.sha256(ORIGIN.encode()).hexdigest()}/checkpoint", b"")
+    assert held.status == 200, held.body
+    return held.body
 
 
 def _transport(services: dict[str, WitnessService], *, down: frozenset[str] = frozenset()) -> httpx2.MockTransport:
@@ -275,7 +293,7 @@ def test_a_witness_follows_every_key_of_a_rotated_log(tmp_path: Path) -> None:
     tree.append(b"b")
     second = sign_checkpoint_note(ORIGIN, 2, tree.root(), new).note
     assert first is not None and second is not None
-    assert service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(0, (), first))).status == 200
+    assert _add_first(service, first).status == 200
     proof = tuple(tree.consistency_proof(1, 2))
     answer = service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(1, proof, second)))
     assert answer.status == 200
@@ -284,29 +302,25 @@ def test_a_witness_follows_every_key_of_a_rotated_log(tmp_path: Path) -> None:
 def test_a_checkpoint_with_an_extension_line_gets_a_cosignature_over_its_whole_body(tmp_path: Path) -> None:
     # tlog-cosignature: extension lines, when a log writes them, are part of the Ed25519 cosigned
     # message. A cosignature over the body without them verifies on no note the log signed.
-    clock = ManualClock()
-    directory, key = _witness_dir(tmp_path, "w1")
-    service = _service(directory, clock)
+    service, key = _witness(tmp_path)
     tree = MemoryTree()
     tree.append(b"a")
     body = format_checkpoint(ORIGIN, 1, tree.root()) + "an extension line of the log\n"
     note = sign_note(body, [log_key()])
-    answer = service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(0, (), note)))
+    answer = _add_first(service, note)
     assert answer.status == 200
     cosigned = note + answer.body
     assert [c.name for c in verify_cosignatures(cosigned, [key.verifier])] == [key.name]
-    held = service.handle("GET", f"/{hashlib.sha256(ORIGIN.encode()).hexdigest()}/checkpoint", b"")
-    assert held.status == 200 and parse_note(held.body).text == body
-    assert [c.name for c in verify_cosignatures(held.body, [key.verifier])] == [key.name]
+    held = _served_checkpoint(service)
+    assert parse_note(held).text == body
+    assert [c.name for c in verify_cosignatures(held, [key.verifier])] == [key.name]
 
 
 def test_the_served_checkpoint_keeps_only_the_log_signatures_the_witness_verified(tmp_path: Path) -> None:
     # Anyone may submit a log's checkpoint. A line under the log's name by a key the witness does not
     # know (here the key the log rotates to next) is ignored when checking, and must not be kept: a
     # monitor that knows that key would find its signature bad and refuse the note the witness serves.
-    clock = ManualClock()
-    directory, key = _witness_dir(tmp_path, "w1")
-    service = _service(directory, clock)
+    service, key = _witness(tmp_path)
     tree = MemoryTree()
     tree.append(b"a")
     note = sign_checkpoint_note(ORIGIN, 1, tree.root(), log_key()).note
@@ -314,12 +328,10 @@ def test_the_served_checkpoint_keeps_only_the_log_signatures_the_witness_verifie
     upcoming = log_key("the log's next key")
     junk = NoteSignature(ORIGIN, bytes.fromhex(upcoming.key_id), bytes(64))
     poisoned = with_signature_lines(note, [junk])
-    answer = service.handle("POST", "/add-checkpoint", format_add_checkpoint(AddCheckpoint(0, (), poisoned)))
-    assert answer.status == 200
-    held = service.handle("GET", f"/{hashlib.sha256(ORIGIN.encode()).hexdigest()}/checkpoint", b"")
-    assert held.status == 200
-    assert open_checkpoint(held.body, [log_key().verifier, upcoming.verifier]).size == 1
-    assert [c.name for c in verify_cosignatures(held.body, [key.verifier])] == [key.name]
+    assert _add_first(service, poisoned).status == 200
+    held = _served_checkpoint(service)
+    assert open_checkpoint(held, [log_key().verifier, upcoming.verifier]).size == 1
+    assert [c.name for c in verify_cosignatures(held, [key.verifier])] == [key.name]
 
 
 def test_a_witness_whose_clock_steps_back_never_dates_a_larger_tree_before_a_smaller_one(tmp_path: Path) -> None:
