@@ -6,66 +6,24 @@ from __future__ import annotations
 
 import functools
 import json
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO, truss_cmd
 from tests.report.bundles import Case
 from tests.report.cdp import Page
-from tests.report.support import choose_bundle_file, open_report
-
-TIMEOUT = 120
+from tests.report.support import choose_bundle_file, open_report, truss
 
 
 def _cli(case: Case, home: Path) -> dict[str, Any]:
-    done = subprocess.run(
-        [
-            *truss_cmd(),
-            "--home",
-            str(home),
-            "ledger",
-            "verify",
-            "--bundle",
-            str(case.path),
-            "--trusted-key",
-            case.vkey,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
+    done = truss(home, "ledger", "verify", "--bundle", str(case.path), "--trusted-key", case.vkey, "--json")
     report: dict[str, Any] = json.loads(done.stdout)
     report["exit"] = done.returncode
     return report
 
 
 def _report_page(case: Case, home: Path, out: Path) -> Path:
-    done = subprocess.run(
-        [
-            *truss_cmd(),
-            "--home",
-            str(home),
-            "ledger",
-            "report",
-            "--bundle",
-            str(case.path),
-            "--trusted-key",
-            case.vkey,
-            "-o",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=TIMEOUT,
-        check=False,
-    )
+    done = truss(home, "ledger", "report", "--bundle", str(case.path), "--trusted-key", case.vkey, "-o", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 

@@ -1,14 +1,32 @@
-"""What a person sees on a report page, read through the DevTools protocol."""
+"""What a person sees on a report page, read through the DevTools protocol, and ``truss`` run as a
+user runs it to write and check one."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import REPO, truss_cmd
 from tests.report.cdp import Page
 
 VERIFY_TIMEOUT = 120  # generous for a loaded machine; a report verifies in well under a second
+TRUSS_TIMEOUT = 120
+
+
+def truss(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``truss --home HOME ARGS`` as a subprocess; whatever its exit code, never a traceback."""
+    done = subprocess.run(
+        [*truss_cmd(), "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=TRUSS_TIMEOUT,
+        check=False,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
 
 
 def open_report(page: Page, path: Path) -> dict[str, Any]:

@@ -5,30 +5,14 @@ from __future__ import annotations
 import base64
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, truss_cmd
 from tests.ledger.test_bundle import TAMPERED as TAMPERED_BUNDLES
 from tests.ledger.test_bundle import log_key, stranger_key
-
-TIMEOUT = 120
-
-
-def truss(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [*truss_cmd(), "--home", str(home), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert "Traceback" not in done.stderr, done.stderr
-    return done
+from tests.report.support import truss
 
 
 def _embedded(page: Path) -> tuple[bytes, dict[str, Any]]:
