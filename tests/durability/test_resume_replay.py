@@ -94,12 +94,7 @@ def test_resolve_refuses_a_call_that_is_not_in_doubt_and_records_nothing(tmp_pat
 
 
 def test_resuming_an_ended_session_prints_its_outcome_without_the_sdk_reading_it_at_most_twice(tmp_path: Path) -> None:
-    contract = counting_contract(
-        tmp_path, steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(12)], check_tool="mcp:cnt:count"
-    )
-    home = make_home(tmp_path / "home")
-    ran = truss(home, "run", str(contract), "--session", "s-ended")
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    home = _ended(tmp_path, 12, "s-ended")
     resumed = _resume_counting_reads(home, "s-ended")
     assert resumed.code == 0 and "verdict     pass" in resumed.out, resumed.out
     assert resumed.heavy == []
@@ -153,6 +148,17 @@ def _set_row(home: Path, session: str, **columns: object) -> None:
         conn.execute(f"UPDATE sessions SET {names} WHERE id = ?", (*columns.values(), session))
 
 
+def _ended(tmp_path: Path, calls: int, session: str) -> Path:
+    """A home whose ``session`` of ``calls`` counted calls ran to its end (its verdict passed)."""
+    contract = counting_contract(
+        tmp_path, steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(calls)], check_tool="mcp:cnt:count"
+    )
+    home = make_home(tmp_path / "home")
+    ran = truss(home, "run", str(contract), "--session", session)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    return home
+
+
 def _interrupted(tmp_path: Path, calls: int, done: int) -> Path:
     """A home whose session s1 of ``calls`` counted calls was killed after the result of call ``done``."""
     contract = counting_contract(
@@ -203,12 +209,7 @@ def test_a_session_row_forged_to_say_ended_neither_ends_the_session_nor_resumes_
 
 @pytest.mark.slow
 def test_a_session_row_forged_to_say_running_does_not_resume_a_session_that_ended(tmp_path: Path) -> None:
-    contract = counting_contract(
-        tmp_path, steps=[("mcp:cnt:count", {"key": f"k{i}"}) for i in range(4)], check_tool="mcp:cnt:count"
-    )
-    home = make_home(tmp_path / "home")
-    ran = truss(home, "run", str(contract), "--session", "s1")
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    home = _ended(tmp_path, 4, "s1")
     before = kinds(home, "s1")
     stored = _resume_counting_reads(home, "s1")  # the row as the store wrote it
     assert stored.code == 0 and "verdict     pass" in stored.out, stored.out
