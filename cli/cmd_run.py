@@ -335,8 +335,9 @@ def _drive(
         outcome: RunOutcome | None = None
         async with anyio.create_task_group() as group:
 
-            async def watch() -> None:
+            async def watch(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
                 with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    task_status.started()
                     async for signum in signals:
                         name = signal.Signals(signum).name
                         if stopped is not None:
@@ -345,7 +346,9 @@ def _drive(
                             ctx.progress(stopping.format(name))
                         stop.set()
 
-            group.start_soon(watch)
+            # The watcher holds SIGINT and SIGTERM before the run starts: a signal while a resume
+            # reads its session (in a worker thread) sets ``stop`` and is seen once the read is in.
+            await group.start(watch)
             outcome = await start(stop, progress)
             group.cancel_scope.cancel()
         assert outcome is not None
