@@ -8,49 +8,45 @@ screenshot of each report is kept under the test's tmp dir.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, truss_cmd
+from tests.conftest import REPO
 from tests.ledger._fixtures import golden_key
 from tests.ledger.test_bundle import TAMPERED as TAMPERED_BUNDLES
 from tests.ledger.test_bundle import TAMPERED_CASES, log_key, stranger_key
 from tests.report.bundles import chain_cases
 from tests.report.cdp import Page
 from tests.report.sessions import SCRIPT_FINAL, SCRIPT_RESULT
-from tests.report.support import choose_bundle_file, open_report, press, text_of, timeline
+from tests.report.support import choose_bundle_file, open_report, press, text_of, timeline, truss
 from truss.ledger.bundle import export_bundle, verify_bundle
 from truss.ledger.entry import KINDS, Record
 from truss.ledger.keys import TrustedKeys
 from truss.report.page import build_report
 from truss.testing import ManualClock, MemoryStore
 
-TIMEOUT = 120
 REPORT_TAMPERED = Path(__file__).resolve().parent / "tampered"
 
 
-def _truss(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*truss_cmd(), "--home", str(home), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=TIMEOUT,
-        check=False,
-    )
+def _original_report(tmp_path: Path, trusted: str) -> Path:
+    """The report page of the untampered bundle the attack files start from, trusting ``trusted``."""
+    out = tmp_path / "original.html"
+    made = truss(tmp_path, "ledger", "report", "--bundle", str(TAMPERED_BUNDLES / "original.json"),
+                  "--trusted-key", trusted, "-o", str(out))  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    return out
 
 
 def _report(home: Path, session: str, out: Path) -> Path:
-    done = _truss(home, "ledger", "report", session, "-o", str(out))
+    done = truss(home, "ledger", "report", session, "-o", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     return out
 
 
 def _kinds(home: Path, session: str) -> list[str]:
-    shown = _truss(home, "ledger", "show", session, "--json")
+    shown = truss(home, "ledger", "show", session, "--json")
     assert shown.returncode == 0, shown.stderr
     return [e["kind"] for e in json.loads(shown.stdout)["entries"]]
 
@@ -155,7 +151,7 @@ def test_a_report_of_a_tampered_bundle_shows_not_verified_where_truss_ledger_ver
 ) -> None:
     bundle = TAMPERED_BUNDLES / f"{name}.json"
     out = tmp_path / f"{name}.html"
-    made = _truss(tmp_path, "ledger", "report", "--bundle", str(bundle), "--trusted-key", log_key().verifier.vkey,
+    made = truss(tmp_path, "ledger", "report", "--bundle", str(bundle), "--trusted-key", log_key().verifier.vkey,
                   "-o", str(out), "--json")  # fmt: skip
     assert made.returncode == 1, made.stdout + made.stderr  # written, and it does not verify
     cli = json.loads(made.stdout)["verification"]
@@ -181,9 +177,7 @@ def test_each_tampered_chain_shows_not_verified_at_the_entry_its_fixture_names(p
     cases = chain_cases(tmp_path)
     clean = next(c for c in cases if c.name.endswith("clean_session"))
     out = tmp_path / "clean.html"
-    made = _truss(
-        tmp_path, "ledger", "report", "--bundle", str(clean.path), "--trusted-key", clean.vkey, "-o", str(out)
-    )
+    made = truss(tmp_path, "ledger", "report", "--bundle", str(clean.path), "--trusted-key", clean.vkey, "-o", str(out))
     assert made.returncode == 0, made.stdout + made.stderr
     assert open_report(page, out)["ok"] is True
     for case in cases:
@@ -229,7 +223,7 @@ def test_a_bundle_pasted_into_the_page_is_checked_there(sessions: Path, page: Pa
     report = _report(sessions, "pass", tmp_path / "pass.html")
     assert open_report(page, report)["ok"] is True
     bundle = tmp_path / "denied.json"
-    assert _truss(sessions, "ledger", "export", "denied", "-o", str(bundle)).returncode == 0
+    assert truss(sessions, "ledger", "export", "denied", "-o", str(bundle)).returncode == 0
     good = press(page, "#verify-pasted", fill={"#bundle-text": bundle.read_text(encoding="utf-8")})
     assert good["ok"] is True and good["session"] == "denied"
     assert text_of(page, "#session-id") == "denied"
@@ -249,13 +243,10 @@ def test_the_key_a_bundle_names_is_read_as_python_reads_it_and_in_linear_time(
     attack: str, page: Page, tmp_path: Path
 ) -> None:
     trusted = log_key().verifier.vkey
-    out = tmp_path / "original.html"
-    made = _truss(tmp_path, "ledger", "report", "--bundle", str(TAMPERED_BUNDLES / "original.json"),
-                  "--trusted-key", trusted, "-o", str(out))  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
+    out = _original_report(tmp_path, trusted)
     assert open_report(page, out)["ok"] is True
     bundle = REPORT_TAMPERED / f"{attack}.json"
-    cli = _truss(tmp_path, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", trusted, "--json")
+    cli = truss(tmp_path, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", trusted, "--json")
     expected = json.loads(cli.stdout)
     assert (expected["ok"], expected["vkey_trusted"]) == (True, False)
     # Python strips the key in linear time and keeps a byte-order mark: the page must do both.
@@ -274,10 +265,7 @@ def test_a_bundle_of_a_hundred_thousand_resumptions_is_shown_in_linear_time_and_
     # for its suspension (quadratic), and the budget chart spread every point into Math.max (which
     # overflows the stack past ~100,000 arguments, so the page failed instead of saying why not).
     trusted = log_key().verifier.vkey
-    out = tmp_path / "original.html"
-    made = _truss(tmp_path, "ledger", "report", "--bundle", str(TAMPERED_BUNDLES / "original.json"),
-                  "--trusted-key", trusted, "-o", str(out))  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
+    out = _original_report(tmp_path, trusted)
     assert open_report(page, out)["ok"] is True
     doc = json.loads((TAMPERED_BUNDLES / "original.json").read_text(encoding="utf-8"))
     budget = {"max_tool_calls": 10, "max_model_turns": 10, "max_tokens": 10, "deadline": "1h"}
@@ -287,7 +275,7 @@ def test_a_bundle_of_a_hundred_thousand_resumptions_is_shown_in_linear_time_and_
     doc["entries"] = [{"entry": e, "hash": "0" * 64, "sig": "", "keyid": "00000000"} for e in rows]
     bundle = tmp_path / "a_hundred_thousand_resumptions.json"
     bundle.write_text(json.dumps(doc), encoding="utf-8")
-    cli = json.loads(_truss(tmp_path, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", trusted,
+    cli = json.loads(truss(tmp_path, "ledger", "verify", "--bundle", str(bundle), "--trusted-key", trusted,
                             "--json").stdout)  # fmt: skip
     summary = choose_bundle_file(page, bundle, timeout=60)  # about 6 s with the fix, minutes without
     assert (summary["ok"], summary["step"], summary["reason"]) == (False, cli["step"], cli["reason"])
@@ -300,10 +288,7 @@ def test_the_page_shows_the_last_bundle_chosen_even_when_an_earlier_one_is_still
     page: Page, tmp_path: Path
 ) -> None:
     trusted = log_key().verifier.vkey
-    out = tmp_path / "original.html"
-    made = _truss(tmp_path, "ledger", "report", "--bundle", str(TAMPERED_BUNDLES / "original.json"),
-                  "--trusted-key", trusted, "-o", str(out))  # fmt: skip
-    assert made.returncode == 0, made.stdout + made.stderr
+    out = _original_report(tmp_path, trusted)
     assert open_report(page, out)["ok"] is True
     # A bundle slow to check and show (20,000 unsigned entries), then at once one that verifies:
     # were the two checks to overlap, the slow one would be drawn last, over the one chosen last.
@@ -335,7 +320,7 @@ def test_the_network_check_sees_a_request_when_a_page_makes_one(page: Page, tmp_
 def test_a_bundle_chosen_in_the_page_is_read_from_disk_without_a_request(page: Page, tmp_path: Path) -> None:
     out = tmp_path / "original.html"
     original = TAMPERED_BUNDLES / "original.json"
-    made = _truss(tmp_path, "ledger", "report", "--bundle", str(original), "--trusted-key", log_key().verifier.vkey,
+    made = truss(tmp_path, "ledger", "report", "--bundle", str(original), "--trusted-key", log_key().verifier.vkey,
                   "-o", str(out))  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert open_report(page, out)["ok"] is True
